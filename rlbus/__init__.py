@@ -1,0 +1,1 @@
+"""rlbus: asynchronous, disaggregated RL for LLM agents on Apache Kafka."""
