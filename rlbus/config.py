@@ -1,0 +1,105 @@
+"""Configuration as data: frozen msgspec structs that reject unknown fields, and their builders.
+
+A bad config fails at start with the field named (``ConfigError("bus.linger_ms", ...)``). ``kind``
+picks the pluggable part; builders turn config into constructor arguments so classes never read config.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any, Literal
+
+import msgspec
+
+from rlbus.bus.base import Bus
+from rlbus.errors import ConfigError
+
+
+class KafkaBusConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True, tag="kafka",
+                     tag_field="kind"):
+    """The bus over an Apache Kafka cluster."""
+
+    #: Comma-separated ``host:port`` list of brokers.
+    bootstrap: str = "127.0.0.1:9092"
+    #: Client id prefix; the region is appended so broker logs and quotas tell regions apart.
+    client_id: str = "rlbus"
+    #: Region / availability zone (``client.rack``) for follower fetching.
+    region: str | None = None
+    #: Kafka-level compression of produced batches.
+    compression: Literal["zstd", "lz4", "gzip", "snappy"] | None = "zstd"
+    #: How long the producer waits to fill a batch.
+    linger_ms: int = 5
+    #: ``PLAINTEXT``, ``SSL``, ``SASL_PLAINTEXT`` or ``SASL_SSL``.
+    security_protocol: Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"] = "PLAINTEXT"
+    #: ``PLAIN``, ``SCRAM-SHA-256``, ``SCRAM-SHA-512`` when SASL is used.
+    sasl_mechanism: Literal["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"] | None = None
+    sasl_username: str | None = None
+    sasl_password: str | None = None
+    #: CA bundle and client certificate for TLS.
+    ssl_cafile: str | None = None
+    ssl_certfile: str | None = None
+    ssl_keyfile: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.linger_ms < 0:
+            raise ValueError("linger_ms must be ≥ 0")
+        if not re.fullmatch(r"[^,\s]+:\d+(,[^,\s]+:\d+)*", self.bootstrap):
+            raise ValueError(f"bootstrap {self.bootstrap!r} is not a host:port[,host:port…] list")
+        if self.sasl_mechanism and not self.security_protocol.startswith("SASL"):
+            raise ValueError("sasl_mechanism needs security_protocol SASL_PLAINTEXT or SASL_SSL")
+
+
+class MemoryBusConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True, tag="memory",
+                      tag_field="kind"):
+    """The embedded in-process bus (demo, tests)."""
+
+
+BusConfig = KafkaBusConfig | MemoryBusConfig
+
+
+def parse(config_type: Any, data: Any, *, prefix: str) -> Any:
+    """Validate ``data`` into ``config_type``; errors become ConfigError naming ``prefix.field``."""
+    try:
+        return msgspec.convert(data, config_type)
+    except msgspec.ValidationError as exc:
+        text = str(exc)
+        match = re.search(r"at `\$\.?([^`]*)`", text)
+        path = match.group(1) if match else ""
+        if not path:  # __post_init__ checks start their message with the field name
+            first = re.match(r"(\w+)\b", text)
+            fields = getattr(config_type, "__struct_fields__", ())
+            if first and first.group(1) in fields:
+                path = first.group(1)
+        field = ".".join(p for p in (prefix, path) if p)
+        problem = re.sub(r"\s*- at `[^`]*`", "", text)
+        if "Object contains unknown field" in text:
+            unknown = re.search(r"unknown field `([^`]*)`", text)
+            if unknown:
+                field = ".".join(p for p in (field, unknown.group(1)) if p)
+        raise ConfigError(field or prefix, problem) from None
+
+
+def build_bus(config: BusConfig) -> Bus:
+    """Turn a bus config into a bus (not started)."""
+    if isinstance(config, MemoryBusConfig):
+        from rlbus.bus.memory import MemoryBus
+
+        return MemoryBus()
+    from rlbus.bus.kafka import KafkaBus, KafkaSettings
+
+    return KafkaBus(
+        KafkaSettings(
+            bootstrap=config.bootstrap,
+            client_id=f"{config.client_id}-{config.region}" if config.region else config.client_id,
+            client_rack=config.region,
+            compression=config.compression,
+            linger_ms=config.linger_ms,
+            security_protocol=config.security_protocol,
+            sasl_mechanism=config.sasl_mechanism,
+            sasl_username=config.sasl_username,
+            sasl_password=config.sasl_password,
+            ssl_cafile=config.ssl_cafile,
+            ssl_certfile=config.ssl_certfile,
+            ssl_keyfile=config.ssl_keyfile,
+        )
+    )

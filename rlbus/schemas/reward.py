@@ -1,0 +1,33 @@
+"""``Reward`` — a score for one rollout from one source.
+
+Produced on ``rl.rewards.v1`` (key ``rollout_id``) by the reward workers (verifiers, sandboxed tests,
+LM judges) and by ``producers/feedback.py`` (live users); consumed by the trainer, which joins rewards
+with rollouts by ``rollout_id`` and waits for the sources its reward policy names.
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+import msgspec
+
+from rlbus.schemas.base import Message
+
+
+class Reward(Message, kw_only=True):
+    SCHEMA_VERSION: ClassVar[int] = 1
+
+    schema_version: int = 1
+    reward_id: str
+    rollout_id: str
+    prompt_id: str
+    #: ``"verifier"``, ``"sandbox"``, ``"judge"``, ``"user"`` …
+    source: str
+    #: The scalar reward this source assigns.
+    value: float
+    #: Per-dimension scores (LM judge rubric dimensions, test pass counts …).
+    components: dict[str, float] = msgspec.field(default_factory=dict)
+    #: Why: verifier verdict, sandbox outcome, judge rationale, user comment.
+    reason: str = ""
+    created_at: float = 0.0
+    metadata: dict[str, str] = msgspec.field(default_factory=dict)

@@ -1,0 +1,73 @@
+"""``Rollout`` — one agent episode: tokens, behaviour log-probs, loss mask, MoE routing, transcript.
+
+Produced by ``consumers/rollout.py`` on ``rl.rollouts.v1`` (key ``prompt_id``, so a group shares a
+partition); consumed by the reward workers and the trainer. Token-aligned arrays all have length T, the
+full sequence (prompt, model turns and environment observations); ``loss_mask`` says which tokens the
+model produced and are trained.
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+import msgspec
+
+from rlbus.schemas.base import Message
+from rlbus.schemas.common import BlobRef
+from rlbus.schemas.tensor import TensorData
+
+
+class SamplingInfo(msgspec.Struct, kw_only=True, forbid_unknown_fields=False):
+    """How the behaviour log-probs were computed: log π of the distribution actually sampled from."""
+
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    #: ``"sampled"``: log-prob after temperature and truncation, renormalised; ``"raw"``: of the
+    #: untempered, untruncated model distribution.
+    logprob_kind: str = "sampled"
+
+
+class Turn(msgspec.Struct, kw_only=True, forbid_unknown_fields=False):
+    """One turn of the transcript and the token span [start, end) it occupies."""
+
+    role: str
+    text: str
+    start: int
+    end: int
+    #: Context segment (self-summarization starts a new segment with a fresh context).
+    segment: int = 0
+
+
+class Rollout(Message, kw_only=True):
+    SCHEMA_VERSION: ClassVar[int] = 1
+
+    schema_version: int = 1
+    rollout_id: str
+    prompt_id: str
+    #: Index of this rollout within its group, 0 ≤ group_index < group_size.
+    group_index: int
+    group_size: int
+    model_id: str = "policy"
+    worker_id: str = ""
+    region: str = ""
+    #: int32 [T] token ids of the whole sequence.
+    token_ids: TensorData
+    #: uint8 [T]: 1 for model-sampled tokens (trained), 0 for prompt and environment tokens (masked).
+    loss_mask: TensorData
+    #: float32 [T]: behaviour log-prob of each sampled token, 0 where loss_mask is 0.
+    logprobs: TensorData
+    #: int32 [T]: policy version that produced each token, -1 for tokens the model did not sample.
+    token_versions: TensorData
+    #: int16 [layers, T, k] experts each token was routed to, for MoE policies (router replay).
+    routed_experts: TensorData | None = None
+    sampling: SamplingInfo = msgspec.field(default_factory=SamplingInfo)
+    turns: list[Turn] = msgspec.field(default_factory=list)
+    #: ``"stop"``, ``"length"``, ``"max_turns"``, ``"error"`` …
+    finish_reason: str = "stop"
+    #: Seconds spent per phase (``generate``, ``env``, ``swap_wait`` …).
+    timings: dict[str, float] = msgspec.field(default_factory=dict)
+    created_at: float = 0.0
+    #: When the arrays exceed the inline limit they live in the blob store and this points at them.
+    payload: BlobRef | None = None
+    metadata: dict[str, str] = msgspec.field(default_factory=dict)
