@@ -48,6 +48,9 @@ class KafkaSettings:
     compression: str | None = "zstd"
     linger_ms: int = 5
     max_request_bytes: int = 4 * 1024 * 1024
+    #: Per-partition batch size. aiokafka's default (16 KiB) would put every rollout-sized message in
+    #: a batch of its own and serialise the partition on one request per message.
+    max_batch_bytes: int = 1024 * 1024
     request_timeout_ms: int = 30_000
     security_protocol: str = "PLAINTEXT"
     sasl_mechanism: str | None = None
@@ -111,6 +114,7 @@ class KafkaBus(Bus):
             acks="all",
             compression_type=self.settings.compression,
             linger_ms=self.settings.linger_ms,
+            max_batch_size=self.settings.max_batch_bytes,
             max_request_size=self.settings.max_request_bytes,
         )
         self._admin = AIOKafkaAdminClient(**_admin_kwargs(kwargs))
@@ -217,8 +221,8 @@ class KafkaBus(Bus):
         config: dict[str, str] = {}
         for response in responses:
             for resource in response.to_object()["resources"]:
-                for entry in resource["configs"]:
-                    if not entry.get("is_default", False) and entry.get("config_source", 5) in (1, -1, 0):
+                for entry in resource["config_entries"]:
+                    if entry["config_source"] == 1:  # DYNAMIC_TOPIC_CONFIG: set on this topic
                         config[entry["config_names"]] = entry["config_value"]
         replication = max((len(p["replicas"]) for p in info["partitions"]), default=0)
         return TopicInfo(

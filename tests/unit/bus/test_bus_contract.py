@@ -211,3 +211,15 @@ async def test_missing_topic_is_an_error(bus: Bus, unique: Callable[[str], str])
     with pytest.raises(TopicNotFound):
         async with bus.consumer([unique("missing2")], group=unique("g")):
             pass
+
+
+async def test_create_is_idempotent_and_describe_reports_config(bus: Bus, unique: Callable[[str], str]):
+    name = unique("described")
+    spec = TopicSpec(name, partitions=2, config={"cleanup.policy": "compact", "retention.ms": "3600000"})
+    assert await bus.create_topics([spec]) == [name]
+    assert await bus.create_topics([spec]) == []
+    assert name in await bus.list_topics()
+    info = await bus.describe(name)
+    assert info.partitions == 2 and info.replication == 1
+    assert info.config["cleanup.policy"] == "compact" and info.config["retention.ms"] == "3600000"
+    assert info.end_offsets == {0: 0, 1: 0}

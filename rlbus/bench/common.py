@@ -1,0 +1,62 @@
+"""What every benchmark shares: run metadata, percentiles, the printed table and the JSON file."""
+
+from __future__ import annotations
+
+import os
+import platform
+import subprocess
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import msgspec
+from rich.console import Console
+from rich.table import Table
+
+
+def meta() -> dict[str, Any]:
+    """git commit, date, CPU count, torch version and GPU name (if any) of this run."""
+    try:
+        commit = subprocess.run(
+            ["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=5, check=False
+        ).stdout.strip() or None
+    except OSError:
+        commit = None
+    torch_version = gpu = None
+    try:
+        import torch
+
+        torch_version = torch.__version__
+        gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else None
+    except ImportError:
+        pass
+    return {
+        "commit": commit,
+        "date": datetime.now(UTC).isoformat(timespec="seconds"),
+        "cpu_count": os.cpu_count(),
+        "machine": platform.machine(),
+        "python": platform.python_version(),
+        "torch": torch_version,
+        "gpu": gpu,
+    }
+
+
+def percentile(values: list[float], q: float) -> float:
+    """Nearest-rank percentile (q in [0, 100]) of a non-empty list."""
+    ordered = sorted(values)
+    rank = max(0, min(len(ordered) - 1, int(round(q / 100 * len(ordered) + 0.5)) - 1))
+    return ordered[rank]
+
+
+def print_table(title: str, columns: list[str], rows: list[list[Any]]) -> None:
+    table = Table(title=title)
+    for column in columns:
+        table.add_column(column, justify="right" if column != columns[0] else "left")
+    for row in rows:
+        table.add_row(*[f"{v:,.2f}" if isinstance(v, float) else str(v) for v in row])
+    Console().print(table)
+
+
+def write_json(path: Path | None, result: dict[str, Any]) -> None:
+    if path is not None:
+        path.write_bytes(msgspec.json.format(msgspec.json.encode(result), indent=2) + b"\n")
