@@ -29,7 +29,9 @@ topics_app = typer.Typer(help="Create and inspect rlbus topics (declared in rlbu
 dlq_app = typer.Typer(help="Inspect and redrive dead letters.", no_args_is_help=True)
 app.add_typer(kafka_app, name="kafka")
 app.add_typer(topics_app, name="topics")
+blobs_app = typer.Typer(help="Serve weight chunks over HTTP (origin or regional relay).", no_args_is_help=True)
 app.add_typer(dlq_app, name="dlq")
+app.add_typer(blobs_app, name="blobs")
 
 console = Console()
 err = Console(stderr=True)
@@ -207,6 +209,41 @@ def dlq_redrive(
             return await redrive(bus, topic, offsets=set(offset) if offset else None)
 
     console.print(f"redrove {_run(go)} message(s)")
+
+
+# --- blobs ---------------------------------------------------------------------------------------
+@blobs_app.command("serve")
+def blobs_serve(
+    root: Annotated[Path, typer.Option(help="Directory holding the blobs (the relay's cache with --upstream).")],
+    secret: Annotated[str, typer.Option(envvar="RLBUS_BLOB_SECRET", help="Shared HMAC signing secret.")],
+    host: str = "127.0.0.1",
+    port: int = 8470,
+    upstream: Annotated[
+        str | None, typer.Option(help="Origin URL: serve as a read-only pull-through relay for a region.")
+    ] = None,
+    upstream_secret: Annotated[str | None, typer.Option(envvar="RLBUS_UPSTREAM_BLOB_SECRET")] = None,
+) -> None:
+    """Serve a blob directory over signed HTTP with range reads; with --upstream, relay an origin."""
+    from rlbus.weights.http_store import BlobServer, HttpStore, serve
+    from rlbus.weights.store import LocalStore
+
+    async def go() -> None:
+        origin = HttpStore(upstream, secret=upstream_secret or secret) if upstream else None
+        server = BlobServer(LocalStore(root), secret=secret, upstream=origin)
+        runner = await serve(server, host, port)
+        role = f"relay of {upstream}" if upstream else "origin"
+        console.print(f"serving {root} on http://{host}:{port} ({role}); Ctrl-C stops")
+        try:
+            await asyncio.Event().wait()
+        finally:
+            await runner.cleanup()
+            if origin is not None:
+                await origin.close()
+
+    try:
+        _run(go)
+    except KeyboardInterrupt:
+        pass
 
 
 # --- replay / tail --------------------------------------------------------------------------------

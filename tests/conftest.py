@@ -15,8 +15,7 @@ import pytest
 
 from rlbus.bus import Bus, MemoryBus, TopicSpec
 
-import importlib.util as _u
-pytest_plugins = ["tests.fixtures.redis"] if _u.find_spec("tests.fixtures.redis") else []  # TEMP
+pytest_plugins = ["tests.fixtures.redis"]
 
 KAFKA_BOOTSTRAP = os.environ.get("RLBUS_KAFKA_BOOTSTRAP", "127.0.0.1:9092")
 
