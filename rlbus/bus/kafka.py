@@ -303,7 +303,7 @@ def _topic_errors(response: Any) -> list[tuple[str, int, str | None]]:
     return out
 
 
-class _CommitOnRevoke(ConsumerRebalanceListener):  # type: ignore[misc]
+class _CommitOnRevoke(ConsumerRebalanceListener):
     """Commits the positions a worker marked as processed before its partitions are taken away."""
 
     def __init__(self, consumer: KafkaConsumer) -> None:

@@ -207,7 +207,7 @@ class MemoryBus(Bus):
 
     def _read(self, tp: TopicPartition, start: int, limit: int) -> tuple[list[tuple[int, _Entry]], int]:
         entries = self._log(tp.topic).partitions[tp.partition]
-        out = []
+        out: list[tuple[int, _Entry]] = []
         pos = start
         while pos < len(entries) and len(out) < limit:
             if entries[pos].value is not None:

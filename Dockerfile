@@ -1,0 +1,23 @@
+# One image for every rlbus role in docker-compose.yml (`rlbus topics create`, workers, …).
+#
+# Dependencies (torch above all) are installed in their own layer from pyproject.toml alone, so
+# editing the code rebuilds only the last layers. For a package mirror or a CPU-only torch index,
+# pass --build-arg PIP_INDEX_URL=… and/or --build-arg PIP_EXTRA_INDEX_URL=…; pip reads both.
+FROM python:3.11-slim
+
+ARG PIP_INDEX_URL
+ARG PIP_EXTRA_INDEX_URL
+ENV PYTHONUNBUFFERED=1 \
+    PIP_NO_CACHE_DIR=1 \
+    PIP_DISABLE_PIP_VERSION_CHECK=1
+
+WORKDIR /app
+COPY pyproject.toml README.md ./
+RUN mkdir rlbus && touch rlbus/__init__.py && pip install . && pip uninstall -y rlbus && rm -rf rlbus build rlbus.egg-info
+
+COPY rlbus ./rlbus
+RUN pip install --no-deps . && rm -rf build rlbus.egg-info
+
+RUN useradd --create-home --uid 10001 rlbus
+USER rlbus
+CMD ["rlbus", "--help"]

@@ -1,0 +1,543 @@
+"""Run a local Apache Kafka cluster (KRaft) from its Maven Central jars, without Docker.
+
+The local cluster must be the real broker the workers meet in production, yet many developer and CI
+machines have Java but no Docker engine. So Maven resolves the broker pinned in
+``infra/kafka/pom.xml`` once into a cache, and every node runs as a detached JVM whose state lives
+under ``<home>/kafka/``. Data survives ``stop``/``start`` (topics and offsets persist) until
+``fresh=True`` wipes it. Every node is both broker and controller and votes in a static quorum.
+
+Ports, for ``brokers = n`` and ``port = p``: node ``i`` (1..n) serves clients on ``p + 2(i-1)`` and
+its controller on ``p + 2(i-1) + 1``; one broker takes p and p+1, three take p..p+5. Replication
+follows the size: factor ``min(n, 3)``, min in-sync replicas one less (at least 1).
+
+Files::
+
+    <cache>/kafka-<version>/jars/       runtime classpath; .resolved holds the pom's sha256
+    <home>/kafka/cluster.json           cluster id and layout, written once storage is formatted
+    <home>/kafka/node-<i>/              server.properties, log4j2.properties, data/,
+                                        kafka.pid, kafka.out (JVM stdout/stderr), server.log (WARN+)
+
+``<cache>`` and ``<home>`` default to ``$RLBUS_HOME`` or ``~/.cache/rlbus``. The pom is found next
+to the package (``<repo>/infra/kafka/pom.xml``) or at ``$RLBUS_KAFKA_POM``; the node templates
+(``server.properties``, ``log4j2.properties``) are read from the pom's directory.
+
+Command line: ``python -m rlbus.services.kafka {resolve,start,stop,status}``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import base64
+import hashlib
+import json
+import os
+import shutil
+import signal
+import socket
+import string
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+import xml.etree.ElementTree as ET
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from aiokafka.admin import AIOKafkaAdminClient
+from aiokafka.errors import KafkaError
+
+import rlbus
+from rlbus.errors import ConfigError, RlbusError, ServiceError
+
+HOST = "127.0.0.1"
+JVM_OPTS = ("-Xms256m", "-Xmx512m", "-XX:+ExitOnOutOfMemoryError", "-Djava.awt.headless=true")
+STOP_GRACE_S = 30.0
+LOG_TAIL_LINES = 30
+_POM_NS = {"m": "http://maven.apache.org/POM/4.0.0"}
+
+# Nodes launched by this process. Holding the Popen lets poll() reap a node that exited, so a
+# zombie never passes for a live broker, and keeps garbage collection from warning about it.
+_children: dict[int, subprocess.Popen[bytes]] = {}
+
+
+@dataclass(frozen=True)
+class KafkaNode:
+    """One combined broker + controller process and the directory that holds its state."""
+
+    node_id: int
+    port: int
+    controller_port: int
+    dir: Path
+
+    @property
+    def config(self) -> Path:
+        return self.dir / "server.properties"
+
+    @property
+    def log4j_config(self) -> Path:
+        return self.dir / "log4j2.properties"
+
+    @property
+    def data_dir(self) -> Path:
+        return self.dir / "data"
+
+    @property
+    def pid_file(self) -> Path:
+        return self.dir / "kafka.pid"
+
+    @property
+    def out_file(self) -> Path:
+        return self.dir / "kafka.out"
+
+    @property
+    def log_file(self) -> Path:
+        return self.dir / "server.log"
+
+
+@dataclass(frozen=True)
+class KafkaCluster:
+    """A formatted local cluster: where it lives, its id and its nodes."""
+
+    home: Path
+    cluster_id: str
+    nodes: tuple[KafkaNode, ...]
+
+    @property
+    def bootstrap(self) -> str:
+        return ",".join(f"{HOST}:{node.port}" for node in self.nodes)
+
+    @property
+    def replication_factor(self) -> int:
+        return min(len(self.nodes), 3)
+
+    @property
+    def min_insync_replicas(self) -> int:
+        return max(1, self.replication_factor - 1)
+
+
+# --- locations -------------------------------------------------------------------------------
+
+
+def default_home() -> Path:
+    """``$RLBUS_HOME`` or ``~/.cache/rlbus``: the jar cache and the default cluster home."""
+    return Path(os.environ.get("RLBUS_HOME") or Path.home() / ".cache" / "rlbus").expanduser()
+
+
+def pom_path() -> Path:
+    """The pom that pins the broker: ``$RLBUS_KAFKA_POM`` or ``<repo>/infra/kafka/pom.xml``."""
+    override = os.environ.get("RLBUS_KAFKA_POM")
+    pom = Path(override) if override else Path(rlbus.__file__).resolve().parents[1] / "infra/kafka/pom.xml"
+    if not pom.is_file():
+        raise ServiceError(f"Kafka pom not found at {pom}; set RLBUS_KAFKA_POM to infra/kafka/pom.xml")
+    return pom
+
+
+def kafka_version(pom: Path) -> str:
+    """The ``kafka.version`` property of the pom."""
+    node = ET.parse(pom).getroot().find("m:properties/m:kafka.version", _POM_NS)
+    if node is None or not node.text:
+        raise ServiceError(f"{pom} has no <kafka.version> property")
+    return node.text.strip()
+
+
+def _require(program: str, package: str) -> str:
+    path = shutil.which(program)
+    if path is None:
+        raise ServiceError(f"{program!r} not found on PATH; install it (Debian: apt-get install -y {package})")
+    return path
+
+
+# --- jars ------------------------------------------------------------------------------------
+
+
+def resolve_jars(cache_dir: Path | None = None) -> Path:
+    """Resolve the broker's runtime jars with Maven into ``<cache>/kafka-<version>/jars``.
+
+    Skipped when the marker file records the same pom, so later calls cost nothing.
+    """
+    pom = pom_path()
+    digest = hashlib.sha256(pom.read_bytes()).hexdigest()
+    jars = (cache_dir or default_home()).expanduser() / f"kafka-{kafka_version(pom)}" / "jars"
+    marker = jars / ".resolved"
+    if marker.is_file() and marker.read_text().strip() == digest:
+        return jars
+    jars.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix="jars.", dir=jars.parent))
+    try:
+        _run_maven(pom, staging)
+        (staging / ".resolved").write_text(digest + "\n")
+        shutil.rmtree(jars, ignore_errors=True)
+        staging.rename(jars)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return jars
+
+
+def _run_maven(pom: Path, output_dir: Path) -> None:
+    command = [
+        _require("mvn", "maven"),
+        "-q",
+        "-B",
+        "-f",
+        str(pom),
+        "dependency:copy-dependencies",
+        f"-DoutputDirectory={output_dir}",
+        "-DincludeScope=runtime",
+    ]
+    done = subprocess.run(command, capture_output=True, text=True, check=False)
+    if done.returncode != 0:
+        raise ServiceError(f"Maven could not resolve the Kafka jars:\n{_tail(done.stdout + done.stderr)}")
+
+
+# --- cluster layout --------------------------------------------------------------------------
+
+
+def layout(home: Path, brokers: int, port: int, cluster_id: str) -> KafkaCluster:
+    """The nodes of a ``brokers``-node cluster whose first client port is ``port``."""
+    if brokers < 1:
+        raise ConfigError("brokers", f"must be at least 1, got {brokers}")
+    if not 1 <= port <= 65535 - 2 * brokers:
+        raise ConfigError("port", f"{port} leaves no room for {brokers} nodes' ports")
+    nodes = tuple(_node(home, i, port + 2 * (i - 1)) for i in range(1, brokers + 1))
+    return KafkaCluster(home=home, cluster_id=cluster_id, nodes=nodes)
+
+
+def _node(home: Path, node_id: int, port: int) -> KafkaNode:
+    return KafkaNode(node_id=node_id, port=port, controller_port=port + 1, dir=home / "kafka" / f"node-{node_id}")
+
+
+def _cluster_file(home: Path) -> Path:
+    return home / "kafka" / "cluster.json"
+
+
+def load_cluster(home: Path) -> KafkaCluster | None:
+    """The cluster formatted under ``home``, or None when there is none."""
+    path = _cluster_file(home)
+    if not path.is_file():
+        return None
+    saved = json.loads(path.read_text())
+    return layout(home, saved["brokers"], saved["port"], saved["cluster_id"])
+
+
+def _new_cluster_id() -> str:
+    # Kafka's Uuid.randomUuid().toString(): URL-safe base64 of 16 random bytes, unpadded, never
+    # starting with "-" (it would read as a command-line flag). Saves a JVM start over StorageTool.
+    while True:
+        text = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+        if not text.startswith("-"):
+            return text
+
+
+def node_config(cluster: KafkaCluster, node: KafkaNode) -> str:
+    """The node's server.properties: the template next to the pom, filled in for this node."""
+    template = (pom_path().parent / "server.properties").read_text()
+    voters = ",".join(f"{n.node_id}@{HOST}:{n.controller_port}" for n in cluster.nodes)
+    return string.Template(template).substitute(
+        node_id=node.node_id,
+        quorum_voters=voters,
+        broker_port=node.port,
+        controller_port=node.controller_port,
+        data_dir=node.data_dir,
+        replication_factor=cluster.replication_factor,
+        min_insync_replicas=cluster.min_insync_replicas,
+    )
+
+
+def _write_node_files(cluster: KafkaCluster, node: KafkaNode) -> None:
+    node.dir.mkdir(parents=True, exist_ok=True)
+    node.config.write_text(node_config(cluster, node))
+    shutil.copyfile(pom_path().parent / "log4j2.properties", node.log4j_config)
+
+
+# --- processes -------------------------------------------------------------------------------
+
+
+def _java_command(node: KafkaNode, jars: Path, heap: Sequence[str], *args: str) -> list[str]:
+    return [
+        _require("java", "openjdk-17-jre-headless"),
+        *heap,
+        f"-Dlog4j2.configurationFile={node.log4j_config}",
+        f"-Drlbus.kafka.log={node.log_file}",
+        "-cp",
+        f"{jars}/*",
+        *args,
+    ]
+
+
+def _format(cluster: KafkaCluster, jars: Path) -> None:
+    # A fresh home only: a half-formatted one (no cluster.json) is discarded rather than patched.
+    shutil.rmtree(cluster.home / "kafka", ignore_errors=True)
+    for node in cluster.nodes:
+        _write_node_files(cluster, node)
+        tool = ("kafka.tools.StorageTool", "format", "-t", cluster.cluster_id, "-c", str(node.config))
+        done = subprocess.run(
+            _java_command(node, jars, ("-Xmx256m",), *tool), capture_output=True, text=True, check=False
+        )
+        if done.returncode != 0:
+            raise ServiceError(f"formatting Kafka node {node.node_id} failed:\n{_tail(done.stdout + done.stderr)}")
+    saved = {"cluster_id": cluster.cluster_id, "brokers": len(cluster.nodes), "port": cluster.nodes[0].port}
+    _cluster_file(cluster.home).write_text(json.dumps(saved, indent=2) + "\n")
+
+
+def _check_ports_free(nodes: Iterable[KafkaNode]) -> None:
+    for node in nodes:
+        for port in (node.port, node.controller_port):
+            if _listening(port):
+                raise ServiceError(f"port {port} for Kafka node {node.node_id} is in use by another process")
+
+
+def _launch(cluster: KafkaCluster, node: KafkaNode, jars: Path) -> None:
+    _write_node_files(cluster, node)
+    command = _java_command(node, jars, JVM_OPTS, "kafka.Kafka", str(node.config))
+    with node.out_file.open("ab") as out:
+        proc = subprocess.Popen(
+            command,
+            stdin=subprocess.DEVNULL,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            cwd=node.dir,
+            start_new_session=True,
+        )
+    _children[proc.pid] = proc
+    node.pid_file.write_text(f"{proc.pid}\n")
+
+
+def _is_node_process(pid: int, node: KafkaNode) -> bool:
+    child = _children.get(pid)
+    if child is not None:
+        return child.poll() is None
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        pass
+    # Guards against a recycled pid; a zombie's cmdline is empty, so it counts as gone.
+    cmdline = Path(f"/proc/{pid}/cmdline")
+    if not Path("/proc/self").exists():
+        return True
+    try:
+        return str(node.config).encode() in cmdline.read_bytes()
+    except OSError:
+        return False
+
+
+def node_pid(node: KafkaNode) -> int | None:
+    """The pid of the node's running JVM, or None (a stale pid file is removed)."""
+    try:
+        pid = int(node.pid_file.read_text())
+    except (FileNotFoundError, ValueError):
+        return None
+    if _is_node_process(pid, node):
+        return pid
+    node.pid_file.unlink(missing_ok=True)
+    _children.pop(pid, None)
+    return None
+
+
+def _listening(port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.settimeout(0.5)
+        return sock.connect_ex((HOST, port)) == 0
+
+
+def _tail(text: str, lines: int = LOG_TAIL_LINES) -> str:
+    """The last lines of a JVM's output, without stack frames, so exception messages show."""
+    kept = [line for line in text.splitlines() if not line.lstrip().startswith(("at ", "... "))]
+    return "\n".join(kept[-lines:])
+
+
+def log_tail(node: KafkaNode) -> str:
+    """The last lines of the node's JVM output and of its WARN+ server log."""
+    parts = []
+    for path in (node.out_file, node.log_file):
+        if path.is_file():
+            parts.append(f"--- {path}\n{_tail(path.read_text(errors='replace'))}")
+    return "\n".join(parts) or f"(no logs under {node.dir})"
+
+
+# --- readiness -------------------------------------------------------------------------------
+
+
+async def _registered_brokers(bootstrap: str) -> int:
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, request_timeout_ms=5000)
+    try:
+        await asyncio.wait_for(admin.start(), 10)
+        cluster = await asyncio.wait_for(admin.describe_cluster(), 10)
+        return len(cluster["brokers"])
+    except (KafkaError, OSError, TimeoutError):
+        return 0
+    finally:
+        await admin.close()
+
+
+def _wait_ready(cluster: KafkaCluster, timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        for node in cluster.nodes:
+            if node_pid(node) is None:
+                raise ServiceError(f"Kafka node {node.node_id} exited during start-up:\n{log_tail(node)}")
+        if all(_listening(n.port) for n in cluster.nodes):
+            if asyncio.run(_registered_brokers(cluster.bootstrap)) == len(cluster.nodes):
+                return
+        if time.monotonic() > deadline:
+            tails = "\n".join(log_tail(n) for n in cluster.nodes)
+            raise ServiceError(f"Kafka at {cluster.bootstrap} not ready after {timeout_s:.0f} s:\n{tails}")
+        time.sleep(0.5)
+
+
+# --- public operations -----------------------------------------------------------------------
+
+
+def start(
+    brokers: int = 1,
+    port: int = 9092,
+    fresh: bool = False,
+    home: Path | None = None,
+    timeout_s: float = 120.0,
+    cache_dir: Path | None = None,
+) -> KafkaCluster:
+    """Start (or find running) the local cluster under ``home`` and wait until all brokers serve.
+
+    Storage is formatted on first use and kept afterwards; ``fresh=True`` stops the cluster and
+    wipes it first. Nodes already running are left alone. Blocking: from async code, call it in a
+    thread. Raises ServiceError (with the broker log's tail) when a node fails or times out, and
+    ConfigError when ``home`` holds a cluster of another size or port.
+    """
+    home = (home or default_home()).expanduser().resolve()
+    if fresh:
+        stop(home)
+        shutil.rmtree(home / "kafka", ignore_errors=True)
+    jars = resolve_jars(cache_dir)
+    existing = load_cluster(home)
+    cluster = existing or layout(home, brokers, port, _new_cluster_id())
+    _check_layout(cluster, brokers, port)
+    stopped = [node for node in cluster.nodes if node_pid(node) is None]
+    _check_ports_free(stopped)
+    if existing is None:
+        _format(cluster, jars)
+    for node in stopped:
+        _launch(cluster, node, jars)
+    _wait_ready(cluster, timeout_s)
+    return cluster
+
+
+def _check_layout(cluster: KafkaCluster, brokers: int, port: int) -> None:
+    have = (len(cluster.nodes), cluster.nodes[0].port)
+    if have == (brokers, port):
+        return
+    field = "brokers" if have[0] != brokers else "port"
+    raise ConfigError(
+        field,
+        f"{cluster.home} holds a {have[0]}-broker cluster on port {have[1]}, not {brokers} on {port}; "
+        "stop it and start with fresh=True to replace it",
+    )
+
+
+def stop(home: Path | None = None, grace_s: float = STOP_GRACE_S) -> None:
+    """Stop every node under ``home``: SIGTERM, then SIGKILL after ``grace_s``. Data is kept."""
+    cluster = load_cluster((home or default_home()).expanduser().resolve())
+    if cluster is None:
+        return
+    running = {node: pid for node in cluster.nodes if (pid := node_pid(node)) is not None}
+    # All at once: stopped one by one, the last nodes lose their controller quorum and hang.
+    _signal_all(running.values(), signal.SIGTERM)
+    left = _wait_exit(running, grace_s)
+    _signal_all(left.values(), signal.SIGKILL)
+    _wait_exit(left, 10.0)
+    for node in cluster.nodes:
+        node.pid_file.unlink(missing_ok=True)
+
+
+def _signal_all(pids: Iterable[int], sig: signal.Signals) -> None:
+    for pid in pids:
+        try:
+            os.kill(pid, sig)
+        except ProcessLookupError:
+            pass
+
+
+def _wait_exit(running: dict[KafkaNode, int], timeout_s: float) -> dict[KafkaNode, int]:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        running = {node: pid for node, pid in running.items() if _is_node_process(pid, node)}
+        if not running or time.monotonic() > deadline:
+            return running
+        time.sleep(0.2)
+
+
+def status(home: Path | None = None) -> dict[str, Any]:
+    """Per node: pid, alive, ports, listening; plus the bootstrap string and whether all serve."""
+    home = (home or default_home()).expanduser().resolve()
+    cluster = load_cluster(home)
+    if cluster is None:
+        return {"home": str(home), "formatted": False, "running": False, "bootstrap": None, "nodes": []}
+    nodes = [_node_status(node) for node in cluster.nodes]
+    return {
+        "home": str(home),
+        "formatted": True,
+        "running": all(n["alive"] and n["listening"] for n in nodes),
+        "cluster_id": cluster.cluster_id,
+        "bootstrap": cluster.bootstrap,
+        "nodes": nodes,
+    }
+
+
+def _node_status(node: KafkaNode) -> dict[str, Any]:
+    pid = node_pid(node)
+    return {
+        "node_id": node.node_id,
+        "pid": pid,
+        "alive": pid is not None,
+        "port": node.port,
+        "controller_port": node.controller_port,
+        "listening": pid is not None and _listening(node.port),
+        "dir": str(node.dir),
+    }
+
+
+# --- command line ----------------------------------------------------------------------------
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m rlbus.services.kafka", description=__doc__.splitlines()[0])
+    commands = parser.add_subparsers(dest="command", required=True)
+    resolve = commands.add_parser("resolve", help="resolve the broker jars with Maven")
+    resolve.add_argument("--cache-dir", type=Path)
+    run = commands.add_parser("start", help="start the local cluster and wait until it serves")
+    run.add_argument("--brokers", type=int, default=1)
+    run.add_argument("--port", type=int, default=9092)
+    run.add_argument("--fresh", action="store_true", help="wipe existing data first")
+    run.add_argument("--timeout", type=float, default=120.0)
+    run.add_argument("--cache-dir", type=Path)
+    for name in ("start", "stop", "status"):
+        sub = run if name == "start" else commands.add_parser(name, help=f"{name} the local cluster")
+        sub.add_argument("--home", type=Path)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    try:
+        if args.command == "resolve":
+            print(resolve_jars(args.cache_dir))
+        elif args.command == "start":
+            began = time.monotonic()
+            cluster = start(args.brokers, args.port, args.fresh, args.home, args.timeout, args.cache_dir)
+            print(f"kafka ready at {cluster.bootstrap} in {time.monotonic() - began:.1f} s ({cluster.home})")
+        elif args.command == "stop":
+            stop(args.home)
+        else:
+            print(json.dumps(status(args.home), indent=2))
+    except RlbusError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

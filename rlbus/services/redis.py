@@ -1,0 +1,127 @@
+"""Run the system ``redis-server`` as a throwaway child process for tests and local runs.
+
+The state store needs a real Redis in integration tests and CI, where no Docker engine may exist;
+the Debian ``redis-server`` package is enough. The server listens on loopback only, keeps nothing on
+disk (``--save ''``, no append-only file) and lives exactly as long as the :class:`RedisServer`
+handle: use it as a context manager or call :meth:`RedisServer.stop`.
+"""
+
+from __future__ import annotations
+
+import shutil
+import socket
+import subprocess
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from types import TracebackType
+
+from redis import Redis
+from redis.exceptions import RedisError
+
+from rlbus.errors import ServiceError
+
+HOST = "127.0.0.1"
+START_ATTEMPTS = 3
+
+
+@dataclass
+class RedisServer:
+    """A running ``redis-server`` child process on ``HOST:port``."""
+
+    port: int
+    dir: Path
+    process: subprocess.Popen[bytes]
+
+    @property
+    def url(self) -> str:
+        return f"redis://{HOST}:{self.port}/0"
+
+    @property
+    def log_file(self) -> Path:
+        return self.dir / "redis.log"
+
+    def stop(self, timeout_s: float = 10.0) -> None:
+        """Terminate the server, killing it if it has not exited within ``timeout_s``."""
+        if self.process.poll() is not None:
+            return
+        self.process.terminate()
+        try:
+            self.process.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
+
+    def __enter__(self) -> RedisServer:
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.stop()
+
+
+def start_redis(port: int | None = None, *, dir: Path, timeout_s: float = 10.0) -> RedisServer:
+    """Start ``redis-server`` on ``port`` (a free one when None) with ``dir`` for its files.
+
+    Returns once the server answers PING. Raises ServiceError when the binary is missing or the
+    server does not come up; the message carries the end of its log.
+    """
+    binary = shutil.which("redis-server")
+    if binary is None:
+        raise ServiceError("redis-server not found on PATH; install it (Debian: apt-get install -y redis-server)")
+    dir.mkdir(parents=True, exist_ok=True)
+    for _ in range(1 if port is not None else START_ATTEMPTS):
+        server = _spawn(binary, port or _free_port(), dir)
+        if _wait_ready(server, timeout_s):
+            return server
+        server.stop()
+    raise ServiceError(f"redis-server on port {server.port} did not come up:\n{_tail(server.log_file)}")
+
+
+def _spawn(binary: str, port: int, dir: Path) -> RedisServer:
+    options = {
+        "port": str(port),
+        "bind": HOST,
+        "dir": str(dir),
+        "logfile": "redis.log",
+        "save": "",
+        "appendonly": "no",
+        "daemonize": "no",
+    }
+    command = [binary, *(arg for name, value in options.items() for arg in (f"--{name}", value))]
+    process = subprocess.Popen(command, cwd=dir, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL)
+    return RedisServer(port=port, dir=dir, process=process)
+
+
+def _wait_ready(server: RedisServer, timeout_s: float) -> bool:
+    """True once our process answers; False when it exits (port taken) or times out.
+
+    The server's own pid is checked so that another Redis already on the port cannot pass for it.
+    """
+    client = Redis(host=HOST, port=server.port, socket_connect_timeout=0.5, socket_timeout=0.5)
+    deadline = time.monotonic() + timeout_s
+    try:
+        while server.process.poll() is None and time.monotonic() < deadline:
+            try:
+                if client.info("server")["process_id"] == server.process.pid:
+                    return True
+            except RedisError:
+                pass
+            time.sleep(0.05)
+        return False
+    finally:
+        client.close()
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((HOST, 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+def _tail(path: Path, lines: int = 20) -> str:
+    if not path.is_file():
+        return f"(no log at {path})"
+    return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])

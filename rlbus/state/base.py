@@ -1,0 +1,107 @@
+"""The StateStore contract: the small shared state the asynchronous RL loop keeps beside Kafka.
+
+Kafka redelivers after a crash or rebalance, so effects must be idempotent by id: the trainer marks
+every rollout id it trained on (``mark_once``, SET NX semantics) and counts, rather than repeats,
+a redelivery. The trainer joins rollouts with their rewards in a buffer keyed by rollout id
+(``put_field`` / ``get_fields``), workers announce themselves in a registry whose entries vanish
+when heartbeats stop, and counters record outcomes such as dropped-as-stale.
+
+Two implementations honour the same contract test suite: in-memory for the embedded demo and unit
+tests, Redis for real runs. Failures of the backing store surface as :class:`rlbus.errors.StateError`.
+TTLs are seconds (floats allowed) and must be positive; ``None`` means no expiry.
+"""
+
+from __future__ import annotations
+
+import abc
+import json
+from types import TracebackType
+from typing import Any, Self, TypedDict
+
+
+class WorkerRecord(TypedDict):
+    """One live worker as the registry reports it."""
+
+    role: str
+    worker_id: str
+    info: dict[str, Any]
+    last_seen: float
+    """Unix time of the latest heartbeat, by the worker's clock."""
+
+
+class StateStore(abc.ABC):
+    """Idempotency ledger, join buffer, counters and worker registry behind one async interface."""
+
+    @abc.abstractmethod
+    async def mark_once(self, namespace: str, id: str, ttl_s: float | None = None) -> bool:
+        """Record ``id`` in ``namespace``; True only for the first caller (until the TTL expires)."""
+
+    @abc.abstractmethod
+    async def seen(self, namespace: str, id: str) -> bool:
+        """Whether ``id`` is recorded in ``namespace``."""
+
+    @abc.abstractmethod
+    async def put_field(self, key: str, field: str, value: bytes, ttl_s: float | None) -> None:
+        """Set one field of the buffer entry ``key``; the entry's TTL restarts at ``ttl_s``."""
+
+    @abc.abstractmethod
+    async def get_fields(self, key: str) -> dict[str, bytes]:
+        """All fields of the buffer entry ``key`` (empty when absent or expired)."""
+
+    @abc.abstractmethod
+    async def delete(self, key: str) -> None:
+        """Drop the buffer entry ``key``; absent entries are fine."""
+
+    @abc.abstractmethod
+    async def incr(self, name: str, by: int = 1) -> int:
+        """Add ``by`` to the counter ``name`` (starting at 0) and return the new value."""
+
+    @abc.abstractmethod
+    async def get_counter(self, name: str) -> int:
+        """The counter's value; 0 when never incremented."""
+
+    @abc.abstractmethod
+    async def heartbeat(self, role: str, worker_id: str, info: dict[str, Any], ttl_s: float) -> None:
+        """Register or refresh a worker; it disappears ``ttl_s`` after its latest heartbeat.
+
+        ``info`` must be JSON-serialisable; both stores return it as JSON decoded it.
+        """
+
+    @abc.abstractmethod
+    async def workers(self, role: str | None = None) -> list[WorkerRecord]:
+        """Live workers, of one role or all, ordered by (role, worker_id)."""
+
+    @abc.abstractmethod
+    async def close(self) -> None:
+        """Release connections. Idempotent."""
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await self.close()
+
+
+def check_ttl(ttl_s: float | None) -> None:
+    """Reject non-positive TTLs, which Redis would refuse and memory would expire at once."""
+    if ttl_s is not None and ttl_s <= 0:
+        raise ValueError(f"ttl_s must be positive or None, got {ttl_s}")
+
+
+def encode_worker(role: str, worker_id: str, info: dict[str, Any], now: float) -> str:
+    """The stored form of a heartbeat: JSON, so Redis entries stay readable with redis-cli."""
+    record: WorkerRecord = {"role": role, "worker_id": worker_id, "info": info, "last_seen": now}
+    return json.dumps(record, sort_keys=True)
+
+
+def decode_worker(raw: str | bytes) -> WorkerRecord:
+    record: WorkerRecord = json.loads(raw)
+    return record
+
+
+def by_role(records: list[WorkerRecord], role: str | None) -> list[WorkerRecord]:
+    """Records of ``role`` (all when None), sorted by (role, worker_id)."""
+    chosen = [r for r in records if role is None or r["role"] == role]
+    return sorted(chosen, key=lambda r: (r["role"], r["worker_id"]))

@@ -1,0 +1,94 @@
+"""In-process StateStore for the embedded demo and unit tests.
+
+Same behaviour as the Redis store, with expiry checked lazily against an injectable monotonic
+clock. State lives in one event loop's process and dies with it, which is all a single-process
+demo needs. Worker info goes through JSON, as in Redis, so both stores return the same values.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+from rlbus.state.base import (
+    StateStore,
+    WorkerRecord,
+    by_role,
+    check_ttl,
+    decode_worker,
+    encode_worker,
+)
+
+SWEEP_INTERVAL_S = 1.0
+
+
+class MemoryStateStore(StateStore):
+    """A StateStore held in dictionaries; ``clock`` returns seconds (default ``time.monotonic``)."""
+
+    def __init__(self, *, clock: Callable[[], float] = time.monotonic) -> None:
+        self._clock = clock
+        self._marks: dict[tuple[str, str], float | None] = {}
+        self._buffers: dict[str, tuple[dict[str, bytes], float | None]] = {}
+        self._counters: dict[str, int] = {}
+        self._workers: dict[tuple[str, str], tuple[str, float]] = {}
+        self._next_sweep = clock() + SWEEP_INTERVAL_S
+
+    def _deadline(self, ttl_s: float | None) -> float | None:
+        check_ttl(ttl_s)
+        self._sweep()
+        return None if ttl_s is None else self._clock() + ttl_s
+
+    def _sweep(self) -> None:
+        """Drop expired entries, at most once a second, so unread ones do not pile up."""
+        if self._clock() < self._next_sweep:
+            return
+        self._next_sweep = self._clock() + SWEEP_INTERVAL_S
+        self._marks = {k: d for k, d in self._marks.items() if self._live(d)}
+        self._buffers = {k: v for k, v in self._buffers.items() if self._live(v[1])}
+        self._workers = {k: v for k, v in self._workers.items() if self._live(v[1])}
+
+    def _live(self, deadline: float | None) -> bool:
+        return deadline is None or self._clock() < deadline
+
+    async def mark_once(self, namespace: str, id: str, ttl_s: float | None = None) -> bool:
+        deadline = self._deadline(ttl_s)
+        if await self.seen(namespace, id):
+            return False
+        self._marks[namespace, id] = deadline
+        return True
+
+    async def seen(self, namespace: str, id: str) -> bool:
+        key = (namespace, id)
+        return key in self._marks and self._live(self._marks[key])
+
+    async def put_field(self, key: str, field: str, value: bytes, ttl_s: float | None) -> None:
+        deadline = self._deadline(ttl_s)
+        fields = await self.get_fields(key)
+        self._buffers[key] = ({**fields, field: bytes(value)}, deadline)
+
+    async def get_fields(self, key: str) -> dict[str, bytes]:
+        fields, deadline = self._buffers.get(key, ({}, None))
+        return dict(fields) if self._live(deadline) else {}
+
+    async def delete(self, key: str) -> None:
+        self._buffers.pop(key, None)
+
+    async def incr(self, name: str, by: int = 1) -> int:
+        self._counters[name] = self._counters.get(name, 0) + by
+        return self._counters[name]
+
+    async def get_counter(self, name: str) -> int:
+        return self._counters.get(name, 0)
+
+    async def heartbeat(self, role: str, worker_id: str, info: dict[str, Any], ttl_s: float) -> None:
+        check_ttl(ttl_s)
+        self._sweep()
+        self._workers[role, worker_id] = (encode_worker(role, worker_id, info, time.time()), self._clock() + ttl_s)
+
+    async def workers(self, role: str | None = None) -> list[WorkerRecord]:
+        live = [decode_worker(raw) for raw, deadline in self._workers.values() if self._live(deadline)]
+        return by_role(live, role)
+
+    async def close(self) -> None:
+        return None

@@ -1,0 +1,128 @@
+"""Redis StateStore for real runs, where many worker processes share the loop's state.
+
+Every key starts with ``key_prefix`` so several runs can share one Redis::
+
+    <prefix>once:<namespace>:<id>      string, SET NX [PX ttl]          idempotency ledger
+    <prefix>buf:<key>                  hash of field -> bytes [PX ttl]  join buffer
+    <prefix>ctr:<name>                 integer (INCRBY)                 counters
+    <prefix>worker:<role>:<id>         JSON WorkerRecord, PX ttl        worker registry entry
+    <prefix>workers                    set of worker entry keys         registry index
+
+Expiry runs on the Redis server's clock, so workers on machines whose clocks disagree still age out
+correctly. Every Redis failure is raised as :class:`rlbus.errors.StateError`. The ledger must not
+be evicted: run Redis with ``maxmemory-policy noeviction`` (the default).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any, cast
+
+from redis.asyncio import Redis
+from redis.exceptions import RedisError
+
+from rlbus.errors import StateError
+from rlbus.state.base import (
+    StateStore,
+    WorkerRecord,
+    by_role,
+    check_ttl,
+    decode_worker,
+    encode_worker,
+)
+
+DEFAULT_PREFIX = "rlbus:"
+
+
+@contextmanager
+def _translate(operation: str) -> Iterator[None]:
+    try:
+        yield
+    except RedisError as exc:
+        raise StateError(f"redis {operation} failed: {exc}") from exc
+
+
+def _ms(ttl_s: float | None) -> int | None:
+    check_ttl(ttl_s)
+    return None if ttl_s is None else max(1, math.ceil(ttl_s * 1000))
+
+
+class RedisStateStore(StateStore):
+    """A StateStore on ``redis.asyncio``; it owns ``client`` (bytes responses) and closes it."""
+
+    def __init__(self, client: Redis, *, key_prefix: str = DEFAULT_PREFIX) -> None:
+        self._client = client
+        self._prefix = key_prefix
+
+    @classmethod
+    def from_url(cls, url: str, *, key_prefix: str = DEFAULT_PREFIX) -> RedisStateStore:
+        """A store on the Redis at ``url`` (``redis://host:port/db``); connects on first use."""
+        return cls(Redis.from_url(url), key_prefix=key_prefix)
+
+    def _key(self, kind: str, *parts: str) -> str:
+        return self._prefix + ":".join((kind, *parts))
+
+    async def mark_once(self, namespace: str, id: str, ttl_s: float | None = None) -> bool:
+        with _translate("mark_once"):
+            return bool(await self._client.set(self._key("once", namespace, id), b"1", nx=True, px=_ms(ttl_s)))
+
+    async def seen(self, namespace: str, id: str) -> bool:
+        with _translate("seen"):
+            return bool(await self._client.exists(self._key("once", namespace, id)))
+
+    async def put_field(self, key: str, field: str, value: bytes, ttl_s: float | None) -> None:
+        name, ttl_ms = self._key("buf", key), _ms(ttl_s)
+        with _translate("put_field"):
+            async with self._client.pipeline(transaction=True) as pipe:
+                pipe.hset(name, field, value)
+                if ttl_ms is None:
+                    pipe.persist(name)
+                else:
+                    pipe.pexpire(name, ttl_ms)
+                await pipe.execute()
+
+    async def get_fields(self, key: str) -> dict[str, bytes]:
+        with _translate("get_fields"):
+            fields = cast(dict[bytes, bytes], await self._client.hgetall(self._key("buf", key)))
+        return {field.decode(): value for field, value in fields.items()}
+
+    async def delete(self, key: str) -> None:
+        with _translate("delete"):
+            await self._client.delete(self._key("buf", key))
+
+    async def incr(self, name: str, by: int = 1) -> int:
+        with _translate("incr"):
+            return int(await self._client.incrby(self._key("ctr", name), by))
+
+    async def get_counter(self, name: str) -> int:
+        with _translate("get_counter"):
+            value = await self._client.get(self._key("ctr", name))
+        return 0 if value is None else int(value)
+
+    async def heartbeat(self, role: str, worker_id: str, info: dict[str, Any], ttl_s: float) -> None:
+        entry, ttl_ms = self._key("worker", role, worker_id), _ms(ttl_s)
+        record = encode_worker(role, worker_id, info, time.time())
+        with _translate("heartbeat"):
+            async with self._client.pipeline(transaction=True) as pipe:
+                pipe.set(entry, record, px=ttl_ms)
+                pipe.sadd(self._key("workers"), entry)
+                await pipe.execute()
+
+    async def workers(self, role: str | None = None) -> list[WorkerRecord]:
+        index = self._key("workers")
+        with _translate("workers"):
+            entries = sorted(await self._client.smembers(index))
+            values = await self._client.mget(entries) if entries else []
+            expired = [entry for entry, value in zip(entries, values, strict=True) if value is None]
+            # A worker that heartbeats between MGET and SREM drops out of the index until its next
+            # heartbeat re-adds it; tolerable for a registry that is refreshed every few seconds.
+            if expired:
+                await self._client.srem(index, *expired)
+        return by_role([decode_worker(value) for value in values if value is not None], role)
+
+    async def close(self) -> None:
+        with _translate("close"):
+            await self._client.aclose()

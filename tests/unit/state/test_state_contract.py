@@ -1,0 +1,205 @@
+"""One contract for every StateStore: each test runs against the in-memory store and real Redis.
+
+The Redis runs come from the session ``redis_url`` fixture (tests/fixtures/redis.py) and fail when
+no Redis can be reached or started. Each test gets its own key prefix, deleted afterwards.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import AsyncIterator, Callable
+
+import pytest
+from redis.asyncio import Redis
+
+from rlbus.errors import ConfigError, StateError
+from rlbus.state import MemoryStateStore, RedisStateStore, StateStore, open_state_store
+
+TTL = 0.3
+PAST_TTL = 0.6
+
+StoreFactory = Callable[[], StateStore]
+
+
+@pytest.fixture(params=["memory", "redis"])
+async def make_store(request: pytest.FixtureRequest) -> AsyncIterator[StoreFactory]:
+    """Builds stores for one test; Redis stores get distinct prefixes on one server."""
+    made: list[StateStore] = []
+    prefixes: list[str] = []
+    url = request.getfixturevalue("redis_url") if request.param == "redis" else None
+
+    def build() -> StateStore:
+        if url is None:
+            store: StateStore = MemoryStateStore()
+        else:
+            prefixes.append(f"test:{uuid.uuid4().hex[:12]}:")
+            store = RedisStateStore.from_url(url, key_prefix=prefixes[-1])
+        made.append(store)
+        return store
+
+    yield build
+    for store in made:
+        await store.close()
+    if url is not None:
+        await _delete_prefixes(url, prefixes)
+
+
+async def _delete_prefixes(url: str, prefixes: list[str]) -> None:
+    client = Redis.from_url(url)
+    for prefix in prefixes:
+        keys = [key async for key in client.scan_iter(match=prefix + "*")]
+        if keys:
+            await client.delete(*keys)
+    await client.aclose()
+
+
+@pytest.fixture
+async def store(make_store: StoreFactory) -> StateStore:
+    return make_store()
+
+
+async def test_mark_once_is_true_only_the_first_time(store: StateStore) -> None:
+    assert not await store.seen("trained", "r1")
+    assert await store.mark_once("trained", "r1")
+    assert not await store.mark_once("trained", "r1")
+    assert await store.seen("trained", "r1")
+
+
+async def test_mark_once_namespaces_are_independent(store: StateStore) -> None:
+    assert await store.mark_once("trained", "r1")
+    assert await store.mark_once("rewarded", "r1")
+    assert not await store.seen("dropped", "r1")
+
+
+async def test_mark_once_is_atomic_under_concurrency(store: StateStore) -> None:
+    results = await asyncio.gather(*(store.mark_once("trained", "same") for _ in range(20)))
+    assert sum(results) == 1
+
+
+async def test_mark_once_expires_after_ttl(store: StateStore) -> None:
+    assert await store.mark_once("trained", "r1", ttl_s=TTL)
+    await asyncio.sleep(PAST_TTL)
+    assert not await store.seen("trained", "r1")
+    assert await store.mark_once("trained", "r1", ttl_s=TTL)
+
+
+async def test_fields_round_trip_arbitrary_bytes(store: StateStore) -> None:
+    payload = bytes(range(256))
+    await store.put_field("join:r1", "rollout", payload, ttl_s=None)
+    await store.put_field("join:r1", "reward/verifier", b"\x00", ttl_s=None)
+    assert await store.get_fields("join:r1") == {"rollout": payload, "reward/verifier": b"\x00"}
+
+
+async def test_put_field_overwrites_one_field(store: StateStore) -> None:
+    await store.put_field("k", "a", b"1", ttl_s=None)
+    await store.put_field("k", "b", b"2", ttl_s=None)
+    await store.put_field("k", "a", b"3", ttl_s=None)
+    assert await store.get_fields("k") == {"a": b"3", "b": b"2"}
+
+
+async def test_missing_entry_has_no_fields(store: StateStore) -> None:
+    assert await store.get_fields("nothing") == {}
+
+
+async def test_delete_drops_the_entry_and_tolerates_absence(store: StateStore) -> None:
+    await store.put_field("k", "a", b"1", ttl_s=None)
+    await store.delete("k")
+    await store.delete("k")
+    assert await store.get_fields("k") == {}
+
+
+async def test_fields_expire_after_the_latest_put(store: StateStore) -> None:
+    await store.put_field("k", "a", b"1", ttl_s=TTL)
+    await asyncio.sleep(TTL / 2)
+    await store.put_field("k", "b", b"2", ttl_s=TTL)
+    await asyncio.sleep(TTL / 2 + 0.05)
+    assert await store.get_fields("k") == {"a": b"1", "b": b"2"}
+    await asyncio.sleep(PAST_TTL)
+    assert await store.get_fields("k") == {}
+
+
+async def test_counters_start_at_zero_and_add(store: StateStore) -> None:
+    assert await store.get_counter("trained") == 0
+    assert await store.incr("trained") == 1
+    assert await store.incr("trained", by=5) == 6
+    assert await store.incr("trained", by=-2) == 4
+    assert await store.get_counter("trained") == 4
+    assert await store.get_counter("dropped") == 0
+
+
+async def test_counters_are_atomic_under_concurrency(store: StateStore) -> None:
+    await asyncio.gather(*(store.incr("n") for _ in range(50)))
+    assert await store.get_counter("n") == 50
+
+
+async def test_workers_are_listed_by_role_in_order(store: StateStore) -> None:
+    await store.heartbeat("rollout", "w2", {"region": "eu"}, ttl_s=10)
+    await store.heartbeat("rollout", "w1", {"region": "us", "gpus": [0, 1]}, ttl_s=10)
+    await store.heartbeat("trainer", "t1", {}, ttl_s=10)
+    everyone = await store.workers()
+    assert [(w["role"], w["worker_id"]) for w in everyone] == [("rollout", "w1"), ("rollout", "w2"), ("trainer", "t1")]
+    rollout = await store.workers("rollout")
+    assert [w["info"] for w in rollout] == [{"region": "us", "gpus": [0, 1]}, {"region": "eu"}]
+    assert all(w["last_seen"] > 0 for w in everyone)
+    assert await store.workers("reward") == []
+
+
+async def test_heartbeat_replaces_info(store: StateStore) -> None:
+    await store.heartbeat("rollout", "w1", {"version": 1}, ttl_s=10)
+    await store.heartbeat("rollout", "w1", {"version": 2}, ttl_s=10)
+    assert [w["info"] for w in await store.workers()] == [{"version": 2}]
+
+
+async def test_workers_disappear_when_heartbeats_stop(store: StateStore) -> None:
+    await store.heartbeat("rollout", "gone", {}, ttl_s=TTL)
+    await store.heartbeat("rollout", "alive", {}, ttl_s=10)
+    await asyncio.sleep(PAST_TTL)
+    assert [w["worker_id"] for w in await store.workers()] == ["alive"]
+    await store.heartbeat("rollout", "gone", {}, ttl_s=10)
+    assert [w["worker_id"] for w in await store.workers()] == ["alive", "gone"]
+
+
+async def test_stores_do_not_see_each_other(make_store: StoreFactory) -> None:
+    first, second = make_store(), make_store()
+    await first.mark_once("trained", "r1")
+    await first.put_field("k", "a", b"1", ttl_s=None)
+    await first.incr("n")
+    await first.heartbeat("rollout", "w1", {}, ttl_s=10)
+    assert not await second.seen("trained", "r1")
+    assert await second.get_fields("k") == {}
+    assert await second.get_counter("n") == 0
+    assert await second.workers() == []
+
+
+@pytest.mark.parametrize("ttl_s", [0, -1.0])
+async def test_non_positive_ttls_are_rejected(store: StateStore, ttl_s: float) -> None:
+    with pytest.raises(ValueError):
+        await store.mark_once("trained", "r1", ttl_s=ttl_s)
+    with pytest.raises(ValueError):
+        await store.put_field("k", "a", b"1", ttl_s=ttl_s)
+    with pytest.raises(ValueError):
+        await store.heartbeat("rollout", "w1", {}, ttl_s=ttl_s)
+
+
+async def test_store_is_an_async_context_manager(make_store: StoreFactory) -> None:
+    async with make_store() as store:
+        assert await store.incr("n") == 1
+    await store.close()
+
+
+async def test_redis_failures_become_state_errors() -> None:
+    store = RedisStateStore.from_url("redis://127.0.0.1:1/0")
+    with pytest.raises(StateError, match="redis incr failed"):
+        await store.incr("n")
+    await store.close()
+
+
+def test_open_state_store_picks_the_implementation() -> None:
+    assert isinstance(open_state_store("memory://"), MemoryStateStore)
+    assert isinstance(open_state_store("redis://127.0.0.1:6379/0"), RedisStateStore)
+
+
+def test_open_state_store_rejects_unknown_urls() -> None:
+    with pytest.raises(ConfigError, match="state_url"):
+        open_state_store("postgres://db")

@@ -1,0 +1,49 @@
+"""docker-compose.yml stays valid: `docker compose config` accepts it with and without the cluster profile.
+
+Skipped only where no docker client is installed. Where the client lacks the compose plugin,
+Debian's standalone ``docker-compose`` (which .ci/run installs) does the validation instead.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+COMPOSE_FILE = Path(__file__).resolve().parents[2] / "docker-compose.yml"
+DEFAULT = {"kafka", "topics", "redis"}
+CLUSTER = DEFAULT | {"kafka-1", "kafka-2", "kafka-3", "topics-cluster"}
+
+
+def _compose_command() -> list[str]:
+    if shutil.which("docker") is None:
+        pytest.skip("no docker client installed")
+    if subprocess.run(["docker", "compose", "version"], capture_output=True, check=False).returncode == 0:
+        return ["docker", "compose"]
+    if shutil.which("docker-compose"):
+        return ["docker-compose"]
+    pytest.fail("the docker client has no compose: install the compose plugin or Debian's docker-compose")
+
+
+def _compose(*args: str) -> str:
+    env = {k: v for k, v in os.environ.items() if k != "COMPOSE_PROFILES"}
+    command = [*_compose_command(), "-f", str(COMPOSE_FILE), *args]
+    done = subprocess.run(command, capture_output=True, text=True, env=env, check=False, timeout=60)
+    assert done.returncode == 0, f"{' '.join(command)} failed:\n{done.stderr}"
+    return done.stdout
+
+
+@pytest.mark.parametrize("profile", [[], ["--profile", "cluster"]], ids=["default", "cluster"])
+def test_compose_file_is_valid(profile: list[str]) -> None:
+    _compose(*profile, "config", "-q")
+
+
+def test_compose_services() -> None:
+    default = set(_compose("config", "--services").split())
+    cluster = set(_compose("--profile", "cluster", "config", "--services").split())
+    # Compose v1 lists every service regardless of profile; v2 lists only the enabled ones.
+    assert DEFAULT <= default <= CLUSTER
+    assert cluster == CLUSTER
