@@ -49,6 +49,10 @@ class StateStore(abc.ABC):
         """All fields of the buffer entry ``key`` (empty when absent or expired)."""
 
     @abc.abstractmethod
+    async def delete_field(self, key: str, field: str) -> None:
+        """Remove one field of the buffer entry ``key`` (the entry's TTL is unchanged)."""
+
+    @abc.abstractmethod
     async def delete(self, key: str) -> None:
         """Drop the buffer entry ``key``; absent entries are fine."""
 

@@ -71,6 +71,11 @@ class MemoryStateStore(StateStore):
         fields, deadline = self._buffers.get(key, ({}, None))
         return dict(fields) if self._live(deadline) else {}
 
+    async def delete_field(self, key: str, field: str) -> None:
+        fields, deadline = self._buffers.get(key, ({}, None))
+        if field in fields and self._live(deadline):
+            self._buffers[key] = ({k: v for k, v in fields.items() if k != field}, deadline)
+
     async def delete(self, key: str) -> None:
         self._buffers.pop(key, None)
 

@@ -89,6 +89,10 @@ class RedisStateStore(StateStore):
             fields = cast(dict[bytes, bytes], await self._client.hgetall(self._key("buf", key)))
         return {field.decode(): value for field, value in fields.items()}
 
+    async def delete_field(self, key: str, field: str) -> None:
+        with _translate("delete_field"):
+            await self._client.hdel(self._key("buf", key), field)
+
     async def delete(self, key: str) -> None:
         with _translate("delete"):
             await self._client.delete(self._key("buf", key))

@@ -109,6 +109,15 @@ async def test_delete_drops_the_entry_and_tolerates_absence(store: StateStore) -
     assert await store.get_fields("k") == {}
 
 
+async def test_delete_field_removes_only_that_field(store: StateStore) -> None:
+    await store.put_field("k", "a", b"1", ttl_s=None)
+    await store.put_field("k", "b", b"2", ttl_s=None)
+    await store.delete_field("k", "a")
+    await store.delete_field("k", "missing")
+    await store.delete_field("absent", "a")
+    assert await store.get_fields("k") == {"b": b"2"}
+
+
 async def test_fields_expire_after_the_latest_put(store: StateStore) -> None:
     await store.put_field("k", "a", b"1", ttl_s=TTL)
     await asyncio.sleep(TTL / 2)

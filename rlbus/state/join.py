@@ -1,0 +1,185 @@
+"""The trainer's join: rollouts ⨝ rewards by rollout id, grouped by prompt, in the state store.
+
+Rollouts (keyed by prompt) and rewards (keyed by rollout) arrive on different topics and partitions, in
+any order, possibly twice. Each arrival is written into the group's buffer entry (Redis hash or
+in-memory) so a restarted trainer resumes where it was; a group is *ready* when all ``group_size``
+rollouts have a reward from every source the reward policy waits for. A group still open after
+``timeout_s`` is released with what it has — trained if at least ``min_group`` rollouts are fully
+scored, the rest dropped with a reason. Every rollout ends in exactly one :class:`Outcome`, counted in
+the store; a rollout id already trained is ignored and counted as a duplicate, never trained twice.
+
+Store layout (``ns`` = namespace)::
+
+    ns:group:<prompt_id>   meta → {"group_size", "first_seen"}; r:<rollout_id> → Rollout bytes;
+                           w:<rollout_id>:<source> → Reward bytes
+    ns:open                <prompt_id> → first-seen time (the groups the sweeper looks at)
+    ledger "trained"       every trained rollout id (SET NX)
+    counters outcome:<name>
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from enum import StrEnum
+
+from rlbus.schemas import Reward, Rollout, decode, encode
+from rlbus.state.base import StateStore
+
+
+class Outcome(StrEnum):
+    TRAINED = "trained"
+    STALE = "dropped_stale"
+    TIMED_OUT = "dropped_timed_out"
+    INCOMPLETE = "dropped_incomplete_group"
+    DEAD_LETTERED = "dead_lettered"
+    DUPLICATE = "duplicate"
+
+
+@dataclass(frozen=True)
+class RewardPolicy:
+    """Which reward sources the trainer waits for and how it combines them."""
+
+    #: Sources every rollout needs before its group is ready (e.g. ``("verifier",)``, ``("verifier", "judge")``).
+    sources: tuple[str, ...] = ("verifier",)
+    #: Weight of each source in the scalar reward (missing → 1.0).
+    weights: dict[str, float] = field(default_factory=dict)
+    #: Seconds after a group's first message before it is released incomplete.
+    timeout_s: float = 300.0
+    #: A timed-out group still trains if at least this many rollouts are fully scored.
+    min_group: int = 2
+
+    def combine(self, rewards: dict[str, Reward]) -> float:
+        return sum(self.weights.get(source, 1.0) * rewards[source].value for source in self.sources)
+
+
+@dataclass(frozen=True)
+class ScoredRollout:
+    rollout: Rollout
+    reward: float
+    components: dict[str, float]
+
+
+@dataclass(frozen=True)
+class ScoredGroup:
+    prompt_id: str
+    rollouts: list[ScoredRollout]
+    #: Rollout ids of the group that were not fully scored (only for a timed-out group).
+    unscored: list[str] = field(default_factory=list)
+
+    @property
+    def rollout_ids(self) -> list[str]:
+        return [s.rollout.rollout_id for s in self.rollouts]
+
+
+class JoinBuffer:
+    def __init__(
+        self,
+        *,
+        state: StateStore,
+        policy: RewardPolicy,
+        namespace: str = "join",
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self._state = state
+        self.policy = policy
+        self._ns = namespace
+        self._clock = clock
+        self._ttl = max(policy.timeout_s * 4, 60.0)
+
+    def _group_key(self, prompt_id: str) -> str:
+        return f"{self._ns}:group:{prompt_id}"
+
+    async def _touch(self, prompt_id: str) -> None:
+        key = self._group_key(prompt_id)
+        if "meta" not in await self._state.get_fields(key):
+            now = self._clock()
+            await self._state.put_field(key, "meta", json.dumps({"first_seen": now}).encode(), self._ttl)
+            await self._state.put_field(f"{self._ns}:open", prompt_id, str(now).encode(), None)
+
+    async def add_rollout(self, rollout: Rollout) -> ScoredGroup | None:
+        """Buffer a rollout; returns its group if that made the group ready."""
+        if await self._state.seen(Outcome.TRAINED, rollout.rollout_id):
+            await self._state.incr(f"outcome:{Outcome.DUPLICATE}")
+            return None
+        await self._touch(rollout.prompt_id)
+        key = self._group_key(rollout.prompt_id)
+        fields = await self._state.get_fields(key)
+        meta = json.loads(fields["meta"]) if "meta" in fields else {"first_seen": self._clock()}
+        meta["group_size"] = rollout.group_size
+        await self._state.put_field(key, "meta", json.dumps(meta).encode(), self._ttl)
+        await self._state.put_field(key, f"r:{rollout.rollout_id}", encode(rollout), self._ttl)
+        return await self._ready(rollout.prompt_id)
+
+    async def add_reward(self, reward: Reward) -> ScoredGroup | None:
+        """Buffer a reward; rewards of sources the policy does not wait for are ignored."""
+        if reward.source not in self.policy.sources or await self._state.seen(Outcome.TRAINED, reward.rollout_id):
+            return None
+        await self._touch(reward.prompt_id)
+        field_name = f"w:{reward.rollout_id}:{reward.source}"
+        await self._state.put_field(self._group_key(reward.prompt_id), field_name, encode(reward), self._ttl)
+        return await self._ready(reward.prompt_id)
+
+    def _assemble(self, prompt_id: str, fields: dict[str, bytes]) -> tuple[ScoredGroup, int | None]:
+        meta = json.loads(fields.get("meta", b"{}"))
+        rollouts = {k[2:]: decode(Rollout, v) for k, v in fields.items() if k.startswith("r:")}
+        rewards: dict[str, dict[str, Reward]] = {}
+        for k, v in fields.items():
+            if k.startswith("w:"):
+                rollout_id, source = k[2:].rsplit(":", 1)
+                rewards.setdefault(rollout_id, {})[source] = decode(Reward, v)
+        scored, unscored = [], []
+        for rollout_id, rollout in sorted(rollouts.items(), key=lambda kv: kv[1].group_index):
+            got = rewards.get(rollout_id, {})
+            if all(source in got for source in self.policy.sources):
+                components = {f"{s}.{name}": value for s, r in got.items() for name, value in r.components.items()}
+                components.update({s: got[s].value for s in self.policy.sources})
+                scored.append(ScoredRollout(rollout, self.policy.combine(got), components))
+            else:
+                unscored.append(rollout_id)
+        return ScoredGroup(prompt_id, scored, unscored), meta.get("group_size")
+
+    async def _ready(self, prompt_id: str) -> ScoredGroup | None:
+        group, size = self._assemble(prompt_id, await self._state.get_fields(self._group_key(prompt_id)))
+        if size is None or len(group.rollouts) < size:
+            return None
+        await self._close(prompt_id)
+        return group
+
+    async def _close(self, prompt_id: str) -> None:
+        await self._state.delete(self._group_key(prompt_id))
+        await self._state.delete_field(f"{self._ns}:open", prompt_id)
+
+    async def expire(self) -> list[ScoredGroup]:
+        """Release groups older than the timeout: the trainable ones are returned (with ``unscored`` set);
+        their unscored rollouts, and whole groups below ``min_group``, are recorded as dropped."""
+        now = self._clock()
+        released = []
+        for prompt_id, first_seen in (await self._state.get_fields(f"{self._ns}:open")).items():
+            if now - float(first_seen) < self.policy.timeout_s:
+                continue
+            group, _ = self._assemble(prompt_id, await self._state.get_fields(self._group_key(prompt_id)))
+            await self._close(prompt_id)
+            if len(group.rollouts) >= self.policy.min_group:
+                await self.record(Outcome.TIMED_OUT, group.unscored)
+                released.append(group)
+            else:
+                await self.record(Outcome.INCOMPLETE, group.rollout_ids + group.unscored)
+        return released
+
+    async def record(self, outcome: Outcome, rollout_ids: Iterable[str]) -> int:
+        """Count rollouts' outcome; TRAINED also enters the ledger. Returns how many were new — a trained
+        id already in the ledger is counted as a duplicate instead."""
+        counted = 0
+        for rollout_id in rollout_ids:
+            if outcome is Outcome.TRAINED and not await self._state.mark_once(Outcome.TRAINED, rollout_id):
+                await self._state.incr(f"outcome:{Outcome.DUPLICATE}")
+                continue
+            await self._state.incr(f"outcome:{outcome}")
+            counted += 1
+        return counted
+
+    async def counts(self) -> dict[str, int]:
+        return {o.value: await self._state.get_counter(f"outcome:{o}") for o in Outcome}
