@@ -32,6 +32,8 @@ app.add_typer(topics_app, name="topics")
 blobs_app = typer.Typer(help="Serve weight chunks over HTTP (origin or regional relay).", no_args_is_help=True)
 app.add_typer(dlq_app, name="dlq")
 app.add_typer(blobs_app, name="blobs")
+sandbox_app = typer.Typer(help="Run untrusted programs the way verifiers do (bubblewrap + rlimits).", no_args_is_help=True)
+app.add_typer(sandbox_app, name="sandbox")
 
 console = Console()
 err = Console(stderr=True)
@@ -244,6 +246,21 @@ def blobs_serve(
         _run(go)
     except KeyboardInterrupt:
         pass
+
+
+# --- sandbox -------------------------------------------------------------------------------------
+@sandbox_app.command("run")
+def sandbox_run(
+    file: Annotated[Path, typer.Argument(exists=True, dir_okay=False, help="Python file to run.")],
+    timeout: Annotated[float, typer.Option("--timeout", help="Wall-clock limit in seconds.")] = 10.0,
+) -> None:
+    """Run one Python file in the sandbox and print the outcome as JSON (status, exit_code, reason,
+    stdout, stderr, wall_s). Exit status: 0 ok, 2 refused (no sandbox here), 1 anything else."""
+    from rlbus.envs.sandbox import run_file
+
+    result = run_file(file, timeout)
+    print(result.to_json())
+    raise typer.Exit({"ok": 0, "refused": 2}.get(result.status, 1))
 
 
 # --- replay / tail --------------------------------------------------------------------------------

@@ -6,6 +6,7 @@ rlbus, so callers handle one hierarchy. Each class says whether retrying the sam
 
     RlbusError                       base; retriable = False
     ├── ConfigError                  bad configuration; names the offending field; fails at start
+    │   └── PromptFileError          a bad line in a JSONL prompt file (rlbus.envs.tasks.jsonl)
     ├── SchemaError                  a message does not match its schema (bad input → DLQ)
     │   ├── MalformedMessage         bytes are not valid MessagePack for the schema
     │   └── SchemaVersionError       schema_version is not one this build can read
@@ -19,6 +20,8 @@ rlbus, so callers handle one hierarchy. Each class says whether retrying the sam
     │   ├── DigestMismatch           the applied model's digest is not the manifest's
     │   └── VersionGap               a delta's base is not the version held
     ├── SandboxError                 the sandbox could not be set up (not: the program failed)
+    ├── JudgeError                   an LM judge endpoint refused or answered garbage
+    │   └── JudgeUnavailable         it could not be reached or kept failing       (retriable)
     └── ServiceError                 a local service (Kafka, Redis) failed to start or stop
 """
 
@@ -96,6 +99,16 @@ class VersionGap(WeightSyncError):
 
 class SandboxError(RlbusError):
     """The sandbox itself could not be set up (distinct from the sandboxed program failing)."""
+
+
+class JudgeError(RlbusError):
+    """The judge endpoint rejected the request or answered something that is not a chat completion."""
+
+
+class JudgeUnavailable(JudgeError):
+    """The judge endpoint could not be reached or kept failing after the retries."""
+
+    retriable = True
 
 
 class ServiceError(RlbusError):

@@ -1,1 +1,50 @@
-"""rlbus.envs."""
+"""Environments (DESIGN §6): the harness that runs an agent episode, its world state, and its reward.
+
+    base.py       Environment / Task protocol, HarnessConfig, Tool, World, register_env / make_env
+    chat.py       role headers and the tagged action format (<tool name=…>, <answer>, <summary>)
+    agent.py      the multi-turn agent loop with self-summarization (imports the engine, hence torch)
+    episode.py    Episode, and its conversion to and from the Rollout message
+    scripted.py   ScriptedEngine: replays fixed turns (reference solutions, tests)
+    rewards.py    exact-match verification and the Reward builder
+    sandbox.py    bubblewrap sandbox for untrusted code (``rlbus sandbox run``)
+    judge.py      LM judges: rubric dimensions, local engine or OpenAI-compatible HTTP backend
+    tasks/        built-in tasks (arith, strings, kv, python_fn) and JSONL prompt files
+
+Importing this package stays light (no torch): reward workers and the prompt producer use it without
+the engine; the rollout worker imports `rlbus.envs.agent` itself.
+"""
+
+from rlbus.envs.base import (
+    Environment,
+    HarnessConfig,
+    Limits,
+    Task,
+    Tool,
+    ToolError,
+    World,
+    env_for,
+    make_env,
+    register_env,
+    registered_envs,
+)
+from rlbus.envs.chat import ChatFormat
+from rlbus.envs.episode import Episode, episode_to_rollout, rollout_to_episode, segment_spans
+
+__all__ = [
+    "ChatFormat",
+    "Environment",
+    "Episode",
+    "HarnessConfig",
+    "Limits",
+    "Task",
+    "Tool",
+    "ToolError",
+    "World",
+    "env_for",
+    "episode_to_rollout",
+    "make_env",
+    "register_env",
+    "registered_envs",
+    "rollout_to_episode",
+    "segment_spans",
+]

@@ -1,0 +1,203 @@
+"""The environment protocol: harness (tools and turn limits), world state, reward — registered by name.
+
+An episode runs in three parts (DESIGN §6). The *harness* is the agent loop (`rlbus.envs.agent`) with the
+environment's tools and limits. The *world* is per-episode state — a sandbox directory and the processes
+run in it, an in-memory table — created when the episode starts and destroyed when it ends:
+``async with env.world(prompt) as world``. The *reward* is `Environment.score`, a function of the finished
+episode and its prompt, so a reward worker in another process can compute it from the rollout alone.
+
+Environments are configured by data: a `Prompt` names its environment (``prompt.env``) and carries the
+configuration (``prompt.env_config``), which is validated into the environment's msgspec config struct;
+unknown fields and bad values raise `ConfigError` naming the field (``env_config.max_turns``). A `Task`
+is an environment that can also generate its own prompts from a seed and solve them (reference turns for
+warm start / supervised mid-training).
+"""
+
+from __future__ import annotations
+
+import abc
+import contextlib
+from collections.abc import Awaitable, Callable, Mapping
+from contextlib import AbstractAsyncContextManager
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, ClassVar, Generic, TypeVar
+
+import msgspec
+
+from rlbus.config import parse
+from rlbus.envs.chat import format_answer, format_tool_call
+from rlbus.errors import ConfigError
+from rlbus.schemas import Prompt, Reward
+
+if TYPE_CHECKING:
+    from rlbus.envs.episode import Episode
+
+
+class HarnessConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """Turn-loop limits shared by every environment; each environment's config extends it."""
+
+    max_turns: int = 1
+    """Model turns (actions) before the episode ends with ``max_turns``; summary turns do not count."""
+    max_new_tokens: int = 64
+    """Tokens the model may sample in one turn."""
+    context_tokens: int = 1024
+    """Tokens one context segment may hold (the model's window, or less)."""
+    max_total_tokens: int = 4096
+    """Tokens of the whole episode, all segments together; beyond it the episode ends with ``length``."""
+    summarize: bool = False
+    """When a context is full, ask the model for a summary and continue in a fresh context from it."""
+    max_segments: int = 4
+    """Context segments an episode may use when summarizing."""
+    summary_max_tokens: int = 128
+    """Tokens the model may sample for a summary."""
+    max_observation_tokens: int = 256
+    """Tool output beyond this many tokens is cut."""
+    tool_timeout_s: float = 10.0
+    """Seconds one tool call may take before the model sees a timeout error."""
+    instructions: bool = True
+    """Open each episode with a system message describing the action format and the tools."""
+
+    def __post_init__(self) -> None:
+        for name in ("max_turns", "max_new_tokens", "context_tokens", "max_total_tokens", "max_segments"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be ≥ 1")
+        if self.summary_max_tokens < 1 or self.max_observation_tokens < 0 or self.tool_timeout_s <= 0:
+            raise ValueError("summary_max_tokens must be ≥ 1, max_observation_tokens ≥ 0, tool_timeout_s > 0")
+
+    def limits(self) -> Limits:
+        return Limits(
+            max_turns=self.max_turns,
+            max_new_tokens=self.max_new_tokens,
+            context_tokens=self.context_tokens,
+            max_total_tokens=self.max_total_tokens,
+            summarize=self.summarize,
+            max_segments=self.max_segments,
+            summary_max_tokens=self.summary_max_tokens,
+            max_observation_tokens=self.max_observation_tokens,
+            tool_timeout_s=self.tool_timeout_s,
+        )
+
+
+@dataclass(frozen=True, kw_only=True)
+class Limits:
+    """The agent loop's budgets, as plain arguments (see `HarnessConfig` for each field's meaning)."""
+
+    max_turns: int = 1
+    max_new_tokens: int = 64
+    context_tokens: int = 1024
+    max_total_tokens: int = 4096
+    summarize: bool = False
+    max_segments: int = 4
+    summary_max_tokens: int = 128
+    max_observation_tokens: int = 256
+    tool_timeout_s: float = 10.0
+
+
+class ToolError(Exception):
+    """An expected tool failure (bad input, missing key); the model sees the message as the observation."""
+
+
+@dataclass(frozen=True)
+class Tool:
+    """A tool the model can call with ``<tool name="NAME">INPUT</tool>``; ``run`` maps INPUT to output."""
+
+    name: str
+    description: str
+    run: Callable[[str], Awaitable[str]]
+
+
+@dataclass
+class World:
+    """One episode's state as the harness sees it: the tools bound to that state."""
+
+    tools: dict[str, Tool] = field(default_factory=dict)
+
+
+C = TypeVar("C", bound=HarnessConfig)
+
+
+class Environment(abc.ABC, Generic[C]):
+    """Harness limits and instructions, per-episode world, reward. One instance per prompt config."""
+
+    config_type: ClassVar[type[Any]] = HarnessConfig
+
+    def __init__(self, config: C) -> None:
+        self.config = config
+
+    def limits(self) -> Limits:
+        return self.config.limits()
+
+    def world(self, prompt: Prompt) -> AbstractAsyncContextManager[World]:
+        """The episode's world; the default has no state and no tools."""
+        return contextlib.nullcontext(World())
+
+    def instructions(self, world: World) -> str | None:
+        """The system message (action format and tools), or None when ``instructions`` is off."""
+        if not self.config.instructions:
+            return None
+        return describe_actions(world.tools)
+
+    @abc.abstractmethod
+    async def score(self, episode: Episode, prompt: Prompt) -> Reward:
+        """The reward of a finished episode; raises only when scoring itself is impossible (no sandbox)."""
+
+
+class Task(Environment[C]):
+    """An environment that can generate prompts from a seed and solve them."""
+
+    @abc.abstractmethod
+    def generate(self, seed: int, n: int) -> list[Prompt]:
+        """``n`` prompts, the same for the same seed and config; each carries its ``reference`` answer."""
+
+    @abc.abstractmethod
+    def reference_turns(self, prompt: Prompt) -> list[str]:
+        """The model turns of a correct solution (observations in between come from the world)."""
+
+
+def config_data(config: HarnessConfig) -> dict[str, Any]:
+    """A config as plain JSON data (lists, not tuples) — what ``Prompt.env_config`` carries."""
+    data: dict[str, Any] = msgspec.json.decode(msgspec.json.encode(config))
+    return data
+
+
+def describe_actions(tools: Mapping[str, Tool]) -> str:
+    lines = [f"Give the final answer as {format_answer('ANSWER')}."]
+    if tools:
+        lines.insert(0, f"Call a tool with {format_tool_call('NAME', 'INPUT')}.")
+        lines.append("Tools:")
+        lines += [f"- {t.name}: {t.description}" for t in tools.values()]
+    return "\n".join(lines)
+
+
+_REGISTRY: dict[str, type[Environment[Any]]] = {}
+
+
+def register_env(name: str, env_type: type[Environment[Any]]) -> None:
+    """Make ``env_type`` available to `make_env` (and to prompts) as ``name``."""
+    existing = _REGISTRY.get(name)
+    if existing is not None and existing is not env_type:
+        raise ValueError(f"environment {name!r} is already registered to {existing.__qualname__}")
+    _REGISTRY[name] = env_type
+
+
+def registered_envs() -> list[str]:
+    _load_builtins()
+    return sorted(_REGISTRY)
+
+
+def make_env(name: str, config: Mapping[str, Any] | None = None) -> Environment[Any]:
+    """The environment ``name`` configured by ``config``; ConfigError names an unknown env or bad field."""
+    _load_builtins()
+    env_type = _REGISTRY.get(name)
+    if env_type is None:
+        raise ConfigError("env", f"unknown environment {name!r}; registered: {', '.join(sorted(_REGISTRY))}")
+    return env_type(parse(env_type.config_type, dict(config or {}), prefix="env_config"))
+
+
+def env_for(prompt: Prompt) -> Environment[Any]:
+    """The environment a prompt names, configured by its ``env_config``."""
+    return make_env(prompt.env, prompt.env_config)
+
+
+def _load_builtins() -> None:
+    import rlbus.envs.tasks  # noqa: F401  (registers the built-in tasks)

@@ -1,0 +1,56 @@
+"""Admission control bounds how far prompt production runs ahead of the trainer."""
+
+from __future__ import annotations
+
+import asyncio
+
+from rlbus.bus import MemoryBus
+from rlbus.bus.topics import PROMPTS, topic_specs
+from rlbus.producers.prompts import (
+    GROUPS_DONE_COUNTER,
+    VERSION_COUNTER,
+    Admission,
+    Progress,
+    PromptProducer,
+    progress_from_state,
+    task_prompts,
+)
+from rlbus.state import MemoryStateStore
+
+
+def test_admission_rule() -> None:
+    rule = Admission(max_staleness=1, groups_per_step=4, max_in_flight=6)
+    assert rule.allows(7, Progress(version=0, groups_done=2))
+    assert not rule.allows(8, Progress(version=0, groups_done=8))  # (0 + 1 + 1) × 4 = 8 ahead is the cap
+    assert not rule.allows(6, Progress(version=5, groups_done=0))  # 6 in flight
+    assert rule.allows(6, Progress(version=5, groups_done=1))
+
+
+async def test_producer_waits_for_the_trainer_then_resumes() -> None:
+    bus = MemoryBus(topic_specs())
+    await bus.start()
+    state = MemoryStateStore()
+    producer = PromptProducer(
+        bus=bus,
+        prompts=task_prompts("arith", seed=0, group_size=4),
+        admission=Admission(max_staleness=1, groups_per_step=3),
+        progress=progress_from_state(state),
+        poll_s=0.01,
+    )
+    stop = asyncio.Event()
+    task = asyncio.create_task(producer.run(stop))
+    await asyncio.sleep(0.2)
+    assert producer.admitted == 6 and producer.waits > 0  # (0 + 1 + 1) × 3
+    await state.incr(VERSION_COUNTER)
+    await state.incr(GROUPS_DONE_COUNTER, 3)
+    await asyncio.sleep(0.2)
+    assert producer.admitted == 9
+    stop.set()
+    await task
+    ends = await bus.end_offsets(PROMPTS.name)
+    assert sum(ends.values()) == 9
+    async with bus.consumer([PROMPTS], group=None) as consumer:
+        prompts = [r.value for r in await consumer.getmany(timeout_s=0.1)]
+    assert len({p.prompt_id for p in prompts}) == 9
+    assert all(p.group_size == 4 and p.env == "arith" and p.reference for p in prompts)
+    assert sorted(p.policy_version for p in prompts) == [0] * 6 + [1] * 3
