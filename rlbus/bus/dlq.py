@@ -111,24 +111,37 @@ async def handle_batch(
     *,
     max_attempts: int = 3,
     backoff_s: float = 0.2,
+    concurrency: int = 1,
 ) -> None:
-    """Process records in order: retriable errors are retried with backoff up to ``max_attempts``,
-    anything else goes to the DLQ. Each record is marked only after its effect or dead letter is
-    acknowledged; the caller commits after the batch."""
+    """Process records: retriable errors are retried with backoff up to ``max_attempts``, anything else
+    goes to the DLQ. With ``concurrency`` > 1 up to that many records run at once (sandboxed verifiers,
+    judge calls); the function returns only when all are done. Each record is marked only after its
+    effect or dead letter is acknowledged; the caller commits after the batch."""
+    slots = asyncio.Semaphore(concurrency)
+
+    async def one(record: Record[Any]) -> None:
+        async with slots:
+            attempt = 0
+            while True:
+                attempt += 1
+                try:
+                    await handler(record)
+                    break
+                except Exception as exc:  # noqa: BLE001 - every failure must end in the DLQ, not a crash
+                    retriable = isinstance(exc, RlbusError) and exc.retriable
+                    if retriable and attempt < max_attempts:
+                        await asyncio.sleep(backoff_s * 2 ** (attempt - 1))
+                        continue
+                    await dead_letters.send(record, exc, attempts=attempt)
+                    break
+
+    if concurrency <= 1:
+        for record in records:
+            await one(record)
+            consumer.mark(record)
+        return
+    await asyncio.gather(*(one(r) for r in records))
     for record in records:
-        attempt = 0
-        while True:
-            attempt += 1
-            try:
-                await handler(record)
-                break
-            except Exception as exc:
-                retriable = isinstance(exc, RlbusError) and exc.retriable
-                if retriable and attempt < max_attempts:
-                    await asyncio.sleep(backoff_s * 2 ** (attempt - 1))
-                    continue
-                await dead_letters.send(record, exc, attempts=attempt)
-                break
         consumer.mark(record)
 
 

@@ -113,6 +113,7 @@ def episode_to_rollout(
         timings=dict(episode.timings),
         created_at=time.time() if created_at is None else created_at,
         metadata=metadata,
+        prompt=prompt,
     )
 
 

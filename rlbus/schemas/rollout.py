@@ -14,6 +14,7 @@ import msgspec
 
 from rlbus.schemas.base import Message
 from rlbus.schemas.common import BlobRef
+from rlbus.schemas.prompt import Prompt
 from rlbus.schemas.tensor import TensorData
 
 
@@ -70,4 +71,7 @@ class Rollout(Message, kw_only=True):
     created_at: float = 0.0
     #: When the arrays exceed the inline limit they live in the blob store and this points at them.
     payload: BlobRef | None = None
+    #: The prompt the episode answered (environment, config, reference), so a reward worker can score
+    #: the rollout on its own without joining the prompts topic.
+    prompt: Prompt | None = None
     metadata: dict[str, str] = msgspec.field(default_factory=dict)

@@ -1,0 +1,94 @@
+"""The reward worker: scores rollouts and publishes rewards (verifiers, sandboxed tests, LM judges).
+
+It joins the consumer group ``reward-<kind>`` on ``rl.rollouts.v1`` — any number of workers per kind,
+each kind its own group, so the environment's verifier and an LM judge both see every rollout. A rollout carries
+its prompt (environment, config, reference), so scoring needs nothing else: the verifier source asks the
+prompt's environment (exact match, hidden unit tests in the sandbox, tool-task answers), the judge
+kind asks an LM judge with a rubric. The reward's ``source`` is what the environment or judge says
+(``verifier`` for exact answers, ``sandbox`` for hidden unit tests, ``judge``). Rewards go to ``rl.rewards.v1`` keyed by rollout id, with the
+id ``<rollout>:<source>``, so a redelivered rollout scored twice changes nothing downstream. A rollout
+that cannot be scored (no prompt, unknown environment, a judge that keeps failing) goes to the DLQ
+with the reason; the worker never stops for bad input.
+
+Never imports torch: scoring is CPU-light and lives beside the sandbox, away from the GPUs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable
+from typing import Any
+
+from rlbus.bus.base import Bus
+from rlbus.bus.dlq import DeadLetters, handle_batch
+from rlbus.bus.topics import REWARDS, ROLLOUTS
+from rlbus.bus.types import Record
+from rlbus.envs.base import env_for
+from rlbus.envs.episode import rollout_to_episode
+from rlbus.envs.judge import Judge
+from rlbus.errors import MalformedMessage
+from rlbus.schemas import Reward, Rollout
+
+log = logging.getLogger("rlbus.consumers.reward")
+
+
+class RewardWorker:
+    def __init__(
+        self,
+        *,
+        bus: Bus,
+        kind: str = "verifier",
+        judge: Judge | None = None,
+        worker_id: str = "reward-0",
+        concurrency: int = 4,
+        max_batch: int = 64,
+        on_reward: Callable[[Reward, Rollout], None] | None = None,
+    ) -> None:
+        if kind == "judge" and judge is None:
+            raise ValueError("a judge reward worker needs a Judge")
+        self._bus = bus
+        self.kind = kind
+        self._judge = judge
+        self.worker_id = worker_id
+        self._concurrency = concurrency
+        self._max_batch = max_batch
+        self._on_reward = on_reward
+        self.scored = 0
+        self.dead_letters = DeadLetters(bus)
+
+    @property
+    def group(self) -> str:
+        return f"reward-{self.kind}"
+
+    async def score(self, rollout: Rollout) -> Reward:
+        prompt = rollout.prompt
+        if prompt is None:
+            raise MalformedMessage(f"rollout {rollout.rollout_id} carries no prompt; it cannot be scored")
+        episode = rollout_to_episode(rollout)
+        if self._judge is not None:
+            return await self._judge.score(episode, prompt)
+        return await env_for(prompt).score(episode, prompt)
+
+    async def _handle(self, record: Record[Any]) -> None:
+        rollout: Rollout = record.value
+        t0 = time.perf_counter()
+        reward = await self.score(rollout)
+        await self._bus.send(REWARDS, reward)
+        self.scored += 1
+        if self._on_reward is not None:
+            self._on_reward(reward, rollout)
+        log.debug(
+            "scored %s rollout=%s source=%s value=%.3f in %.3fs",
+            record.where, rollout.rollout_id, reward.source, reward.value, time.perf_counter() - t0,
+        )
+
+    async def run(self, stop: asyncio.Event) -> None:
+        async with self._bus.consumer([ROLLOUTS], group=self.group, instance_id=None) as consumer:
+            while not stop.is_set():
+                batch = await consumer.getmany(timeout_s=0.2, max_records=self._max_batch)
+                if not batch:
+                    continue
+                await handle_batch(consumer, batch, self._handle, self.dead_letters, concurrency=self._concurrency)
+                await consumer.commit()

@@ -1,0 +1,85 @@
+"""Every built-in task end to end through the reward worker: reference solutions score 1, wrong ones 0,
+a rollout that cannot be scored ends in the DLQ with its reason, and the source offsets are committed."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import msgspec
+
+from rlbus.bus import MemoryBus
+from rlbus.bus.dlq import read_dead_letters
+from rlbus.bus.topics import REWARDS, ROLLOUTS, topic_specs
+from rlbus.consumers.reward import RewardWorker
+from rlbus.envs.agent import reference_episode
+from rlbus.envs.base import env_for
+from rlbus.envs.chat import ChatFormat
+from rlbus.envs.episode import episode_to_rollout
+from rlbus.envs.tasks import generate_prompts
+from rlbus.schemas import Reward, Rollout
+
+TASKS = ["arith", "strings", "kv", "python_fn"]
+
+
+async def rollouts_for(env: str, n: int, *, wrong: bool) -> list[Rollout]:
+    chat = ChatFormat.for_byte_tokenizer()
+    out = []
+    for i, prompt in enumerate(generate_prompts(env, seed=7, n=n)):
+        task: Any = env_for(prompt)
+        if wrong:  # the reference solution of another prompt: well-formed, but wrong here
+            other = generate_prompts(env, seed=8, n=n)[i]
+            if other.reference == prompt.reference:
+                continue
+            episode = await reference_episode(env_for(other), other, chat=chat)  # type: ignore[arg-type]
+        else:
+            episode = await reference_episode(task, prompt, chat=chat)
+        out.append(episode_to_rollout(episode, prompt=prompt, group_index=0))
+    return out
+
+
+async def collect_rewards(bus: MemoryBus, want: int) -> list[Reward]:
+    out: list[Reward] = []
+    async with bus.consumer([REWARDS], group=None) as consumer:
+        for _ in range(200):
+            out += [r.value for r in await consumer.getmany(timeout_s=0.1)]
+            if len(out) >= want:
+                break
+    return out
+
+
+async def test_every_task_scores_through_the_worker() -> None:
+    bus = MemoryBus(topic_specs())
+    await bus.start()
+    good = {env: await rollouts_for(env, 3, wrong=False) for env in TASKS}
+    bad = {env: await rollouts_for(env, 3, wrong=True) for env in TASKS}
+    for rollouts in [*good.values(), *bad.values()]:
+        for rollout in rollouts:
+            await bus.send(ROLLOUTS, rollout)
+    poison = msgspec.structs.replace(good["arith"][0], rollout_id="no-prompt", prompt=None)
+    await bus.send(ROLLOUTS, poison)
+    total = sum(len(r) for r in [*good.values(), *bad.values()])
+
+    worker = RewardWorker(bus=bus, concurrency=4)
+    stop = asyncio.Event()
+    task = asyncio.create_task(worker.run(stop))
+    rewards = await collect_rewards(bus, total)
+    for _ in range(100):
+        if (await read_dead_letters(bus, ROLLOUTS.name)) and sum(
+            v or 0 for v in (await bus.committed(worker.group, ROLLOUTS.name)).values()
+        ) == total + 1:
+            break
+        await asyncio.sleep(0.05)
+    stop.set()
+    await task
+
+    by_id = {r.rollout_id: r for r in rewards}
+    assert len(by_id) == total
+    for env in TASKS:
+        assert all(by_id[r.rollout_id].value == 1.0 for r in good[env]), env
+        assert bad[env] and all(by_id[r.rollout_id].value == 0.0 for r in bad[env]), env
+        expected = "sandbox" if env == "python_fn" else "verifier"
+        assert all(by_id[r.rollout_id].source == expected for r in good[env])
+    letters = await read_dead_letters(bus, ROLLOUTS.name)
+    assert [d.error_class for d in letters] == ["MalformedMessage"] and "no prompt" in letters[0].error
+    assert sum(v or 0 for v in (await bus.committed(worker.group, ROLLOUTS.name)).values()) == total + 1
