@@ -1,0 +1,124 @@
+"""The rollout worker: prompts in, agent episodes out, weights following the trainer as they go.
+
+Any number of these join the consumer group ``rollout`` on ``rl.prompts.v1``, in any region (the region
+becomes the Kafka client id suffix and ``client.rack``). For each prompt the worker plays ``group_size``
+episodes concurrently in the prompt's environment — each episode on its own thread, their model calls
+merged into shared batches by :class:`rlbus.engines.batching.BatchingEngine` — and publishes one
+``Rollout`` per episode, stamped with the policy version of every token. Episode ids are derived from
+the prompt id and group index, so a prompt redelivered after a crash produces the same rollout ids and
+the trainer's ledger keeps it from being trained twice.
+
+Generation runs on threads (the process entry point sizes the default executor for all concurrent
+episodes: :func:`episode_threads`), so the event loop keeps serving group heartbeats and the weight-sync task
+(:class:`rlbus.weights.sync.WeightSync`), which stages new versions meanwhile and swaps them in at the
+engine's next step boundary. A prompt that cannot be played (unknown environment, bad config) goes to
+the DLQ with the reason.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable
+from typing import Any
+
+from rlbus.bus.base import Bus
+from rlbus.bus.dlq import DeadLetters, handle_batch
+from rlbus.bus.topics import PROMPTS, ROLLOUTS
+from rlbus.bus.types import Record
+from rlbus.engines.base import Engine
+from rlbus.envs.agent import run_episode
+from rlbus.envs.base import env_for
+from rlbus.envs.chat import ChatFormat
+from rlbus.envs.episode import episode_to_rollout
+from rlbus.schemas import Prompt, Rollout, SamplingInfo
+
+log = logging.getLogger("rlbus.consumers.rollout")
+
+GROUP = "rollout"
+
+
+def episode_threads(n: int = 64) -> None:
+    """Give the running loop's default executor room for ``n`` concurrent episodes (asyncio's default
+    of cpu_count + 4 threads would cap a group's batch at 6 on a 2-core machine)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    asyncio.get_running_loop().set_default_executor(ThreadPoolExecutor(n, thread_name_prefix="episode"))
+
+
+class RolloutWorker:
+    def __init__(
+        self,
+        *,
+        bus: Bus,
+        engine: Engine,
+        chat: ChatFormat,
+        worker_id: str,
+        region: str = "",
+        model_id: str = "policy",
+        sampling: SamplingInfo | None = None,
+        prompts_in_flight: int = 2,
+        static_membership: bool = False,
+        on_rollout: Callable[[Rollout], None] | None = None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self._bus = bus
+        self.engine = engine
+        self._chat = chat
+        self.worker_id = worker_id
+        self.region = region
+        self.model_id = model_id
+        self.sampling = sampling or SamplingInfo(temperature=1.0)
+        self._prompts_in_flight = prompts_in_flight
+        self._instance_id = worker_id if static_membership else None
+        self._on_rollout = on_rollout
+        self._clock = clock
+        self.dead_letters = DeadLetters(bus)
+        self.rollouts = 0
+        self.busy_s = 0.0
+
+    async def play(self, prompt: Prompt) -> list[Rollout]:
+        """All ``group_size`` episodes of one prompt, as rollouts (not yet published)."""
+        env = env_for(prompt)
+        episodes = await asyncio.gather(
+            *(
+                run_episode(
+                    env, prompt, engine=self.engine, chat=self._chat, sampling=self.sampling,
+                    episode_id=f"{prompt.prompt_id}/{i}",
+                )
+                for i in range(prompt.group_size)
+            )
+        )
+        return [
+            episode_to_rollout(
+                episode, prompt=prompt, group_index=i, model_id=self.model_id, worker_id=self.worker_id,
+                region=self.region, created_at=self._clock(),
+            )
+            for i, episode in enumerate(episodes)
+        ]
+
+    async def _handle(self, record: Record[Any]) -> None:
+        prompt: Prompt = record.value
+        started = time.perf_counter()
+        rollouts = await self.play(prompt)
+        for rollout in rollouts:
+            await self._bus.send(ROLLOUTS, rollout)
+            self.rollouts += 1
+            if self._on_rollout is not None:
+                self._on_rollout(rollout)
+        self.busy_s += time.perf_counter() - started
+        log.info(
+            "%s: prompt %s (%s) → %d rollouts at policy v%d in %.2fs",
+            record.where, prompt.prompt_id, prompt.env, len(rollouts), self.engine.policy_version,
+            time.perf_counter() - started,
+        )
+
+    async def run(self, stop: asyncio.Event) -> None:
+        async with self._bus.consumer([PROMPTS], group=GROUP, instance_id=self._instance_id) as consumer:
+            while not stop.is_set():
+                batch = await consumer.getmany(timeout_s=0.2, max_records=self._prompts_in_flight)
+                if not batch:
+                    continue
+                await handle_batch(consumer, batch, self._handle, self.dead_letters, concurrency=len(batch))
+                await consumer.commit()
