@@ -336,6 +336,10 @@ def tail(
 BENCHMARKS = {
     "bus": "rlbus.bench.bus",
     "codec": "rlbus.bench.codec",
+    "sync": "rlbus.bench.sync",
+    "sandbox": "rlbus.bench.sandbox",
+    "mismatch": "rlbus.bench.mismatch",
+    "train": "rlbus.bench.train",
 }
 
 
@@ -352,10 +356,13 @@ def bench(
     module = importlib.import_module(BENCHMARKS[name])
     kwargs: dict[str, Any] = {"bootstrap": bootstrap} if name == "bus" else {}
     try:
-        module.run(quick=quick, json_path=json_path, **kwargs)
+        result = module.run(quick=quick, json_path=json_path, **kwargs)
     except RlbusError as exc:
         err.print(f"[red]error:[/red] {exc}")
         raise typer.Exit(1) from None
+    if name == "sandbox" and result["escapes_contained"] < result["escapes_tried"]:
+        err.print("[red]an escape attempt was NOT contained[/red]")
+        raise typer.Exit(1)
 
 
 def main() -> None:  # pragma: no cover - console entry point

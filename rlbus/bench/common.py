@@ -26,7 +26,7 @@ def meta() -> dict[str, Any]:
     try:
         import torch
 
-        torch_version = torch.__version__
+        torch_version = str(torch.__version__)
         gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else None
     except ImportError:
         pass
