@@ -25,14 +25,14 @@ if TYPE_CHECKING:
 
 app = typer.Typer(help="rlbus: asynchronous, disaggregated RL for LLM agents on Apache Kafka.", no_args_is_help=True)
 kafka_app = typer.Typer(help="Run a local Apache Kafka (KRaft) without Docker.", no_args_is_help=True)
-topics_app = typer.Typer(help="Create and inspect rlbus topics (declared in rlbus/bus/topics.py).", no_args_is_help=True)
+topics_app = typer.Typer(help="Create and inspect rlbus topics (rlbus/bus/topics.py).", no_args_is_help=True)
 dlq_app = typer.Typer(help="Inspect and redrive dead letters.", no_args_is_help=True)
 app.add_typer(kafka_app, name="kafka")
 app.add_typer(topics_app, name="topics")
 blobs_app = typer.Typer(help="Serve weight chunks over HTTP (origin or regional relay).", no_args_is_help=True)
 app.add_typer(dlq_app, name="dlq")
 app.add_typer(blobs_app, name="blobs")
-sandbox_app = typer.Typer(help="Run untrusted programs the way verifiers do (bubblewrap + rlimits).", no_args_is_help=True)
+sandbox_app = typer.Typer(help="Run untrusted programs as verifiers do (bubblewrap + rlimits).", no_args_is_help=True)
 app.add_typer(sandbox_app, name="sandbox")
 
 console = Console()
