@@ -127,7 +127,7 @@ async def handle_batch(
                 try:
                     await handler(record)
                     break
-                except Exception as exc:  # noqa: BLE001 - every failure must end in the DLQ, not a crash
+                except Exception as exc:  # every failure must end in the DLQ, not a crash
                     retriable = isinstance(exc, RlbusError) and exc.retriable
                     if retriable and attempt < max_attempts:
                         await asyncio.sleep(backoff_s * 2 ** (attempt - 1))

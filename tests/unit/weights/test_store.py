@@ -50,7 +50,7 @@ async def test_local_store_round_trip(tmp_path: Path) -> None:
     await store.delete("policy/3/chunk-000")
     with pytest.raises(BlobNotFound):
         await store.get("policy/3/chunk-000")
-    assert not list(tmp_path.rglob(".tmp-*"))
+    assert not [p for p in await asyncio.to_thread(lambda: list(tmp_path.rglob(".tmp-*")))]
 
 
 async def test_http_round_trip_with_parallel_ranges(origin: tuple[str, BlobServer]) -> None:
@@ -127,7 +127,7 @@ async def test_client_retries_server_errors(tmp_path: Path) -> None:
 
 
 async def test_relay_fetches_each_blob_once_for_many_workers(origin: tuple[str, BlobServer], tmp_path: Path) -> None:
-    url, origin_server = origin
+    url, _ = origin
     data = os.urandom(3 * 1024 * 1024)
     async with HttpStore(url, secret=SECRET) as trainer:
         await trainer.put("policy/7/c0", data)
