@@ -7,8 +7,9 @@ prompt's environment (exact match, hidden unit tests in the sandbox, tool-task a
 kind asks an LM judge with a rubric. The reward's ``source`` is what the environment or judge says
 (``verifier`` for exact answers, ``sandbox`` for hidden unit tests, ``judge``). Rewards go to
 ``rl.rewards.v1`` keyed by rollout id, with the id ``<rollout>:<source>``, so a redelivered rollout
-scored twice changes nothing downstream. A rollout that cannot be scored (no prompt, unknown environment, a judge that keeps failing) goes to the DLQ
-with the reason; the worker never stops for bad input.
+scored twice changes nothing downstream. A rollout that cannot be scored (no prompt, unknown
+environment, a judge that keeps failing) goes to the DLQ with the reason; the worker never stops for
+bad input.
 
 Never imports torch: scoring is CPU-light and lives beside the sandbox, away from the GPUs.
 """
