@@ -1,0 +1,340 @@
+"""One GRPO update of the policy from scored groups, with the numerical-mismatch controls of DESIGN §5.
+
+Notation: a batch holds groups g of G samples i (rollouts of one prompt) with rewards r_{g,i}; sample i's
+sampled tokens x_t (loss mask m_t) were drawn from the behaviour policy μ — the inference engine, possibly
+several versions old and running other numerics — which reported log μ(x_t) and the version v_t.
+
+    advantage     A_i   = r_i − mean_g(r)                [ / (std_g(r) + 1e−6) if normalize_std ]
+    staleness     s_i   = v_trainer − min_t v_t ;   samples with s_i > max_staleness are dropped
+    proximal      log π_old(x_t) = the trainer's log-prob at the start of the step: one padded forward
+                  over the sequence, log softmax(z_t / τ_i) at the behaviour temperature τ_i, routing
+                  each token to the engine's recorded experts when router replay is on
+    IS weight     ρ = π_old / μ at token or sequence level;   TIS: w = min(ρ, C)   MIS: w = ρ · 1[a ≤ ρ ≤ b]
+                  (``keep`` = the tokens MIS leaves in; every loss token under TIS)
+    ratio         r_t = π_θ(x_t) / π_old(x_t)
+    objective     L = (1/N) Σ_{i,t} keep_t · w_t · −min(r_t A_i, clip(r_t, 1 − ε_low, 1 + ε_high) A_i)  +  L_aux
+                  N = Σ m_t over the minibatch (MIS-dropped tokens count in N: dropping data never
+                  inflates the weight of the tokens that remain);  L_aux = the MoE balancing loss
+    update        g = ∇L;  g ← g · min(1, max_grad_norm / ‖g‖);  AdamW on the fp32 master weights
+
+With ``minibatches = 1`` (the default) π_θ = π_old numerically, so r = 1, the clip is inactive and
+∇L = −(1/N) Σ keep · w · A · ∇log π; the proximal log-probs then come from the training forward itself.
+With ``minibatches > 1`` the batch is split into that many optimizer steps and π_old comes from one extra
+no-grad forward before the first (decoupled PPO: the IS weight corrects μ → π_old, the clip bounds the
+step π_old → π_θ). ``micro_batch_rows`` splits each minibatch into forward/backward chunks that
+accumulate gradients; the policy-gradient term is unchanged (up to float rounding) because every chunk
+divides by the same N, while the balancing loss is computed per chunk (its f · P product is not
+additive) and weighted by the chunk's share of real tokens.
+
+Reported per step: loss, mean reward, KL(μ ‖ π_old) by k3, max |log π_old − log μ|, the router-flip rate
+(the trainer's own top-k against the engine's experts, computed even under replay), IS-weight ESS, clip
+and mask fractions, the staleness histogram, token count and gradient norm.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from typing import Any, Literal
+
+import msgspec
+import torch
+
+from rlbus.models.policy import Policy
+from rlbus.rl.advantages import group_advantages
+from rlbus.rl.correction import ISCorrection, masked_is, truncated_is
+from rlbus.rl.logprobs import sampled_token_logprobs
+from rlbus.rl.losses import clipped_pg_loss
+from rlbus.rl.metrics import clip_fraction, is_ess, kl_k3, mask_fraction, max_abs_logprob_diff, router_flip_rate
+from rlbus.rl.staleness import fresh_mask, staleness_histogram
+from rlbus.training.batch import Group, PackedBatch, pack
+
+# ----------------------------------------------------------------------------------------------------------
+# config
+
+
+class GRPOConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
+    """How a batch of scored groups becomes one update (symbols as in the module docstring)."""
+
+    #: Divide advantages by the group's reward std (original GRPO) instead of only centring (Dr. GRPO).
+    normalize_std: bool = False
+    #: ε_low: ratios below 1 − ε_low stop pushing negative-advantage tokens further down.
+    eps_low: float = 0.2
+    #: ε_high: ratios above 1 + ε_high stop pushing positive-advantage tokens up ("clip-higher" > ε_low).
+    eps_high: float = 0.28
+    #: Off-policy correction π_old/μ: ``tis`` truncates at ``tis_cap``, ``mis`` masks outside the band.
+    is_mode: Literal["tis", "mis", "none"] = "tis"
+    #: Ratio per token, or one ratio per sequence (context segment) shared by its tokens.
+    is_level: Literal["token", "sequence"] = "token"
+    #: Sequence ratio as the product of token ratios, or their geometric mean (length-normalised).
+    is_seq_agg: Literal["product", "geometric"] = "geometric"
+    #: TIS cap C: w = min(ρ, C).
+    tis_cap: float = 2.0
+    #: MIS band lower edge a: tokens (sequences) with ρ < a leave the loss.
+    mis_low: float = 0.5
+    #: MIS band upper edge b: tokens (sequences) with ρ > b leave the loss.
+    mis_high: float = 2.0
+    #: Drop rollouts whose oldest token is more than this many versions behind the trainer.
+    max_staleness: int = 4
+    #: Route each token to the experts the engine used (MoE only; needs routed experts in the batch).
+    router_replay: bool = True
+    #: Add the model's MoE load-balancing loss (its coefficient lives in the model config).
+    aux_loss: bool = True
+    #: Optimizer steps per batch; > 1 adds a no-grad proximal forward and makes the PPO clip active.
+    minibatches: int = 1
+    #: Rows per forward/backward chunk (gradient accumulation); 0 = a whole minibatch at once.
+    micro_batch_rows: int = 0
+    #: Clip the global gradient norm to this; 0 = no clipping (the norm is still reported).
+    max_grad_norm: float = 1.0
+    #: Forward precision: fp32, or bf16 autocast over the fp32 master weights.
+    compute_dtype: Literal["float32", "bfloat16"] = "float32"
+    #: Id fed at padding positions (any valid id: they are masked).
+    pad_id: int = 0
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.eps_low < 1 or self.eps_high < 0:
+            raise ValueError("eps_low must be in [0, 1) and eps_high >= 0")
+        if self.tis_cap <= 0 or not 0 <= self.mis_low < self.mis_high:
+            raise ValueError("tis_cap must be > 0 and 0 <= mis_low < mis_high")
+        if self.max_staleness < 0 or self.minibatches < 1 or self.micro_batch_rows < 0:
+            raise ValueError("max_staleness and micro_batch_rows must be >= 0, minibatches >= 1")
+        if self.max_grad_norm < 0:
+            raise ValueError("max_grad_norm must be >= 0 (0 = off)")
+
+
+class OptimConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
+    """AdamW over the fp32 master weights."""
+
+    #: Learning rate (constant).
+    lr: float = 1e-5
+    #: Adam (β1, β2).
+    betas: tuple[float, float] = (0.9, 0.95)
+    #: Adam ε.
+    eps: float = 1e-8
+    #: Decoupled weight decay, applied to matrices and embeddings only (not to norms' gains).
+    weight_decay: float = 0.0
+
+    def __post_init__(self) -> None:
+        if self.lr <= 0 or self.eps <= 0 or self.weight_decay < 0:
+            raise ValueError("lr and eps must be > 0, weight_decay >= 0")
+
+
+def build_optimizer(model: torch.nn.Module, config: OptimConfig) -> torch.optim.AdamW:
+    """AdamW with two parameter groups: decayed (≥ 2-D) and not decayed (gains), nanoGPT's split."""
+    params = [p for p in model.parameters() if p.requires_grad]
+    decay = [p for p in params if p.dim() >= 2]
+    no_decay = [p for p in params if p.dim() < 2]
+    groups = [{"params": decay, "weight_decay": config.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+    return torch.optim.AdamW(groups, lr=config.lr, betas=config.betas, eps=config.eps)
+
+
+# ----------------------------------------------------------------------------------------------------------
+# metrics
+
+
+@dataclass(frozen=True)
+class StepMetrics:
+    """What one step reports (DESIGN §5); `as_dict` gives JSON-ready values."""
+
+    loss: float
+    """Objective L (policy-gradient + aux), token-weighted over minibatches."""
+    pg_loss: float
+    aux_loss: float
+    reward_mean: float
+    """Mean reward over every sample of the batch (stale ones included)."""
+    reward_std: float
+    kl_k3: float
+    """KL(μ ‖ π_old) by the k3 estimator over the trained tokens."""
+    max_abs_dlogprob: float
+    router_flip_rate: float | None
+    """Fraction of (MoE layer, trained token) pairs whose own top-k set differs from the engine's; None
+    when the batch carries no routing."""
+    is_ess: float
+    clip_fraction: float
+    mask_fraction: float
+    staleness: dict[int, int]
+    """{versions behind: rollouts} over every sample with sampled tokens, before dropping."""
+    stale_dropped: int
+    samples: int
+    rows: int
+    tokens: int
+    """Loss tokens of the fresh samples (the N of the objective, summed over minibatches)."""
+    grad_norm: float
+    """Global gradient norm before clipping (mean over minibatches)."""
+    optimizer_steps: int
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+# ----------------------------------------------------------------------------------------------------------
+# the step
+
+
+def grpo_step(
+    model: Policy,
+    optimizer: torch.optim.Optimizer,
+    groups: Sequence[Group],
+    *,
+    config: GRPOConfig,
+    version: int,
+) -> StepMetrics:
+    """One update from ``groups`` (see the module docstring); ``version`` is the trainer's policy version."""
+    if not groups:
+        raise ValueError("grpo_step needs at least one group")
+    samples = [s for g in groups for s in g.samples]
+    rewards = torch.cat([g.rewards.float() for g in groups])  # [R]
+    advantages = torch.cat([group_advantages(g.rewards, normalize_std=config.normalize_std) for g in groups])  # [R]
+
+    oldest = [s.oldest_version() for s in samples]
+    versioned = [i for i, v in enumerate(oldest) if v is not None]
+    oldest_t = torch.tensor([oldest[i] for i in versioned], dtype=torch.long)  # [R']
+    histogram = staleness_histogram(version, oldest_t) if versioned else {}
+    fresh = fresh_mask(version, oldest_t, max_staleness=config.max_staleness).tolist() if versioned else []
+    train_idx = [i for i, ok in zip(versioned, fresh, strict=True) if ok and samples[i].num_loss_tokens > 0]
+    base = {
+        "reward_mean": float(rewards.mean()),
+        "reward_std": float(rewards.std(correction=0)),
+        "staleness": histogram,
+        "stale_dropped": len(versioned) - sum(fresh),
+        "samples": len(samples),
+    }
+    if not train_idx:
+        return StepMetrics(
+            loss=0.0,
+            pg_loss=0.0,
+            aux_loss=0.0,
+            kl_k3=0.0,
+            max_abs_dlogprob=0.0,
+            router_flip_rate=None,
+            is_ess=0.0,
+            clip_fraction=0.0,
+            mask_fraction=0.0,
+            rows=0,
+            tokens=0,
+            grad_norm=0.0,
+            optimizer_steps=0,
+            **base,
+        )
+
+    device = next(model.parameters()).device
+    batch = pack([samples[i] for i in train_idx], advantages[train_idx], pad_id=config.pad_id).to(device)
+    replay = config.router_replay and batch.routed_experts is not None and model.config.moe
+    B, S = batch.inputs.shape
+    old = torch.zeros(B, S, device=device)  # [B, S] log π_old
+    ratio = torch.ones(B, S, device=device)  # [B, S] π_θ / π_old at the time of each row's update
+    weights = torch.zeros(B, S, device=device)  # [B, S] IS weights
+    keep = torch.zeros(B, S, dtype=torch.bool, device=device)  # [B, S]
+    own = None  # [L, B, S, k] the trainer's own top-k
+    if batch.routed_experts is not None and model.config.moe:
+        own = batch.routed_experts.clone()
+
+    model.train()
+    if config.minibatches > 1:
+        with torch.no_grad():
+            for a, b in _chunks(0, B, config.micro_batch_rows):
+                part = batch.select(a, b)
+                logp, experts, _ = _score(model, part, replay=replay, dtype=config.compute_dtype)
+                w = part.inputs.shape[1]
+                old[a:b, :w] = logp
+                if own is not None and experts is not None:
+                    own[:, a:b, :w] = experts
+
+    params = [p for group in optimizer.param_groups for p in group["params"]]
+    max_norm = config.max_grad_norm if config.max_grad_norm > 0 else math.inf
+    totals = {"pg": 0.0, "aux": 0.0, "norm": 0.0}
+    for mb_a, mb_b in _chunks(0, B, math.ceil(B / config.minibatches)):
+        optimizer.zero_grad(set_to_none=True)
+        mb_tokens = int(batch.loss_mask[mb_a:mb_b].sum())
+        mb_real = int(batch.key_mask[mb_a:mb_b].sum())
+        for a, b in _chunks(mb_a, mb_b, config.micro_batch_rows):
+            part = batch.select(a, b)
+            w = part.inputs.shape[1]
+            logp, experts, aux = _score(model, part, replay=replay, dtype=config.compute_dtype)  # [b-a, w]
+            if config.minibatches == 1:
+                old[a:b, :w] = logp.detach()
+                if own is not None and experts is not None:
+                    own[:, a:b, :w] = experts
+            corr = _correct(old[a:b, :w], part.behaviour_logprobs, part.loss_mask, config)
+            pg = clipped_pg_loss(
+                logp,
+                old[a:b, :w],
+                part.advantages,
+                corr.keep,
+                eps_low=config.eps_low,
+                eps_high=config.eps_high,
+                is_weights=corr.weights,
+                num_tokens=float(max(mb_tokens, 1)),
+            )
+            aux_part = torch.zeros((), device=device)
+            if config.aux_loss and aux is not None:
+                aux_part = aux * (int(part.key_mask.sum()) / max(mb_real, 1))
+            (pg + aux_part).backward()
+            ratio[a:b, :w] = (logp.detach() - old[a:b, :w]).exp()
+            weights[a:b, :w], keep[a:b, :w] = corr.weights, corr.keep
+            totals["pg"] += float(pg.detach()) * mb_tokens
+            totals["aux"] += float(aux_part.detach()) * mb_tokens
+        norm = torch.nn.utils.clip_grad_norm_(params, max_norm)
+        optimizer.step()
+        totals["norm"] += float(norm)
+    steps = len(_chunks(0, B, math.ceil(B / config.minibatches)))
+    tokens = batch.num_loss_tokens
+    mask = batch.loss_mask
+    return StepMetrics(
+        loss=(totals["pg"] + totals["aux"]) / max(tokens, 1),
+        pg_loss=totals["pg"] / max(tokens, 1),
+        aux_loss=totals["aux"] / max(tokens, 1),
+        kl_k3=kl_k3(batch.behaviour_logprobs, old, mask),
+        max_abs_dlogprob=max_abs_logprob_diff(old, batch.behaviour_logprobs, mask),
+        router_flip_rate=None
+        if own is None or batch.routed_experts is None
+        else router_flip_rate(own, batch.routed_experts, mask),
+        is_ess=is_ess(weights, keep),
+        clip_fraction=clip_fraction(ratio, batch.advantages, keep, eps_low=config.eps_low, eps_high=config.eps_high),
+        mask_fraction=mask_fraction(keep, mask),
+        rows=B,
+        tokens=tokens,
+        grad_norm=totals["norm"] / steps,
+        optimizer_steps=steps,
+        **base,
+    )
+
+
+def score(
+    model: Policy, batch: PackedBatch, *, replay: bool, dtype: Literal["float32", "bfloat16"] = "float32"
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """No-grad trainer log-probs [B, S] and own top-k experts [L, B, S, k] of a packed batch (for benches)."""
+    with torch.no_grad():
+        logp, experts, _ = _score(model, batch, replay=replay and batch.routed_experts is not None, dtype=dtype)
+    return logp, experts
+
+
+def _score(
+    model: Policy, part: PackedBatch, *, replay: bool, dtype: str
+) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+    """(log π(targets) [B, S] at each row's temperature, own experts [L, B, S, k] | None, aux loss | None)."""
+    device = part.inputs.device
+    with torch.autocast(device_type=device.type, dtype=torch.bfloat16, enabled=dtype == "bfloat16"):
+        out = model(part.inputs, key_mask=part.key_mask, routed_experts=part.routed_experts if replay else None)
+    logits = out.logits.float() / part.temperature[:, None, None]  # [B, S, V]
+    logp = sampled_token_logprobs(logits, part.targets)  # [B, S]
+    return logp, out.routed_experts, out.aux_loss
+
+
+def _correct(old: torch.Tensor, behaviour: torch.Tensor, mask: torch.Tensor, config: GRPOConfig) -> ISCorrection:
+    level, agg = config.is_level, config.is_seq_agg
+    if config.is_mode == "tis":
+        return truncated_is(old, behaviour, mask, cap=config.tis_cap, level=level, seq_agg=agg)
+    if config.is_mode == "mis":
+        return masked_is(old, behaviour, mask, low=config.mis_low, high=config.mis_high, level=level, seq_agg=agg)
+    m = mask.bool()
+    log_ratio = torch.where(m, (old - behaviour).detach(), torch.zeros_like(old))
+    return ISCorrection(weights=m.float(), keep=m, log_ratio=log_ratio)
+
+
+def _chunks(start: int, stop: int, size: int) -> list[tuple[int, int]]:
+    """[start, stop) in consecutive pieces of ``size`` rows (0 = one piece)."""
+    if size <= 0 or size >= stop - start:
+        return [(start, stop)]
+    return [(a, min(a + size, stop)) for a in range(start, stop, size)]

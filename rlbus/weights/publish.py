@@ -1,0 +1,215 @@
+"""Trainer side of weight sync: cast, encode against the last published version, upload, announce.
+
+Each call to :meth:`WeightPublisher.publish` makes one version ``S_v`` = the master weights cast to the
+inference dtype. It encodes the delta ``S_{v-1} → S_v`` (and, every ``keyframe_every`` versions, a full
+keyframe of ``S_v``) off the event loop, uploads the chunks, writes the manifests next to them in the
+blob store, and only then announces the delta manifest on ``rl.weights.v1`` and ``rl.weights.latest.v1``
+— so a worker never sees a manifest whose chunks are not there yet.
+
+Blob layout (immutable; a version's directory is complete before it is announced)::
+
+    <model>/<version:010d>/delta-<i:05d>      delta chunks S_{v-1} → S_v
+    <model>/<version:010d>/keyframe-<i:05d>   keyframe chunks of S_v (every K versions, and the first)
+    <model>/<version:010d>/manifest.delta     the WeightVersion manifests as MessagePack, so a worker
+    <model>/<version:010d>/manifest.keyframe  catching up reads any version's manifest without Kafka
+
+Versions older than the retention window are deleted, but never the newest keyframe or anything after
+it, so a late joiner can always rebuild (keyframe + chain of deltas).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+
+import torch
+
+from rlbus.bus.base import Bus
+from rlbus.bus.topics import WEIGHTS, WEIGHTS_LATEST
+from rlbus.schemas import ChunkRef, TensorMeta, TensorSpan, WeightVersion, encode
+from rlbus.weights.codec import CHUNK_BYTES, Chunk, encode_state_delta, encode_state_keyframe, state_digest
+from rlbus.weights.store import BlobStore
+
+log = logging.getLogger("rlbus.weights.publish")
+
+DTYPE_NAMES = {torch.bfloat16: "bfloat16", torch.float16: "float16", torch.float32: "float32"}
+
+
+def version_prefix(model_id: str, version: int) -> str:
+    return f"{model_id}/{version:010d}"
+
+
+def manifest_key(model_id: str, version: int, kind: str) -> str:
+    return f"{version_prefix(model_id, version)}/manifest.{kind}"
+
+
+@dataclass(frozen=True)
+class PublishStats:
+    version: int
+    kind: str
+    full_bytes: int
+    delta_bytes: int
+    keyframe_bytes: int
+    encode_s: float
+    upload_s: float
+    announce_s: float
+
+    @property
+    def total_s(self) -> float:
+        return self.encode_s + self.upload_s + self.announce_s
+
+
+class WeightPublisher:
+    """Publishes successive versions of one model. Keeps the last published snapshot (in the inference
+    dtype, on CPU) as the base of the next delta."""
+
+    def __init__(
+        self,
+        *,
+        bus: Bus,
+        store: BlobStore,
+        model_id: str = "policy",
+        dtype: torch.dtype = torch.bfloat16,
+        keyframe_every: int = 10,
+        retain_versions: int = 20,
+        chunk_bytes: int = CHUNK_BYTES,
+        store_url: str = "",
+        upload_parallelism: int = 8,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        if dtype not in DTYPE_NAMES:
+            raise ValueError(f"inference dtype must be one of {list(DTYPE_NAMES.values())}, got {dtype}")
+        if keyframe_every < 1 or retain_versions < 1:
+            raise ValueError("keyframe_every and retain_versions must be ≥ 1")
+        self._bus = bus
+        self._store = store
+        self.model_id = model_id
+        self.dtype = dtype
+        self.keyframe_every = keyframe_every
+        self.retain_versions = retain_versions
+        self.chunk_bytes = chunk_bytes
+        self.store_url = store_url
+        self._uploads = asyncio.Semaphore(upload_parallelism)
+        self._clock = clock
+        self._last: dict[str, torch.Tensor] | None = None
+        self.version = 0
+        self.keyframe_version = 0
+        self.history: list[PublishStats] = []
+
+    def snapshot(self, master: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """The inference-dtype CPU copy of the master weights (what workers become bit-identical to)."""
+        return {name: t.detach().to("cpu", self.dtype, copy=True).contiguous() for name, t in master.items()}
+
+    async def publish(self, master: Mapping[str, torch.Tensor], *, step: int = 0) -> WeightVersion:
+        """Publish the next version; returns its delta manifest (the keyframe manifest for the first)."""
+        version = self.version + 1
+        t0 = time.perf_counter()
+        snapshot = await asyncio.to_thread(self.snapshot, master)
+        with_keyframe = self._last is None or version % self.keyframe_every == 0
+        delta = (
+            await asyncio.to_thread(encode_state_delta, self._last, snapshot, self.chunk_bytes)
+            if self._last is not None
+            else None
+        )
+        keyframe = await asyncio.to_thread(encode_state_keyframe, snapshot, self.chunk_bytes) if with_keyframe else None
+        digest = await asyncio.to_thread(state_digest, snapshot)
+        tensors = await asyncio.to_thread(_tensor_metas, snapshot)
+        t1 = time.perf_counter()
+
+        manifests: list[WeightVersion] = []
+        keyframe_version = version if with_keyframe else self.keyframe_version
+        full_bytes = sum(t.numel() * t.element_size() for t in snapshot.values())
+        for kind, chunks in (("delta", delta), ("keyframe", keyframe)):
+            if chunks is None:
+                continue
+            manifest = WeightVersion(
+                model_id=self.model_id,
+                version=version,
+                base_version=version - 1 if kind == "delta" else None,
+                kind=kind,  # type: ignore[arg-type]
+                keyframe_version=keyframe_version,
+                dtype=DTYPE_NAMES[self.dtype],
+                chunks=await self._upload(version, kind, chunks),
+                tensors=tensors,
+                model_digest=digest,
+                full_bytes=full_bytes,
+                encoded_bytes=sum(c.size for c in chunks),
+                blob_store=self.store_url,
+                trainer_step=step,
+                created_at=self._clock(),
+            )
+            await self._store.put(manifest_key(self.model_id, version, kind), encode(manifest))
+            manifests.append(manifest)
+        t2 = time.perf_counter()
+
+        for manifest in manifests:
+            await self._bus.send(WEIGHTS, manifest)
+        await self._bus.send(WEIGHTS_LATEST, manifests[0])
+        t3 = time.perf_counter()
+
+        self._last = snapshot
+        self.version = version
+        self.keyframe_version = keyframe_version
+        stats = PublishStats(
+            version=version,
+            kind="+".join(m.kind for m in manifests),
+            full_bytes=full_bytes,
+            delta_bytes=sum(c.size for c in delta) if delta is not None else 0,
+            keyframe_bytes=sum(c.size for c in keyframe) if keyframe is not None else 0,
+            encode_s=t1 - t0,
+            upload_s=t2 - t1,
+            announce_s=t3 - t2,
+        )
+        self.history.append(stats)
+        log.info(
+            "published %s v%d (%s): delta %d B, keyframe %d B of %d B full; encode %.3fs upload %.3fs",
+            self.model_id, version, stats.kind, stats.delta_bytes, stats.keyframe_bytes, full_bytes,
+            stats.encode_s, stats.upload_s,
+        )
+        await self.collect_garbage()
+        return manifests[0]
+
+    async def _upload(self, version: int, kind: str, chunks: list[Chunk]) -> list[ChunkRef]:
+        refs = [
+            ChunkRef(
+                key=f"{version_prefix(self.model_id, version)}/{kind}-{i:05d}",
+                size=c.size,
+                hash=c.hash,
+                tensors=[TensorSpan(name=r.name, start=r.start, stop=r.stop) for r in c.tensors],
+            )
+            for i, c in enumerate(chunks)
+        ]
+
+        async def put(ref: ChunkRef, chunk: Chunk) -> None:
+            async with self._uploads:
+                await self._store.put(ref.key, chunk.data)
+
+        await asyncio.gather(*(put(ref, c) for ref, c in zip(refs, chunks, strict=True)))
+        return refs
+
+    async def collect_garbage(self) -> list[int]:
+        """Delete versions older than the retention window, keeping the newest keyframe and after."""
+        cutoff = min(self.version - self.retain_versions + 1, self.keyframe_version)
+        doomed: dict[int, list[str]] = {}
+        for key in await self._store.list(f"{self.model_id}/"):
+            part = key[len(self.model_id) + 1 :].split("/", 1)[0]
+            if part.isdigit() and int(part) < cutoff:
+                doomed.setdefault(int(part), []).append(key)
+        for keys in doomed.values():
+            await asyncio.gather(*(self._store.delete(k) for k in keys))
+        return sorted(doomed)
+
+
+def _tensor_metas(state: Mapping[str, torch.Tensor]) -> list[TensorMeta]:
+    return [
+        TensorMeta(
+            name=name,
+            dtype=DTYPE_NAMES[t.dtype],
+            shape=list(t.shape),
+            digest=state_digest({name: t}),
+        )
+        for name, t in sorted(state.items())
+    ]

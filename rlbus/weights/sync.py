@@ -1,0 +1,294 @@
+"""Worker side of weight sync: follow manifests, stage while generating, swap in place, prove the digest.
+
+For each manifest on ``rl.weights.v1`` the worker *stages* the version — downloads its chunks in
+parallel, checks each chunk's xxh3-128 against the manifest, and decodes them (off the event loop) into
+positions + values against the weights it holds — while generation continues. The *swap* is then one
+in-place scatter per tensor, run through ``swap`` (e.g. the engine's ``SwapPoint.apply``) so it lands
+between two decode steps. Afterwards the whole-model digest is recomputed and compared with the manifest.
+
+Two swap modes. *In place* (``bind=None``): the swap scatters the changed elements into the live tensors
+— no extra memory, and fast on a GPU (a scatter at hundreds of GB/s), but on a CPU a few percent of a
+1.5 GB model is ~10⁷ elements and the scatter takes a few hundred milliseconds. *Double-buffered*
+(``bind`` given, e.g. :func:`bind_module`): the worker keeps a spare copy of the weights, scatters the
+update into the spare while generation continues, and the swap only re-points the model's parameters at
+the spare (microseconds); afterwards the same update is applied to the old buffer, which becomes the
+next spare. It costs one more copy of the weights — the right trade on CPU workers and on GPUs with room.
+
+Anything that does not fit — a gap in the chain (a missed version), a corrupt or missing chunk, a digest
+mismatch — makes the worker refuse that delta and *rebuild*: load the newest keyframe at or before the
+target and apply the chain of deltas after it, reading manifests from the blob store. A corrupt chunk is
+never applied: decoding verifies everything before a single element is written. The same path serves
+a late joiner, which starts from the compacted ``rl.weights.latest.v1``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Awaitable, Callable, Mapping, MutableMapping
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from rlbus.bus.base import Bus
+from rlbus.bus.topics import WEIGHTS, WEIGHTS_LATEST
+from rlbus.bus.types import TopicPartition
+from rlbus.errors import ChunkCorrupt, DigestMismatch, RlbusError, VersionGap, WeightSyncError
+from rlbus.schemas import WeightVersion, decode
+from rlbus.weights.codec import StagedUpdate, apply_update_, decode_chunk, state_digest
+from rlbus.weights.publish import manifest_key
+from rlbus.weights.store import BlobNotFound, BlobStore
+
+log = logging.getLogger("rlbus.weights.sync")
+
+SwapRunner = Callable[[Callable[[], None]], Awaitable[None]]
+
+
+async def _swap_now(fn: Callable[[], None]) -> None:
+    fn()
+
+
+@dataclass(frozen=True)
+class SyncStats:
+    """One applied version: what it cost and how long the model was paused."""
+
+    version: int
+    kind: str
+    bytes_fetched: int
+    stage_s: float
+    swap_pause_s: float
+    verify_s: float
+    #: manifest creation → swapped and verified, by the trainer's and this worker's clocks
+    lag_s: float
+    rebuilt: bool
+
+
+class WeightSync:
+    """Keeps ``state`` (the engine's live tensors) bit-identical to the newest published version."""
+
+    def __init__(
+        self,
+        *,
+        bus: Bus,
+        store: BlobStore,
+        state: MutableMapping[str, torch.Tensor],
+        model_id: str = "policy",
+        swap: SwapRunner = _swap_now,
+        bind: Callable[[Mapping[str, torch.Tensor]], None] | None = None,
+        on_swap: Callable[[int], None] | None = None,
+        fetch_parallelism: int = 8,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self._bus = bus
+        self._store = store
+        self.state = state
+        self.model_id = model_id
+        self._swap = swap
+        self._bind = bind
+        self._spare: MutableMapping[str, torch.Tensor] | None = (
+            {name: t.clone() for name, t in state.items()} if bind is not None else None
+        )
+        self._on_swap = on_swap
+        self._fetches = asyncio.Semaphore(fetch_parallelism)
+        self._clock = clock
+        self.version: int | None = None
+        self.digest: str | None = None
+        self.history: list[SyncStats] = []
+        self.refused: list[tuple[int, str]] = []
+
+    # --- following ---------------------------------------------------------------------------------
+    async def run(self, stop: asyncio.Event) -> None:
+        """Catch up from the latest manifest, then follow ``rl.weights.v1`` until ``stop`` is set."""
+        ends = await self._bus.end_offsets(WEIGHTS.name)  # snapshot first: nothing published after it is lost
+        if self.version is None:
+            await self.catch_up()
+        async with self._bus.consumer([WEIGHTS], group=None) as consumer:
+            for partition, end in ends.items():
+                await consumer.seek(TopicPartition(WEIGHTS.name, partition), end)
+            while not stop.is_set():
+                for record in await consumer.getmany(timeout_s=0.2):
+                    try:
+                        manifest = record.value
+                    except RlbusError as exc:
+                        log.error("unreadable manifest at %s: %s", record.where, exc)
+                        continue
+                    await self.handle(manifest)
+
+    async def catch_up(self) -> bool:
+        """Late joiner: rebuild to the manifest in ``rl.weights.latest.v1``; False if none exists yet."""
+        latest: WeightVersion | None = None
+        async with self._bus.consumer([WEIGHTS_LATEST], group=None) as consumer:
+            ends = await self._bus.end_offsets(WEIGHTS_LATEST.name)
+            remaining = sum(ends.values())
+            deadline = time.monotonic() + 10
+            while remaining > 0 and time.monotonic() < deadline:
+                records = await consumer.getmany(timeout_s=0.5)
+                for record in records:
+                    manifest = record.value
+                    if manifest.model_id == self.model_id and (latest is None or manifest.version > latest.version):
+                        latest = manifest
+                positions = [await consumer.position(tp) for tp in consumer.assignment()]
+                if sum(positions) >= sum(ends.values()):
+                    break
+        if latest is None:
+            return False
+        await self.rebuild(latest.version)
+        return True
+
+    async def handle(self, manifest: WeightVersion) -> bool:
+        """Apply one announced manifest if it moves this worker forward; True if the version changed."""
+        if manifest.model_id != self.model_id or (self.version is not None and manifest.version <= self.version):
+            return False
+        if manifest.kind == "delta" and manifest.base_version == self.version:
+            try:
+                await self._apply(manifest, rebuilt=False)
+                return True
+            except (WeightSyncError, BlobNotFound) as exc:
+                self.refused.append((manifest.version, f"{type(exc).__name__}: {exc}"))
+                log.warning("refused %s v%d: %s; rebuilding from the keyframe", self.model_id, manifest.version, exc)
+        try:
+            await self.rebuild(manifest.version)
+            return True
+        except (WeightSyncError, BlobNotFound) as exc:
+            self.refused.append((manifest.version, f"rebuild: {type(exc).__name__}: {exc}"))
+            log.error(
+                "cannot reach %s v%d yet (%s); staying on v%s", self.model_id, manifest.version, exc, self.version
+            )
+            return False
+
+    # --- rebuilding --------------------------------------------------------------------------------
+    async def load_manifest(self, version: int, kind: str) -> WeightVersion:
+        data = await self._store.get(manifest_key(self.model_id, version, kind))
+        return decode(WeightVersion, data)
+
+    async def rebuild(self, target: int) -> None:
+        """Reach ``target``: from the held version if the delta chain is intact, else from a keyframe."""
+        try:
+            final = await self.load_manifest(target, "delta")
+        except BlobNotFound:  # the first version (or the first after a trainer restart) is a keyframe only
+            final = await self.load_manifest(target, "keyframe")
+        if final.kind == "keyframe":
+            await self._apply(final, rebuilt=True)
+            return
+        start = self.version
+        if start is None or start < final.keyframe_version or start > target:
+            keyframe = await self.load_manifest(final.keyframe_version, "keyframe")
+            await self._apply(keyframe, rebuilt=True)
+            start = keyframe.version
+        for version in range(start + 1, target + 1):
+            await self._apply(await self.load_manifest(version, "delta"), rebuilt=True)
+
+    # --- one version -------------------------------------------------------------------------------
+    async def stage(self, manifest: WeightVersion) -> tuple[list[StagedUpdate], int]:
+        """Download, verify and decode every chunk; writes nothing. Returns the updates and bytes fetched."""
+        if manifest.kind == "delta" and manifest.base_version != self.version:
+            raise VersionGap(
+                f"delta v{manifest.version} applies to v{manifest.base_version}, worker holds v{self.version}"
+            )
+        self._check_layout(manifest)
+
+        async def one(key: str, expected: str) -> tuple[list[StagedUpdate], int]:
+            async with self._fetches:
+                data = await self._store.get(key)
+            try:
+                return await asyncio.to_thread(decode_chunk, self.state, data, expected_hash=expected), len(data)
+            except ChunkCorrupt:
+                async with self._fetches:  # one fresh download: the transport may have damaged it
+                    data = await self._store.get(key)
+                return await asyncio.to_thread(decode_chunk, self.state, data, expected_hash=expected), len(data)
+
+        results = await asyncio.gather(*(one(c.key, c.hash) for c in manifest.chunks))
+        return [u for updates, _ in results for u in updates], sum(n for _, n in results)
+
+    def _check_layout(self, manifest: WeightVersion) -> None:
+        expected = {t.name: (t.dtype, tuple(t.shape)) for t in manifest.tensors}
+        held = {name: (str(t.dtype).removeprefix("torch."), tuple(t.shape)) for name, t in self.state.items()}
+        if expected != held:
+            missing = sorted(set(expected) ^ set(held)) or sorted(n for n in expected if expected[n] != held.get(n))
+            raise WeightSyncError(f"model layout differs from manifest v{manifest.version}: {missing[:5]}")
+
+    async def _apply(self, manifest: WeightVersion, *, rebuilt: bool) -> None:
+        t0 = time.perf_counter()
+        staged, fetched = await self.stage(manifest)
+        t1 = time.perf_counter()
+        pause: list[float] = []
+        spare = self._spare
+        if spare is None:
+
+            def swap() -> None:
+                s = time.perf_counter()
+                _scatter(self.state, staged)
+                if self._on_swap is not None:
+                    self._on_swap(manifest.version)
+                pause.append(time.perf_counter() - s)
+
+            await self._swap(swap)
+        else:
+            assert self._bind is not None
+            bind = self._bind
+            await asyncio.to_thread(_scatter, spare, staged)
+
+            def flip() -> None:
+                s = time.perf_counter()
+                bind(spare)
+                if self._on_swap is not None:
+                    self._on_swap(manifest.version)
+                pause.append(time.perf_counter() - s)
+
+            await self._swap(flip)
+            self.state, self._spare = spare, self.state
+        t2 = time.perf_counter()
+        digest = await asyncio.to_thread(state_digest, self.state)
+        t3 = time.perf_counter()
+        if self._spare is not None:  # bring the old buffer up to this version: it is the next spare
+            await asyncio.to_thread(_scatter, self._spare, staged)
+        if digest != manifest.model_digest:
+            self.version = None  # the held weights are no longer any known version
+            self.digest = None
+            raise DigestMismatch(
+                f"{self.model_id} v{manifest.version}: digest {digest} after applying, manifest says "
+                f"{manifest.model_digest}"
+            )
+        self.version = manifest.version
+        self.digest = digest
+        stats = SyncStats(
+            version=manifest.version,
+            kind=manifest.kind,
+            bytes_fetched=fetched,
+            stage_s=t1 - t0,
+            swap_pause_s=pause[0] if pause else t2 - t1,
+            verify_s=t3 - t2,
+            lag_s=self._clock() - manifest.created_at,
+            rebuilt=rebuilt,
+        )
+        self.history.append(stats)
+        log.info(
+            "%s v%d (%s%s): fetched %d B, staged %.3fs, swap pause %.2f ms, verified %.3fs",
+            self.model_id, manifest.version, manifest.kind, ", rebuild" if rebuilt else "", fetched,
+            stats.stage_s, stats.swap_pause_s * 1000, stats.verify_s,
+        )
+
+
+def _scatter(state: Mapping[str, torch.Tensor], staged: list[StagedUpdate]) -> None:
+    with torch.no_grad():
+        for update in staged:
+            apply_update_(state[update.name], update.update)
+
+
+def bind_module(module: Any) -> Callable[[Mapping[str, torch.Tensor]], None]:
+    """A ``bind`` for a torch module: re-points each parameter/buffer at the given tensor (O(1) each)."""
+    targets = dict(module.state_dict(keep_vars=True))
+
+    def bind(tensors: Mapping[str, torch.Tensor]) -> None:
+        with torch.no_grad():
+            for name, tensor in tensors.items():
+                targets[name].data = tensor
+
+    return bind
+
+
+def live_state(module: Any) -> dict[str, torch.Tensor]:
+    """The tensors of a torch module keyed by state-dict name, sharing storage (in-place updates apply)."""
+    return {name: t.detach() for name, t in module.state_dict(keep_vars=True).items() if isinstance(t, torch.Tensor)}

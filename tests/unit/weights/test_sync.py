@@ -1,0 +1,198 @@
+"""Publisher → blob store → manifests on the bus → workers that stage, swap and verify.
+
+Runs on the in-memory bus and a local-directory store; tests/integration/test_weights_kafka.py runs the
+same flow over Kafka and the HTTP store.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+import torch
+
+from rlbus.bus import MemoryBus
+from rlbus.bus.topics import WEIGHTS, topic_specs
+from rlbus.weights.codec import state_digest
+from rlbus.weights.publish import WeightPublisher
+from rlbus.weights.store import LocalStore
+from rlbus.weights.sync import WeightSync
+
+
+class Trainer:
+    """fp32 master weights moved by small Adam-like steps, so most bf16 elements stay put."""
+
+    def __init__(self, seed: int = 0) -> None:
+        g = torch.Generator().manual_seed(seed)
+        self.g = g
+        self.master = {
+            "embed.weight": torch.randn(300, 64, generator=g) * 0.02,
+            "block.0.attn.weight": torch.randn(64, 64, generator=g) * 0.05,
+            "block.0.norm.weight": torch.ones(64),
+            "head.bias": torch.zeros(300),
+        }
+
+    def step(self, lr: float = 3e-3) -> None:
+        for t in self.master.values():
+            t.add_(torch.randn(t.shape, generator=self.g).sign() * lr * (torch.rand(t.shape, generator=self.g) < 0.2))
+
+
+def worker_state(publisher: WeightPublisher, trainer: Trainer) -> dict[str, torch.Tensor]:
+    """A worker's model before it has any version: right layout, garbage values."""
+    return {k: torch.full_like(v, 7.0) for k, v in publisher.snapshot(trainer.master).items()}
+
+
+@pytest.fixture
+async def setup(tmp_path: Path) -> AsyncIterator[tuple[MemoryBus, LocalStore]]:
+    bus = MemoryBus(topic_specs())
+    await bus.start()
+    yield bus, LocalStore(tmp_path / "blobs")
+    await bus.close()
+
+
+async def publish(publisher: WeightPublisher, trainer: Trainer, n: int) -> list[str]:
+    digests = []
+    for _ in range(n):
+        trainer.step()
+        manifest = await publisher.publish(trainer.master)
+        digests.append(manifest.model_digest)
+        assert manifest.model_digest == state_digest(publisher.snapshot(trainer.master))
+    return digests
+
+
+async def test_following_worker_is_bit_exact_every_version(setup: tuple[MemoryBus, LocalStore]) -> None:
+    bus, store = setup
+    trainer = Trainer()
+    publisher = WeightPublisher(bus=bus, store=store, keyframe_every=3, chunk_bytes=16 * 1024)
+    sync = WeightSync(bus=bus, store=store, state=worker_state(publisher, trainer))
+    stop = asyncio.Event()
+    follower = asyncio.create_task(sync.run(stop))
+    await asyncio.sleep(0.05)
+    digests = []
+    for _ in range(7):
+        digests += await publish(publisher, trainer, 1)
+        for _ in range(200):
+            if sync.version == publisher.version:
+                break
+            await asyncio.sleep(0.01)
+        assert sync.version == publisher.version and sync.digest == digests[-1]
+    stop.set()
+    await follower
+    assert state_digest(sync.state) == digests[-1]
+    assert [s.version for s in sync.history] == list(range(1, 8))
+    deltas = [s for s in sync.history if s.kind == "delta"]
+    assert deltas and all(not s.rebuilt for s in deltas)
+    assert all(s.bytes_fetched < publisher.history[0].full_bytes for s in deltas)
+
+
+async def test_late_joiner_rebuilds_from_keyframe_and_chain(setup: tuple[MemoryBus, LocalStore]) -> None:
+    bus, store = setup
+    trainer = Trainer(seed=1)
+    publisher = WeightPublisher(bus=bus, store=store, keyframe_every=4)
+    digests = await publish(publisher, trainer, 6)
+    sync = WeightSync(bus=bus, store=store, state=worker_state(publisher, trainer))
+    assert await sync.catch_up()
+    assert sync.version == 6 and state_digest(sync.state) == digests[-1]
+    assert [(s.version, s.kind) for s in sync.history] == [(4, "keyframe"), (5, "delta"), (6, "delta")]
+
+
+async def test_worker_that_missed_versions_converges(setup: tuple[MemoryBus, LocalStore]) -> None:
+    bus, store = setup
+    trainer = Trainer(seed=2)
+    publisher = WeightPublisher(bus=bus, store=store, keyframe_every=100)
+    sync = WeightSync(bus=bus, store=store, state=worker_state(publisher, trainer))
+    await publish(publisher, trainer, 2)
+    assert await sync.catch_up() and sync.version == 2
+    await publish(publisher, trainer, 3)  # the worker was away for v3..v5
+    manifests = [r async for r in _weights(bus)]
+    assert await sync.handle(manifests[-1])  # v5's delta has base v4: a gap, filled from the chain
+    assert sync.version == 5 and sync.digest == manifests[-1].model_digest
+    assert [s.version for s in sync.history if s.rebuilt] == [1, 2, 3, 4, 5]
+
+
+async def test_corrupt_chunk_is_never_applied(setup: tuple[MemoryBus, LocalStore]) -> None:
+    bus, store = setup
+    trainer = Trainer(seed=3)
+    publisher = WeightPublisher(bus=bus, store=store, keyframe_every=3)
+    sync = WeightSync(bus=bus, store=store, state=worker_state(publisher, trainer))
+    await publish(publisher, trainer, 2)
+    await sync.catch_up()
+    held = {k: v.clone() for k, v in sync.state.items()}
+    await publish(publisher, trainer, 1)
+    v3 = next(iter([m async for m in _weights(bus) if m.version == 3 and m.kind == "delta"]))
+    key = v3.chunks[0].key
+    data = bytearray(await store.get(key))
+    data[len(data) // 2] ^= 0x40
+    await store.put(key, bytes(data))
+    # v3 is also a keyframe version, so the worker refuses the delta and rebuilds from v3's keyframe.
+    assert await sync.handle(v3)
+    assert sync.version == 3 and sync.digest == v3.model_digest
+    assert sync.refused and "ChunkCorrupt" in sync.refused[0][1]
+    # With the keyframe gone too, nothing is applied and the weights stay exactly as they were.
+    sync2 = WeightSync(bus=bus, store=store, state={k: v.clone() for k, v in held.items()})
+    sync2.version, sync2.digest = 2, state_digest(held)
+    keyframes = [m async for m in _weights(bus) if m.version == 3 and m.kind == "keyframe"]
+    for chunk in keyframes[0].chunks:
+        await store.put(chunk.key, b"truncated")
+    assert not await sync2.handle(v3)
+    assert sync2.version == 2 and all(torch.equal(sync2.state[k], held[k]) for k in held)
+
+
+async def test_old_versions_are_garbage_collected(setup: tuple[MemoryBus, LocalStore]) -> None:
+    bus, store = setup
+    trainer = Trainer(seed=4)
+    publisher = WeightPublisher(bus=bus, store=store, keyframe_every=5, retain_versions=3)
+    await publish(publisher, trainer, 12)
+    versions = sorted({int(k.split("/")[1]) for k in await store.list("policy/")})
+    assert versions == [10, 11, 12]  # newest keyframe (10) and after; retention 3
+    sync = WeightSync(bus=bus, store=store, state=worker_state(publisher, trainer))
+    assert await sync.catch_up() and sync.version == 12
+
+
+async def test_swap_runs_through_the_engine_boundary(setup: tuple[MemoryBus, LocalStore]) -> None:
+    bus, store = setup
+    trainer = Trainer(seed=5)
+    publisher = WeightPublisher(bus=bus, store=store)
+    calls: list[int] = []
+
+    async def at_boundary(fn):  # type: ignore[no-untyped-def]
+        calls.append(1)
+        fn()
+
+    sync = WeightSync(bus=bus, store=store, state=worker_state(publisher, trainer), swap=at_boundary)
+    await publish(publisher, trainer, 2)
+    await sync.catch_up()
+    assert len(calls) == 2 and sync.version == 2
+
+
+async def _weights(bus: MemoryBus) -> AsyncIterator:  # type: ignore[type-arg]
+    async with bus.consumer([WEIGHTS], group=None) as consumer:
+        for record in await consumer.getmany(timeout_s=0.1, max_records=10_000):
+            yield record.value
+
+
+async def test_double_buffered_swap_repoints_module_parameters(setup: tuple[MemoryBus, LocalStore]) -> None:
+    from rlbus.weights.sync import bind_module, live_state
+
+    bus, store = setup
+    trainer = Trainer(seed=6)
+    module = torch.nn.Module()
+    for name, t in trainer.master.items():
+        blank = torch.nn.Parameter(torch.zeros(t.shape, dtype=torch.bfloat16))
+        module.register_parameter(name.replace(".", "_"), blank)
+    trainer.master = {name.replace(".", "_"): t for name, t in trainer.master.items()}
+    publisher = WeightPublisher(bus=bus, store=store, keyframe_every=50)
+    sync = WeightSync(bus=bus, store=store, state=live_state(module), bind=bind_module(module))
+    digests = await publish(publisher, trainer, 1)
+    assert await sync.catch_up()
+    for _ in range(3):
+        digests += await publish(publisher, trainer, 1)
+        manifest = [m async for m in _weights(bus)][-1]
+        assert await sync.handle(manifest)
+        # The module itself now computes with the new version, and the spare buffer is kept in step.
+        assert state_digest({k: p.detach() for k, p in module.state_dict().items()}) == digests[-1]
+        assert sync._spare is not None and state_digest(sync._spare) == digests[-1]
+        assert sync._spare["head_bias"].data_ptr() != module.head_bias.data_ptr()
+    assert all(s.swap_pause_s < 0.01 for s in sync.history)
