@@ -196,7 +196,8 @@ def scratch(key: str, n: int, dtype: Any) -> np.ndarray:
 
     Fresh multi-megabyte arrays are returned to the OS on free and page-fault again on every use,
     which costs more than the pass itself; one record at a time per thread reuses these. Contents are
-    valid until the next call with the same key on the same thread.
+    valid until the next call with the same key on the same thread. Footprint: ~8 bytes per element of
+    the largest record (~16 MiB with default chunks) per thread that has run the codec.
     """
     cache = getattr(_scratch_tls, "bufs", None)
     if cache is None:
@@ -283,7 +284,7 @@ def seq_encode(lengths: np.ndarray, seq: np.ndarray, local: np.ndarray) -> tuple
         cseq, clocal = _complement(lengths, invert, seq[~keep], local[~keep])
         seq = np.concatenate([seq[keep], cseq])
         local = np.concatenate([local[keep], clocal])
-        order = np.argsort(seq, kind="stable")
+        order = _stable_order(seq, len(lengths))
         seq, local = seq[order], local[order]
     coded = np.where(invert, lengths - ones, ones)
     gaps = _gaps(seq, local)
@@ -327,9 +328,16 @@ def seq_decode(
         cseq, clocal = _complement(lengths, invert, seq[~keep], local[~keep])
         seq = np.concatenate([seq[keep], cseq])
         local = np.concatenate([local[keep], clocal])
-        order = np.argsort(seq, kind="stable")
+        order = _stable_order(seq, len(lengths))
         seq, local = seq[order], local[order]
     return seq, local
+
+
+def _stable_order(keys: np.ndarray, count: int) -> np.ndarray:
+    """Stable argsort of small non-negative keys (< count): a radix sort when they fit 16 bits."""
+    if count <= 1 << 16:
+        return np.argsort(keys.astype(np.uint16 if count > 256 else np.uint8), kind="stable")
+    return np.argsort(keys, kind="stable")
 
 
 def _gaps(seq: np.ndarray, local: np.ndarray) -> np.ndarray:
