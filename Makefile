@@ -1,12 +1,13 @@
 # Fresh-machine entry points. Both create and use .venv in the checkout.
-#   make up    — the main job for now: start a local Kafka (KRaft) and create the rlbus topics
+#   make demo  — the main job: async RL end to end in one process (embedded bus, CPU, a few minutes)
 #   make test  — start Kafka if it is not running, then run the whole test suite (Kafka + Redis tests fail, never skip)
+#   make up    — start a local Kafka (KRaft) and create the rlbus topics
 PYTHON ?= python3.11
 VENV := .venv
 BIN := $(VENV)/bin
 export RLBUS_KAFKA_BOOTSTRAP ?= 127.0.0.1:9092
 
-.PHONY: venv up test lint bench-bus bench-codec
+.PHONY: venv demo up test lint bench-bus bench-codec
 
 $(BIN)/rlbus: pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -15,6 +16,9 @@ $(BIN)/rlbus: pyproject.toml
 	touch $@
 
 venv: $(BIN)/rlbus
+
+demo: venv
+	$(BIN)/rlbus demo
 
 up: venv
 	$(BIN)/rlbus kafka start

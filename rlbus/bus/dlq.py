@@ -68,11 +68,15 @@ class DeadLetter:
         )
 
 
+OnDead = Callable[[Record[Any], BaseException], Awaitable[None]]
+
+
 class DeadLetters:
     """Writes failed records to their topic's dead-letter topic and waits for the acknowledgement."""
 
-    def __init__(self, bus: Bus) -> None:
+    def __init__(self, bus: Bus, *, on_dead: OnDead | None = None) -> None:
         self._bus = bus
+        self._on_dead = on_dead
         self.counts: dict[str, int] = {}
 
     async def send(self, record: Record[Any], error: BaseException, attempts: int = 1) -> RecordMetadata:
@@ -89,6 +93,8 @@ class DeadLetters:
         )
         meta = await self._bus.send_raw(dlq_name(record.topic), record.raw, key=record.key, headers=headers)
         self.counts[type(error).__name__] = self.counts.get(type(error).__name__, 0) + 1
+        if self._on_dead is not None:
+            await self._on_dead(record, error)
         log.warning(
             "dead-lettered %s key=%r after %d attempt(s): %s",
             record.where,

@@ -19,13 +19,24 @@ no base snapshot yet — and engines see no version gap.
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+import torch
+
+from rlbus.bus.base import Bus
+from rlbus.bus.dlq import DeadLetters, handle_batch
+from rlbus.bus.topics import REWARDS, ROLLOUTS
+from rlbus.bus.types import Record
 from rlbus.models.policy import Policy
-from rlbus.training.batch import Group
+from rlbus.producers.prompts import GROUPS_DONE_COUNTER, VERSION_COUNTER
+from rlbus.schemas import Rollout
+from rlbus.state.base import StateStore
+from rlbus.state.join import JoinBuffer, Outcome, ScoredGroup
+from rlbus.training.batch import Group, sample_from_rollout
 from rlbus.training.checkpoint import (
     TrainerState,
     capture_rng,
@@ -36,6 +47,8 @@ from rlbus.training.checkpoint import (
 )
 from rlbus.training.step import GRPOConfig, OptimConfig, build_optimizer, grpo_step
 from rlbus.weights.publish import WeightPublisher
+
+log = logging.getLogger("rlbus.consumers.trainer")
 
 
 class Trainer:
@@ -160,3 +173,122 @@ class Trainer:
             policy_config=policy_config_dict(self.model.config),
         )
         return await asyncio.to_thread(save_checkpoint, self.checkpoint_dir, state, keep=self.keep_checkpoints)
+
+
+class TrainerWorker:
+    """The trainer process's bus side: join rollouts with rewards, batch complete groups, train.
+
+    Consumes ``rl.rollouts.v1`` and ``rl.rewards.v1`` in the group ``trainer``. Each message goes into
+    the :class:`~rlbus.state.join.JoinBuffer` (state store) before its offset is committed, so a restart
+    loses nothing. Ready groups (and groups released by the join timeout) queue until ``groups_per_step``
+    are there; rollouts older than ``max_staleness`` versions are dropped with that reason, the rest are
+    trained in one GRPO step, and every rollout id is entered in the ledger so a redelivery is never
+    trained twice. A rollout that cannot be trained (inconsistent arrays) is dead-lettered on arrival.
+    The trainer's version and finished-group count go to the state store, where the prompt producer's
+    admission control reads them.
+    """
+
+    def __init__(
+        self,
+        *,
+        bus: Bus,
+        trainer: Trainer,
+        join: JoinBuffer,
+        state: StateStore,
+        groups_per_step: int = 4,
+        expire_every_s: float = 1.0,
+        on_step: Callable[[dict[str, Any]], None] | None = None,
+    ) -> None:
+        self._bus = bus
+        self.trainer = trainer
+        self.join = join
+        self._state = state
+        self.groups_per_step = groups_per_step
+        self._expire_every_s = expire_every_s
+        self._on_step = on_step
+        self._ready: list[ScoredGroup] = []
+        self.dead_letters = DeadLetters(bus, on_dead=self._dead)
+        self.steps: list[dict[str, Any]] = []
+
+    async def _dead(self, record: Record[Any], error: BaseException) -> None:
+        if record.topic == ROLLOUTS.name:
+            await self.join.record(Outcome.DEAD_LETTERED, [record.key.decode() if record.key else record.where])
+
+    async def _handle(self, record: Record[Any]) -> None:
+        message = record.value
+        if isinstance(message, Rollout):
+            sample_from_rollout(message)  # raises ValueError for arrays that do not line up → DLQ
+            group = await self.join.add_rollout(message)
+        else:
+            group = await self.join.add_reward(message)
+        if group is not None:
+            self._ready.append(group)
+
+    async def run(self, stop: asyncio.Event) -> None:
+        await self._publish_progress()
+        last_expire = time.monotonic()
+        async with self._bus.consumer([ROLLOUTS, REWARDS], group="trainer") as consumer:
+            while not stop.is_set():
+                batch = await consumer.getmany(timeout_s=0.1, max_records=1000)
+                if batch:
+                    await handle_batch(consumer, batch, self._handle, self.dead_letters)
+                    await consumer.commit()
+                if time.monotonic() - last_expire > self._expire_every_s:
+                    self._ready += await self.join.expire()
+                    last_expire = time.monotonic()
+                while len(self._ready) >= self.groups_per_step and not stop.is_set():
+                    take, self._ready = self._ready[: self.groups_per_step], self._ready[self.groups_per_step :]
+                    await self.train(take)
+
+    async def train(self, scored: list[ScoredGroup]) -> dict[str, Any] | None:
+        """Drop stale rollouts (recorded), train on the rest, record them as trained."""
+        limit = self.trainer.grpo.max_staleness
+        groups: list[Group] = []
+        trained: list[str] = []
+        for group in scored:
+            keep = [s for s in group.rollouts if _staleness(s.rollout, self.trainer.version) <= limit]
+            kept = {s.rollout.rollout_id for s in keep}
+            stale = [s.rollout.rollout_id for s in group.rollouts if s.rollout.rollout_id not in kept]
+            if len(keep) < 2:  # a group of one has no baseline to compare against
+                stale += [s.rollout.rollout_id for s in keep]
+                keep = []
+            await self.join.record(Outcome.STALE, stale)
+            if keep:
+                groups.append(
+                    Group(
+                        samples=tuple(sample_from_rollout(s.rollout) for s in keep),
+                        rewards=torch.tensor([s.reward for s in keep], dtype=torch.float32),
+                        prompt_id=group.prompt_id,
+                    )
+                )
+                trained += [s.rollout.rollout_id for s in keep]
+        metrics = None
+        if groups:
+            before = self.trainer.version
+            metrics = await self.trainer.train_on(groups)
+            metrics["rollouts"] = len(trained)
+            metrics["reward_mean"] = float(torch.cat([g.rewards for g in groups]).mean())
+            await self.join.record(Outcome.TRAINED, trained)
+            if self.trainer.version > before:
+                await self._state.incr(VERSION_COUNTER, self.trainer.version - before)
+            self.steps.append(metrics)
+            if self._on_step is not None:
+                self._on_step(metrics)
+            log.info(
+                "step %d: %d groups, %d rollouts, reward %.3f, kl %.2e → v%d",
+                metrics["step"], len(groups), len(trained), metrics["reward_mean"], metrics["kl_k3"],
+                self.trainer.version,
+            )
+        await self._state.incr(GROUPS_DONE_COUNTER, len(scored))
+        return metrics
+
+    async def _publish_progress(self) -> None:
+        current = await self._state.get_counter(VERSION_COUNTER)
+        if self.trainer.version > current:
+            await self._state.incr(VERSION_COUNTER, self.trainer.version - current)
+
+
+def _staleness(rollout: Rollout, version: int) -> int:
+    versions = rollout.token_versions.to_numpy()
+    produced = versions[versions >= 0]
+    return 0 if produced.size == 0 else version - int(produced.min())

@@ -1,0 +1,90 @@
+"""What the demo shows a person: the live table while it runs, and the summary and plot at the end."""
+
+from __future__ import annotations
+
+import statistics
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from rich.table import Table
+
+if TYPE_CHECKING:
+    from rlbus.demo import Demo, DemoResult
+
+
+def live_table(demo: Demo) -> Table:
+    elapsed = demo.reward_points[-1][0] if demo.reward_points else 0.0
+    table = Table(title=f"rlbus demo — {demo.phase}", show_header=False, min_width=72)
+    table.add_column("what", style="bold")
+    table.add_column("value")
+    rewards = [r for _, r in demo.reward_points]
+    recent = statistics.fmean(rewards[-5:]) if rewards else float("nan")
+    first = statistics.fmean(rewards[:5]) if rewards else float("nan")
+    table.add_row("warm-start accuracy", "…" if demo.accuracy_start is None else f"{demo.accuracy_start:.0%}")
+    trainer = demo.trainer
+    table.add_row("trainer", f"step {trainer.step}, version {trainer.version}" if trainer else "—")
+    table.add_row("reward (first 5 / last 5 steps)", f"{first:.3f} / {recent:.3f}" if rewards else "—")
+    versions = ", ".join(f"{w.region}: v{s.version}" for w, s in zip(demo.rollout_workers, demo.syncs, strict=False))
+    table.add_row("worker versions", versions or "—")
+    if demo.step_metrics:
+        m = demo.step_metrics[-1]
+        hist = " ".join(f"{k}:{v}" for k, v in sorted(m["staleness"].items()))
+        table.add_row("staleness (versions: rollouts)", hist)
+        table.add_row("KL(behaviour‖trainer) k3 / router flips", f"{m['kl_k3']:.2e} / {m['router_flip_rate'] or 0:.3f}")
+    if demo.publisher is not None and len(demo.publisher.history) > 1:
+        last = demo.publisher.history[-1]
+        table.add_row("last delta / full", f"{last.delta_bytes:,} B / {last.full_bytes:,} B "
+                      f"({100 * last.delta_bytes / last.full_bytes:.1f} %)")
+    pauses = [s.swap_pause_s * 1000 for sync in demo.syncs for s in sync.history[-3:]]
+    if pauses:
+        table.add_row("recent swap pauses", f"max {max(pauses):.2f} ms")
+    table.add_row("rollouts", f"{sum(w.rollouts for w in demo.rollout_workers)} produced")
+    table.add_row("elapsed", f"{elapsed:.0f} s")
+    return table
+
+
+def summary_table(result: DemoResult) -> Table:
+    table = Table(title="rlbus demo — summary", show_header=False)
+    table.add_column("what", style="bold")
+    table.add_column("value")
+    rows = [
+        ("accuracy after warm start → after RL", f"{result.accuracy_start:.0%} → {result.accuracy_end:.0%}"),
+        ("RL steps / versions published", f"{result.steps} / {result.versions_published}"),
+        ("rollouts trained / dropped", f"{result.rollouts_trained} / {result.rollouts_dropped}"),
+        ("max staleness seen", f"{result.max_staleness} versions"),
+        ("mean delta vs full weights", f"{result.delta_bytes_mean:,.0f} B vs {result.full_bytes:,} B "
+         f"({100 * result.delta_bytes_mean / max(1, result.full_bytes):.1f} %)"),
+        ("swap pause p99", f"{result.swap_pause_ms_p99:.2f} ms"),
+        ("wall time", f"{result.wall_s:.0f} s"),
+    ]
+    for what, value in rows:
+        table.add_row(what, value)
+    return table
+
+
+def plot(result: DemoResult, path: Path) -> Path:
+    """Reward vs time, staleness histogram, and delta size per version vs the full size."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 3, figsize=(15, 4.2))
+    t = [p[0] for p in result.rewards]
+    axes[0].plot(t, [p[1] for p in result.rewards], marker=".", lw=1)
+    axes[0].set(title="mean reward per trainer step", xlabel="seconds since start", ylabel="reward")
+    axes[0].axhline(result.accuracy_start, ls="--", c="grey", lw=0.8, label="greedy accuracy after warm start")
+    axes[0].axhline(result.accuracy_end, ls=":", c="green", lw=1, label="greedy accuracy at the end")
+    axes[0].legend(fontsize=8)
+    lags = sorted(result.staleness)
+    axes[1].bar([str(k) for k in lags], [result.staleness[k] for k in lags], color="tab:orange")
+    axes[1].set(title="staleness of trained rollouts", xlabel="versions behind the trainer", ylabel="rollouts")
+    versions = [v for v, _ in result.deltas]
+    axes[2].bar(versions, [b / 1e3 for _, b in result.deltas], label="delta (lossless)")
+    axes[2].axhline(result.full_bytes / 1e3, c="red", lw=1, label="full bf16 weights")
+    axes[2].set(title="bytes shipped per version", xlabel="version", ylabel="kB", yscale="log")
+    axes[2].legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
