@@ -12,9 +12,7 @@ seeded and runs on one thread, so the run — and the assertion — are determin
 from __future__ import annotations
 
 import copy
-from collections.abc import Iterator
 
-import pytest
 import torch
 
 from rlbus.consumers.trainer import Trainer
@@ -29,14 +27,6 @@ from rlbus.training.step import GRPOConfig, OptimConfig
 TOK = ByteTokenizer()
 CFG = PolicyConfig(vocab=272, d_model=64, n_layer=2, n_head=4, max_seq=16, n_experts=4, top_k=2, d_ff=64)
 DIGITS = range(10)
-
-
-@pytest.fixture(autouse=True)
-def one_thread() -> Iterator[None]:
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 def prompt(d: int) -> tuple[int, ...]:

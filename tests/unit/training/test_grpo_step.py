@@ -3,8 +3,6 @@ router replay, micro-batching, and building groups from Rollout/Reward messages.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import numpy as np
 import pytest
 import torch
@@ -16,15 +14,6 @@ from rlbus.training.batch import Group, Sample, groups_from_rollouts, pack, samp
 from rlbus.training.step import GRPOConfig, grpo_step
 
 CFG = PolicyConfig(vocab=272, d_model=32, n_layer=2, n_head=2, max_seq=64, n_experts=4, top_k=2, d_ff=32)
-
-
-@pytest.fixture(autouse=True)
-def one_thread() -> Iterator[None]:
-    """One intra-op thread: faster on a shared CPU and free of thread-count-dependent rounding."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 def make_sample(

@@ -4,7 +4,6 @@ checkpoint the trainer can start from."""
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -16,14 +15,6 @@ from rlbus.training.checkpoint import load_checkpoint, policy_from_state
 from rlbus.training.sft import SFTExample, load_examples, main, pretrain
 
 CFG = PolicyConfig(vocab=272, d_model=32, n_layer=2, n_head=2, max_seq=64, n_experts=4, top_k=2, d_ff=32)
-
-
-@pytest.fixture(autouse=True)
-def one_thread() -> Iterator[None]:
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 def examples() -> list[SFTExample]:
