@@ -85,6 +85,8 @@ class DemoConfig:
     #: updates are ≈ lr·sign(g) on every weight, noise that undoes the warm start.
     lr: float = 3e-4
     warm_lr: float = 3e-3
+    #: Sampling temperature of the rollout workers (the trainer scores at the same temperature).
+    temperature: float = 1.0
     seed: int = 0
     eval_size: int = 100
     model: PolicyConfig = field(
@@ -227,7 +229,7 @@ class Demo:
             self.rollout_workers.append(
                 RolloutWorker(
                     bus=bus, engine=engine, chat=self.chat, worker_id=f"rollout-{i}",
-                    region=c.regions[i % len(c.regions)], sampling=SamplingInfo(temperature=1.0),
+                    region=c.regions[i % len(c.regions)], sampling=SamplingInfo(temperature=c.temperature),
                     prompts_in_flight=2,
                 )
             )
