@@ -34,6 +34,7 @@ from typing import Any
 
 import torch
 
+from rlbus.bench.common import percentile
 from rlbus.bus.memory import MemoryBus
 from rlbus.bus.topics import topic_specs
 from rlbus.consumers.reward import RewardWorker
@@ -278,7 +279,7 @@ class Demo:
         for m in self.step_metrics:
             for k, v in m.get("staleness", {}).items():
                 staleness[int(k)] = staleness.get(int(k), 0) + int(v)
-        pauses = sorted(s.swap_pause_s * 1000 for sync in self.syncs for s in sync.history if s.kind == "delta")
+        pauses = [s.swap_pause_s * 1000 for sync in self.syncs for s in sync.history if s.kind == "delta"]
         deltas = [(h.version, h.delta_bytes) for h in self.publisher.history if h.delta_bytes]
         dropped = sum(v for k, v in outcomes.items() if k.startswith("dropped"))
         return DemoResult(
@@ -290,7 +291,7 @@ class Demo:
             max_staleness=max(staleness, default=0),
             delta_bytes_mean=sum(b for _, b in deltas) / max(1, len(deltas)),
             full_bytes=self.publisher.history[0].full_bytes,
-            swap_pause_ms_p99=pauses[min(len(pauses) - 1, int(0.99 * len(pauses)))] if pauses else 0.0,
+            swap_pause_ms_p99=percentile(pauses, 99) if pauses else 0.0,
             wall_s=time.monotonic() - self.started,
             steps=self.trainer.step,
             rewards=list(self.reward_points),

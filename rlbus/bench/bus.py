@@ -29,10 +29,16 @@ def _payload(seq: int, filler: bytes) -> bytes:
     return struct.pack("<qd", seq, time.perf_counter()) + filler
 
 
-async def _consume(bus: Bus, topic: str, group: str, want: int, latencies: list[float] | None) -> float:
+async def _consume(
+    bus: Bus, topic: str, group: str, want: int, latencies: list[float] | None, joined: asyncio.Event
+) -> float:
+    """Read ``want`` messages, committing per batch; ``joined`` is set once the group gave us partitions,
+    so the producer starts only then and no measurement includes the first rebalance."""
     received = 0
     async with bus.consumer([topic], group=group) as consumer:
         while received < want:
+            if consumer.assignment():
+                joined.set()
             batch = await consumer.getmany(timeout_s=1.0, max_records=2000)
             now = time.perf_counter()
             for record in batch:
@@ -46,20 +52,13 @@ async def _consume(bus: Bus, topic: str, group: str, want: int, latencies: list[
     return time.perf_counter()
 
 
-async def _wait_assigned(bus: Bus, topic: str, group: str) -> None:
-    """Join the group before producing, so latency does not include the first rebalance."""
-    async with bus.consumer([topic], group=group) as consumer:
-        deadline = time.monotonic() + 30
-        while not consumer.assignment() and time.monotonic() < deadline:
-            await consumer.getmany(timeout_s=0.2)
-
-
 async def throughput(bus: Bus, topic: str, n: int, in_flight: int = 256) -> float:
     filler = os.urandom(MESSAGE_BYTES - 16)
     group = f"bench-tput-{uuid.uuid4().hex[:6]}"
-    await _wait_assigned(bus, topic, group)
+    joined = asyncio.Event()
+    consumer = asyncio.create_task(_consume(bus, topic, group, n, None, joined))
+    await asyncio.wait_for(joined.wait(), 60)
     start = time.perf_counter()
-    consumer = asyncio.create_task(_consume(bus, topic, group, n, None))
     window = asyncio.Semaphore(in_flight)
 
     async def send(i: int) -> None:
@@ -75,9 +74,10 @@ async def latency(bus: Bus, topic: str, rate: float, seconds: float) -> list[flo
     filler = os.urandom(MESSAGE_BYTES - 16)
     group = f"bench-lat-{uuid.uuid4().hex[:6]}"
     n = int(rate * seconds)
-    await _wait_assigned(bus, topic, group)
     latencies: list[float] = []
-    consumer = asyncio.create_task(_consume(bus, topic, group, n, latencies))
+    joined = asyncio.Event()
+    consumer = asyncio.create_task(_consume(bus, topic, group, n, latencies, joined))
+    await asyncio.wait_for(joined.wait(), 60)
     pending: set[asyncio.Task[Any]] = set()
     start = time.perf_counter()
     for i in range(n):

@@ -19,7 +19,6 @@ from __future__ import annotations
 import asyncio
 import gc
 import math
-import socket
 import tempfile
 import time
 import uuid
@@ -31,16 +30,11 @@ import torch
 from rlbus.bench.common import meta, percentile, print_table, write_json
 from rlbus.bus.memory import MemoryBus
 from rlbus.bus.topics import topic_specs
+from rlbus.services import free_port
 from rlbus.weights.http_store import BlobServer, HttpStore, serve
 from rlbus.weights.publish import WeightPublisher
 from rlbus.weights.store import LocalStore
 from rlbus.weights.sync import WeightSync, bind_module, live_state
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 class AdamModel:
@@ -92,7 +86,7 @@ async def _run(quick: bool) -> dict[str, Any]:
     model = AdamModel(params, width=1024 if quick else 2048)
     secret = uuid.uuid4().hex
     with tempfile.TemporaryDirectory(prefix="rlbus-bench-sync-") as tmp:
-        port = _free_port()
+        port = free_port()
         runner = await serve(BlobServer(LocalStore(Path(tmp) / "origin"), secret=secret), "127.0.0.1", port)
         url = f"http://127.0.0.1:{port}"
         bus = MemoryBus(topic_specs())

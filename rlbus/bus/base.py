@@ -28,7 +28,11 @@ def topic_name(topic: TopicLike) -> str:
 class Consumer(abc.ABC):
     """A consumer of one or more topics, in a group (``group`` set) or manually assigned (replay)."""
 
-    def __init__(self) -> None:
+    def __init__(self, topics: Sequence[TopicLike], group: str | None) -> None:
+        self.topics = [topic_name(t) for t in topics]
+        self.group = group
+        # Typed topics decode their records; plain names hand out raw bytes only.
+        self._decoders = {t.name: t.codec for t in topics if isinstance(t, Topic)}
         self._marked: dict[TopicPartition, int] = {}
 
     async def __aenter__(self) -> Self:

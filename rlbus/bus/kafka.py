@@ -31,8 +31,7 @@ from aiokafka.errors import (
     UnknownTopicOrPartitionError,
 )
 
-from rlbus.bus.base import Bus, Consumer, TopicLike, topic_name
-from rlbus.bus.topic import Topic, decoder_for
+from rlbus.bus.base import Bus, Consumer, TopicLike
 from rlbus.bus.types import Headers, Record, RecordMetadata, TopicInfo, TopicPartition, TopicSpec
 from rlbus.errors import BusError, BusUnavailable, CommitFailed, TopicNotFound
 
@@ -326,11 +325,8 @@ class KafkaConsumer(Consumer):
         from_beginning: bool,
         instance_id: str | None,
     ) -> None:
-        super().__init__()
+        super().__init__(topics, group)
         self._bus = bus
-        self.topics = [topic_name(t) for t in topics]
-        self._decoders = {topic_name(t): decoder_for(t) for t in topics if isinstance(t, Topic)}
-        self.group = group
         kwargs = bus.settings.client_kwargs()
         self._consumer = AIOKafkaConsumer(
             **kwargs,

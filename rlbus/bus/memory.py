@@ -18,9 +18,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from rlbus.bus.base import Bus, Consumer, TopicLike, topic_name
+from rlbus.bus.base import Bus, Consumer, TopicLike
 from rlbus.bus.partitioner import partition_for
-from rlbus.bus.topic import Topic, decoder_for
 from rlbus.bus.types import Headers, Record, RecordMetadata, TopicInfo, TopicPartition, TopicSpec
 from rlbus.errors import BusError, TopicNotFound
 
@@ -226,11 +225,8 @@ class MemoryConsumer(Consumer):
         from_beginning: bool,
         instance_id: str | None,
     ) -> None:
-        super().__init__()
+        super().__init__(topics, group)
         self._bus = bus
-        self.topics = [topic_name(t) for t in topics]
-        self._decoders = {topic_name(t): decoder_for(t) for t in topics if isinstance(t, Topic)}
-        self.group = group
         self.member_id = instance_id or f"member-{next(bus._ids)}"
         self._from_beginning = from_beginning
         self._assigned: set[TopicPartition] = set()

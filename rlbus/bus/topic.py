@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Generic, TypeVar
+from typing import Generic, TypeVar
 
 from rlbus.schemas.base import Codec, Message
 
@@ -39,6 +39,3 @@ class Topic(Generic[M]):
 def dlq_name(topic: str) -> str:
     return f"{topic}.dlq"
 
-
-def decoder_for(topic: Topic[Any] | str) -> Codec | None:
-    return topic.codec if isinstance(topic, Topic) else None

@@ -35,8 +35,8 @@ from rlbus.models.policy import Policy
 from rlbus.producers.prompts import GROUPS_DONE_COUNTER, VERSION_COUNTER
 from rlbus.schemas import Rollout
 from rlbus.state.base import StateStore
-from rlbus.state.join import JoinBuffer, Outcome, ScoredGroup
-from rlbus.training.batch import Group, sample_from_rollout
+from rlbus.state.join import JoinBuffer, Outcome, ScoredGroup, ScoredRollout
+from rlbus.training.batch import Group, Sample, sample_from_rollout
 from rlbus.training.checkpoint import (
     TrainerState,
     capture_rng,
@@ -211,8 +211,8 @@ class TrainerWorker:
         self.steps: list[dict[str, Any]] = []
 
     async def _dead(self, record: Record[Any], error: BaseException) -> None:
-        if record.topic == ROLLOUTS.name:
-            await self.join.record(Outcome.DEAD_LETTERED, [record.key.decode() if record.key else record.where])
+        if record.topic == ROLLOUTS.name:  # rollouts are keyed by prompt: the record's place names it
+            await self.join.record(Outcome.DEAD_LETTERED, [record.where])
 
     async def _handle(self, record: Record[Any]) -> None:
         message = record.value
@@ -246,22 +246,25 @@ class TrainerWorker:
         groups: list[Group] = []
         trained: list[str] = []
         for group in scored:
-            keep = [s for s in group.rollouts if _staleness(s.rollout, self.trainer.version) <= limit]
-            kept = {s.rollout.rollout_id for s in keep}
-            stale = [s.rollout.rollout_id for s in group.rollouts if s.rollout.rollout_id not in kept]
+            keep: list[tuple[ScoredRollout, Sample]] = []
+            stale: list[tuple[ScoredRollout, Sample]] = []
+            for scored_rollout in group.rollouts:
+                sample = sample_from_rollout(scored_rollout.rollout)
+                oldest = sample.oldest_version()
+                fresh = oldest is None or self.trainer.version - oldest <= limit
+                (keep if fresh else stale).append((scored_rollout, sample))
             if len(keep) < 2:  # a group of one has no baseline to compare against
-                stale += [s.rollout.rollout_id for s in keep]
-                keep = []
-            await self.join.record(Outcome.STALE, stale)
+                stale, keep = stale + keep, []
+            await self.join.record(Outcome.STALE, [s.rollout.rollout_id for s, _ in stale])
             if keep:
                 groups.append(
                     Group(
-                        samples=tuple(sample_from_rollout(s.rollout) for s in keep),
-                        rewards=torch.tensor([s.reward for s in keep], dtype=torch.float32),
+                        samples=tuple(sample for _, sample in keep),
+                        rewards=torch.tensor([s.reward for s, _ in keep], dtype=torch.float32),
                         prompt_id=group.prompt_id,
                     )
                 )
-                trained += [s.rollout.rollout_id for s in keep]
+                trained += [s.rollout.rollout_id for s, _ in keep]
         metrics = None
         if groups:
             before = self.trainer.version
@@ -287,8 +290,3 @@ class TrainerWorker:
         if self.trainer.version > current:
             await self._state.incr(VERSION_COUNTER, self.trainer.version - current)
 
-
-def _staleness(rollout: Rollout, version: int) -> int:
-    versions = rollout.token_versions.to_numpy()
-    produced = versions[versions >= 0]
-    return 0 if produced.size == 0 else version - int(produced.min())

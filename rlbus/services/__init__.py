@@ -5,3 +5,15 @@ modules start the real servers directly: ``kafka`` runs a KRaft cluster from the
 pinned in ``infra/kafka/pom.xml``; ``redis`` runs the system ``redis-server``. Each raises
 :class:`rlbus.errors.ServiceError` with the server's own words when something goes wrong.
 """
+
+from __future__ import annotations
+
+import socket
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port nobody listens on right now (the OS picks it; another process may still take it)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((host, 0))
+        port: int = sock.getsockname()[1]
+        return port

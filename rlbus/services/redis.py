@@ -9,7 +9,6 @@ handle: use it as a context manager or call :meth:`RedisServer.stop`.
 from __future__ import annotations
 
 import shutil
-import socket
 import subprocess
 import time
 from dataclasses import dataclass
@@ -20,6 +19,7 @@ from redis import Redis
 from redis.exceptions import RedisError
 
 from rlbus.errors import ServiceError
+from rlbus.services import free_port
 
 HOST = "127.0.0.1"
 START_ATTEMPTS = 3
@@ -72,7 +72,7 @@ def start_redis(port: int | None = None, *, dir: Path, timeout_s: float = 10.0) 
         raise ServiceError("redis-server not found on PATH; install it (Debian: apt-get install -y redis-server)")
     dir.mkdir(parents=True, exist_ok=True)
     for _ in range(1 if port is not None else START_ATTEMPTS):
-        server = _spawn(binary, port or _free_port(), dir)
+        server = _spawn(binary, port or free_port(HOST), dir)
         if _wait_ready(server, timeout_s):
             return server
         server.stop()
@@ -112,13 +112,6 @@ def _wait_ready(server: RedisServer, timeout_s: float) -> bool:
         return False
     finally:
         client.close()
-
-
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((HOST, 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 def _tail(path: Path, lines: int = 20) -> str:

@@ -92,35 +92,41 @@ class JoinBuffer:
     def _group_key(self, prompt_id: str) -> str:
         return f"{self._ns}:group:{prompt_id}"
 
-    async def _touch(self, prompt_id: str) -> None:
-        key = self._group_key(prompt_id)
-        if "meta" not in await self._state.get_fields(key):
-            now = self._clock()
-            await self._state.put_field(key, "meta", json.dumps({"first_seen": now}).encode(), self._ttl)
-            await self._state.put_field(f"{self._ns}:open", prompt_id, str(now).encode(), None)
+    async def _entry(self, prompt_id: str) -> tuple[dict[str, bytes], dict[str, float]]:
+        """The group's buffered fields and meta; a group seen for the first time is opened (and indexed
+        for the timeout sweep)."""
+        fields = await self._state.get_fields(self._group_key(prompt_id))
+        if "meta" in fields:
+            return fields, json.loads(fields["meta"])
+        now = self._clock()
+        await self._state.put_field(f"{self._ns}:open", prompt_id, str(now).encode(), None)
+        return fields, {"first_seen": now}
+
+    async def _put(self, prompt_id: str, fields: dict[str, bytes], name: str, value: bytes) -> None:
+        await self._state.put_field(self._group_key(prompt_id), name, value, self._ttl)
+        fields[name] = value
 
     async def add_rollout(self, rollout: Rollout) -> ScoredGroup | None:
         """Buffer a rollout; returns its group if that made the group ready."""
         if await self._state.seen(Outcome.TRAINED, rollout.rollout_id):
             await self._state.incr(f"outcome:{Outcome.DUPLICATE}")
             return None
-        await self._touch(rollout.prompt_id)
-        key = self._group_key(rollout.prompt_id)
-        fields = await self._state.get_fields(key)
-        meta = json.loads(fields["meta"]) if "meta" in fields else {"first_seen": self._clock()}
-        meta["group_size"] = rollout.group_size
-        await self._state.put_field(key, "meta", json.dumps(meta).encode(), self._ttl)
-        await self._state.put_field(key, f"r:{rollout.rollout_id}", encode(rollout), self._ttl)
-        return await self._ready(rollout.prompt_id)
+        fields, meta = await self._entry(rollout.prompt_id)
+        if "meta" not in fields or meta.get("group_size") != rollout.group_size:
+            meta["group_size"] = rollout.group_size
+            await self._put(rollout.prompt_id, fields, "meta", json.dumps(meta).encode())
+        await self._put(rollout.prompt_id, fields, f"r:{rollout.rollout_id}", encode(rollout))
+        return await self._ready(rollout.prompt_id, fields)
 
     async def add_reward(self, reward: Reward) -> ScoredGroup | None:
         """Buffer a reward; rewards of sources the policy does not wait for are ignored."""
         if reward.source not in self.policy.sources or await self._state.seen(Outcome.TRAINED, reward.rollout_id):
             return None
-        await self._touch(reward.prompt_id)
-        field_name = f"w:{reward.rollout_id}:{reward.source}"
-        await self._state.put_field(self._group_key(reward.prompt_id), field_name, encode(reward), self._ttl)
-        return await self._ready(reward.prompt_id)
+        fields, meta = await self._entry(reward.prompt_id)
+        if "meta" not in fields:
+            await self._put(reward.prompt_id, fields, "meta", json.dumps(meta).encode())
+        await self._put(reward.prompt_id, fields, f"w:{reward.rollout_id}:{reward.source}", encode(reward))
+        return await self._ready(reward.prompt_id, fields)
 
     def _assemble(self, prompt_id: str, fields: dict[str, bytes]) -> tuple[ScoredGroup, int | None]:
         meta = json.loads(fields.get("meta", b"{}"))
@@ -141,8 +147,8 @@ class JoinBuffer:
                 unscored.append(rollout_id)
         return ScoredGroup(prompt_id, scored, unscored), meta.get("group_size")
 
-    async def _ready(self, prompt_id: str) -> ScoredGroup | None:
-        group, size = self._assemble(prompt_id, await self._state.get_fields(self._group_key(prompt_id)))
+    async def _ready(self, prompt_id: str, fields: dict[str, bytes]) -> ScoredGroup | None:
+        group, size = self._assemble(prompt_id, fields)
         if size is None or len(group.rollouts) < size:
             return None
         await self._close(prompt_id)

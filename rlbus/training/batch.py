@@ -29,6 +29,7 @@ from dataclasses import dataclass
 import torch
 
 from rlbus.engines.base import GenerationResult
+from rlbus.envs.episode import segment_spans
 from rlbus.schemas import Reward, Rollout, Turn
 
 Span = tuple[int, int]
@@ -138,15 +139,12 @@ def sample_from_generation(result: GenerationResult) -> Sample:
     )
 
 
-def segment_spans(turns: Sequence[Turn], length: int) -> tuple[Span, ...]:
-    """[start, end) of each context segment from a rollout's turns; () when there is only one."""
-    spans: dict[int, Span] = {}
-    for t in turns:
-        lo, hi = spans.get(t.segment, (t.start, t.end))
-        spans[t.segment] = (min(lo, t.start), max(hi, t.end))
-    if len(spans) <= 1:
+def context_segments(turns: Sequence[Turn], length: int) -> tuple[Span, ...]:
+    """The rows a rollout trains as: its context segments (see `rlbus.envs.episode.segment_spans`), or ()
+    when it has only one; the segments must cover all ``length`` tokens."""
+    ordered = tuple(segment_spans(list(turns)))
+    if len(ordered) <= 1:
         return ()
-    ordered = tuple(spans[k] for k in sorted(spans))
     if ordered[0][0] != 0 or ordered[-1][1] != length:
         raise ValueError(f"turn segments {ordered} do not cover the rollout's {length} tokens")
     return ordered
@@ -172,7 +170,7 @@ def sample_from_rollout(rollout: Rollout) -> Sample:
             versions=rollout.token_versions.to_torch().long(),
             routed_experts=routed,
             temperature=temperature,
-            segments=segment_spans(rollout.turns, ids.numel()),
+            segments=context_segments(rollout.turns, ids.numel()),
         )
     except ValueError as exc:
         raise ValueError(f"rollout {rollout.rollout_id}: {exc}") from None

@@ -4,25 +4,19 @@
 from __future__ import annotations
 
 import asyncio
-import socket
 import uuid
 from pathlib import Path
 
 import torch
 
 from rlbus.bus.topics import WEIGHTS, WEIGHTS_LATEST
+from rlbus.services import free_port
 from rlbus.weights.codec import state_digest
 from rlbus.weights.http_store import BlobServer, HttpStore, serve
 from rlbus.weights.publish import WeightPublisher
 from rlbus.weights.store import LocalStore
 from rlbus.weights.sync import WeightSync
 from tests.conftest import kafka_bus
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 async def test_publish_follow_and_late_join_over_kafka_and_http(tmp_path: Path) -> None:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import socket
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -13,16 +12,11 @@ import aiohttp
 import pytest
 from aiohttp import web
 
+from rlbus.services import free_port
 from rlbus.weights.http_store import BlobAuthError, BlobServer, HttpStore, serve, sign, signed_params
 from rlbus.weights.store import BlobNotFound, BlobStoreError, LocalStore, check_key, open_store
 
 SECRET = "test-secret"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @pytest.fixture
