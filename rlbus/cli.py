@@ -6,11 +6,13 @@ Heavy imports (torch, aiokafka) happen inside the commands that need them, so ``
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import importlib
 import json
+import logging
 import os
 import sys
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, TypeVar
 
@@ -34,6 +36,8 @@ app.add_typer(dlq_app, name="dlq")
 app.add_typer(blobs_app, name="blobs")
 sandbox_app = typer.Typer(help="Run untrusted programs as verifiers do (bubblewrap + rlimits).", no_args_is_help=True)
 app.add_typer(sandbox_app, name="sandbox")
+feedback_app = typer.Typer(help="Live user feedback on served rollouts → rewards.", no_args_is_help=True)
+app.add_typer(feedback_app, name="feedback")
 
 console = Console()
 err = Console(stderr=True)
@@ -70,6 +74,24 @@ def _run(make: Callable[[], Awaitable[T]]) -> T:
         raise typer.Exit(1) from None
 
 
+@app.callback()
+def _logging(
+    log_json: Annotated[
+        bool, typer.Option("--log-json", envvar="RLBUS_LOG_JSON", help="Log one JSON object per line.")
+    ] = False,
+    log_level: Annotated[
+        str, typer.Option("--log-level", envvar="RLBUS_LOG_LEVEL", help="DEBUG, INFO, WARNING or ERROR.")
+    ] = "WARNING",
+) -> None:
+    """Global options: how every command logs (rlbus/observe/logs.py)."""
+    from rlbus.observe.logs import setup_logging
+
+    try:
+        setup_logging(json=log_json, level=log_level)
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc), param_hint="--log-level") from None
+
+
 # --- demo ---------------------------------------------------------------------------------------
 @app.command()
 def demo(
@@ -79,6 +101,13 @@ def demo(
     steps: Annotated[int | None, typer.Option(help="RL steps (default: 60, or 15 with --quick).")] = None,
     workers: Annotated[int | None, typer.Option(help="Rollout workers (default 3, or 2 with --quick).")] = None,
     seed: int = 0,
+    teacher_error: Annotated[
+        float | None,
+        typer.Option(help="Share of warm-start answers the sloppy teacher gets off by one (default 0.55; 0 = clean)."),
+    ] = None,
+    dashboard: Annotated[
+        int | None, typer.Option("--dashboard", help="Serve the live dashboard on this port during the run.")
+    ] = None,
 ) -> None:
     """Async RL end to end in one process: warm start, then prompts → rollout workers → rewards →
     GRPO trainer, weights flowing back as lossless deltas. Embedded bus, CPU, a few minutes."""
@@ -96,16 +125,22 @@ def demo(
         seed=seed,
         rl_steps=config.rl_steps if steps is None else steps,
         workers=config.workers if workers is None else workers,
+        teacher_error=config.teacher_error if teacher_error is None else teacher_error,
     )
     run_dir.mkdir(parents=True, exist_ok=True)
     console.print(f"[bold]rlbus demo[/bold]: {config.env} {config.env_config}, {config.workers} rollout workers, "
                   f"G={config.group_size}, {config.groups_per_step} groups/step, run dir {run_dir}")
     with Live(console=console, refresh_per_second=4) as live:
         runner = Demo(config, run_dir, on_update=lambda d: live.update(live_table(d)))
-        result = asyncio.run(runner.run())
+        if dashboard is None:
+            result = asyncio.run(runner.run())
+        else:
+            from rlbus.observe.dashboard import run_demo
+
+            result = asyncio.run(run_demo(runner, port=dashboard, on_ready=lambda url: console.print(
+                f"dashboard: [bold]{url}[/bold] (while the demo runs)")))
     console.print(summary_table(result))
     figures = result.figures()
-    (run_dir / "summary.json").write_bytes(msgspec.json.format(msgspec.json.encode(figures), indent=2))
     console.print(f"plot: {plot(result, run_dir / 'demo.png')}")
     if json_path is not None:
         json_path.write_bytes(msgspec.json.format(msgspec.json.encode(figures), indent=2))
@@ -140,6 +175,11 @@ def kafka_start(
     port: Annotated[int, typer.Option(help="Port of the first broker.")] = 9092,
     fresh: Annotated[bool, typer.Option(help="Wipe the data directories first.")] = False,
     home: Annotated[Path | None, typer.Option(envvar="RLBUS_HOME", help="State directory.")] = None,
+    sasl_port: Annotated[int | None, typer.Option(help="Also listen with SASL_PLAINTEXT (SCRAM) from here.")] = None,
+    scram_user: Annotated[
+        str | None, typer.Option(help="Create this SCRAM-SHA-512 user; password from $RLBUS_SASL_PASSWORD.")
+    ] = None,
+    scram_password_file: Annotated[Path | None, typer.Option(help="File holding --scram-user's password.")] = None,
 ) -> None:
     """Resolve the Kafka jars with Maven, format KRaft storage once, start the broker(s) and wait."""
     from rlbus.services import kafka
@@ -147,12 +187,16 @@ def kafka_start(
     if brokers not in (1, 3):
         raise typer.BadParameter("--brokers must be 1 or 3")
     try:
+        users = kafka.scram_users_from(scram_user, scram_password_file)
         with console.status(f"starting {brokers} Kafka broker(s)…"):
-            cluster = kafka.start(brokers=brokers, port=port, fresh=fresh, home=home)
+            cluster = kafka.start(brokers=brokers, port=port, fresh=fresh, home=home, sasl_port=sasl_port,
+                                  scram_users=users)
     except RlbusError as exc:
         err.print(f"[red]error:[/red] {exc}")
         raise typer.Exit(1) from None
     console.print(f"Kafka is up: bootstrap [bold]{cluster.bootstrap}[/bold]")
+    if cluster.sasl_bootstrap:
+        console.print(f"SASL_PLAINTEXT (SCRAM) listeners: [bold]{cluster.sasl_bootstrap}[/bold]")
 
 
 @kafka_app.command("stop")
@@ -280,7 +324,12 @@ def dlq_redrive(
 @blobs_app.command("serve")
 def blobs_serve(
     root: Annotated[Path, typer.Option(help="Directory holding the blobs (the relay's cache with --upstream).")],
-    secret: Annotated[str, typer.Option(envvar="RLBUS_BLOB_SECRET", help="Shared HMAC signing secret.")],
+    secret: Annotated[
+        str | None, typer.Option(envvar="RLBUS_BLOB_SECRET", help="Shared HMAC signing secret (prefer the env var).")
+    ] = None,
+    secret_file: Annotated[
+        Path | None, typer.Option(envvar="RLBUS_BLOB_SECRET_FILE", help="File holding the signing secret.")
+    ] = None,
     host: str = "127.0.0.1",
     port: int = 8470,
     upstream: Annotated[
@@ -289,10 +338,20 @@ def blobs_serve(
     upstream_secret: Annotated[str | None, typer.Option(envvar="RLBUS_UPSTREAM_BLOB_SECRET")] = None,
 ) -> None:
     """Serve a blob directory over signed HTTP with range reads; with --upstream, relay an origin."""
+    from rlbus.config import secret_from
     from rlbus.weights.http_store import BlobServer, HttpStore, serve
     from rlbus.weights.store import LocalStore
 
+    try:
+        secret = secret_from(secret, secret_file, "RLBUS_BLOB_SECRET", field="blobs.secret")
+    except RlbusError as exc:
+        err.print(f"[red]error:[/red] {exc}")
+        raise typer.Exit(1) from None
+    if not secret:
+        raise typer.BadParameter("set RLBUS_BLOB_SECRET or RLBUS_BLOB_SECRET_FILE (or --secret-file)")
+
     async def go() -> None:
+        assert secret is not None
         origin = HttpStore(upstream, secret=upstream_secret or secret) if upstream else None
         server = BlobServer(LocalStore(root), secret=secret, upstream=origin)
         runner = await serve(server, host, port)
@@ -311,6 +370,24 @@ def blobs_serve(
         pass
 
 
+@blobs_app.command("collect-claims")
+def blobs_collect_claims(
+    store: Annotated[str, typer.Option(help="Blob store holding the claims: a directory or http URL.")],
+    older_than_hours: Annotated[
+        float, typer.Option(help="Delete claims older than this; keep it ≥ the topic's retention (7 days).")
+    ] = 168.0,
+) -> None:
+    """Delete claim-checked payloads (claims/…) older than the retention (rlbus/bus/claimcheck.py)."""
+    from rlbus.bus.claimcheck import collect_claims
+    from rlbus.weights.store import open_store
+
+    async def go() -> list[str]:
+        async with open_store(store, secret=os.environ.get("RLBUS_BLOB_SECRET")) as blobs:
+            return await collect_claims(blobs, older_than_s=older_than_hours * 3600)
+
+    console.print(f"deleted {len(_run(go))} claim(s) older than {older_than_hours:g} h")
+
+
 # --- sandbox -------------------------------------------------------------------------------------
 @sandbox_app.command("run")
 def sandbox_run(
@@ -326,7 +403,134 @@ def sandbox_run(
     raise typer.Exit({"ok": 0, "refused": 2}.get(result.status, 1))
 
 
+# --- feedback -----------------------------------------------------------------------------------
+TokenFile = Annotated[
+    Path | None,
+    typer.Option("--token-file", envvar="RLBUS_FEEDBACK_TOKEN_FILE",
+                 help="File holding the bearer token; else $RLBUS_FEEDBACK_TOKEN (never a command-line value)."),
+]
+
+
+@feedback_app.command("serve")
+def feedback_serve(
+    port: int = 8471,
+    host: str = "127.0.0.1",
+    token_file: TokenFile = None,
+    bootstrap: Bootstrap = "127.0.0.1:9092",
+    config: ConfigFile = None,
+) -> None:
+    """Serve POST /v1/feedback and /v1/feedback:batch: user signals become rewards (source "user") on
+    rl.rewards.v1. API and value mapping: rlbus/producers/feedback.py."""
+    from rlbus.producers.feedback import FeedbackServer, load_token
+
+    async def go() -> None:
+        import signal
+
+        token = load_token(file=token_file)
+        stop = asyncio.Event()
+        asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)  # docker stop: drain, then exit
+        async with _bus(bootstrap, config) as bus:
+            console.print(f"feedback API on http://{host}:{port}; Ctrl-C stops")
+            await FeedbackServer(bus=bus, token=token).run(stop, host, port)
+
+    try:
+        _run(go)
+    except KeyboardInterrupt:
+        pass
+
+
+@feedback_app.command("send")
+def feedback_send(
+    rollout_id: Annotated[str, typer.Argument(help="The served rollout.")],
+    up: Annotated[bool | None, typer.Option("--up/--down", help="Thumbs up or down.", show_default=False)] = None,
+    score: Annotated[float | None, typer.Option(help="Graded score in [0, 1], agreeing with --up/--down.")] = None,
+    user: Annotated[str | None, typer.Option(help="Who rated (retries then keep one reward id).")] = None,
+    comment: str | None = None,
+    prompt_id: Annotated[str | None, typer.Option(help="Only when ROLLOUT_ID is not <prompt_id>/<index>.")] = None,
+    url: Annotated[str, typer.Option(envvar="RLBUS_FEEDBACK_URL", help="The feedback server.")] = (
+        "http://127.0.0.1:8471"
+    ),
+    token_file: TokenFile = None,
+) -> None:
+    """Post one signal to a running feedback server; prints where its reward landed on the log."""
+    from rlbus.producers.feedback import Feedback, load_token, send_feedback
+
+    if up is None:
+        raise typer.BadParameter("give --up or --down")
+    item = Feedback(rollout_id=rollout_id, signal="up" if up else "down", score=score, user=user,
+                    comment=comment, prompt_id=prompt_id)
+
+    async def go() -> dict[str, Any]:
+        return await send_feedback(url, load_token(file=token_file), item)
+
+    console.print_json(json.dumps(_run(go)))
+
+
+# --- distributed mode -------------------------------------------------------------------------------
+RunConfigFile = Annotated[
+    Path | None,
+    typer.Option("--config", envvar="RLBUS_CONFIG", help="Run config (TOML; see rlbus/launch/config.py)."),
+]
+
+
+@app.command()
+def worker(
+    role: Annotated[str, typer.Argument(help="prompts, rollout, reward or trainer.")],
+    config: RunConfigFile = None,
+    region: Annotated[
+        str | None, typer.Option(envvar="RLBUS_REGION", help="Region: Kafka client-id suffix and client.rack.")
+    ] = None,
+    worker_id: Annotated[str | None, typer.Option(envvar="RLBUS_WORKER_ID", help="Default: role-host-pid.")] = None,
+) -> None:
+    """Run one role of a distributed run against Kafka and Redis. SIGTERM/Ctrl-C drains in-flight work,
+    commits and exits 0; a second one exits at once (130/143)."""
+    from rlbus.launch.config import load_config
+    from rlbus.launch.roles import ROLES, run_role
+
+    if role not in ROLES:
+        raise typer.BadParameter(f"choose one of {', '.join(ROLES)}", param_hint="ROLE")
+    try:
+        run_role(role, load_config(config), region=region, worker_id=worker_id)
+    except RlbusError as exc:
+        err.print(f"[red]error:[/red] {exc}")
+        raise typer.Exit(1) from None
+
+
+@app.command()
+def up(
+    config: RunConfigFile = None,
+    rollout_workers: Annotated[int, typer.Option(help="Rollout worker processes (regions alternate).")] = 2,
+    steps: Annotated[int | None, typer.Option(help="Stop once the trainer reaches this step.")] = None,
+    grace: Annotated[float, typer.Option(help="Seconds a child may drain after SIGTERM before it is killed.")] = 30.0,
+) -> None:
+    """A local distributed run: Kafka and Redis (started if missing), topics, a blob server, the trainer,
+    a reward worker, rollout workers and the prompt producer as processes. Ctrl-C stops them gracefully."""
+    from rlbus.launch.up import up as run_up
+
+    raise typer.Exit(_run(lambda: run_up(config, rollout_workers=rollout_workers, steps=steps, grace_s=grace)))
+
+
 # --- replay / tail --------------------------------------------------------------------------------
+Blobs = Annotated[
+    str | None,
+    typer.Option("--blobs", envvar="RLBUS_BLOBS",
+                 help="Blob store (directory or http URL) to resolve claim-checked records; $RLBUS_BLOB_SECRET signs."),
+]
+
+
+@contextlib.asynccontextmanager
+async def _claims(bus: Bus, blobs: str | None) -> AsyncIterator[Bus]:
+    """``bus``, or with a blob store a bus whose records come back with their claims resolved."""
+    if blobs is None:
+        yield bus
+        return
+    from rlbus.bus.claimcheck import ClaimCheckBus
+    from rlbus.weights.store import open_store
+
+    async with open_store(blobs, secret=os.environ.get("RLBUS_BLOB_SECRET")) as store:
+        yield ClaimCheckBus(bus, store)
+
+
 @app.command()
 def replay(
     topic: Annotated[str, typer.Option("--topic", "-t", help="Topic to read.")],
@@ -336,6 +540,7 @@ def replay(
     into: Annotated[str | None, typer.Option("--into", help="Re-produce into this topic.")] = None,
     bootstrap: Bootstrap = "127.0.0.1:9092",
     config: ConfigFile = None,
+    blobs: Blobs = None,
 ) -> None:
     """Replay a window of a topic to a JSONL file or into another topic; never joins a group and
     stops at the end offsets seen when it started."""
@@ -352,7 +557,7 @@ def replay(
         raise typer.BadParameter(str(exc)) from None
 
     async def go() -> int:
-        async with _bus(bootstrap, config) as bus:
+        async with _bus(bootstrap, config) as plain, _claims(plain, blobs) as bus:
             window = await plan_window(bus, topic, low, high)
             with Progress(console=err) as progress:
                 task = progress.add_task(f"replay {topic}", total=window.total or None)
@@ -377,13 +582,14 @@ def tail(
     limit: Annotated[int | None, typer.Option(help="Stop after this many records.")] = None,
     bootstrap: Bootstrap = "127.0.0.1:9092",
     config: ConfigFile = None,
+    blobs: Blobs = None,
 ) -> None:
     """Pretty-print live messages of a topic (decoded when rlbus knows its schema)."""
     from rlbus.bus.replay import record_to_json
     from rlbus.bus.replay import tail as follow
 
     async def go() -> None:
-        async with _bus(bootstrap, config) as bus:
+        async with _bus(bootstrap, config) as plain, _claims(plain, blobs) as bus:
             async for record in follow(bus, topic, last=last, limit=limit):
                 data = record_to_json(record)
                 console.rule(f"{record.where}  key={data['key']}  ts={record.timestamp_ms}")
@@ -395,6 +601,116 @@ def tail(
         pass
 
 
+# --- status -------------------------------------------------------------------------------------
+@app.command()
+def status(
+    bootstrap: Bootstrap = "127.0.0.1:9092",
+    config: ConfigFile = None,
+    redis: Annotated[
+        str, typer.Option("--redis", envvar="RLBUS_REDIS_URL", help="Redis holding the worker registry.")
+    ] = "redis://127.0.0.1:6379/0",
+    redis_prefix: Annotated[str, typer.Option(help="Key prefix of the run's Redis keys.")] = "rlbus:",
+    watch: Annotated[bool, typer.Option("--watch", help="A live view, refreshed until Ctrl-C.")] = False,
+    every: Annotated[float, typer.Option(help="Seconds between refreshes with --watch.")] = 2.0,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the snapshot once as JSON.")] = False,
+) -> None:
+    """Workers by role and region, consumer-group lag, trainer step and version, recent swap pauses."""
+    from redis.asyncio import Redis
+
+    from rlbus.observe.status import show
+    from rlbus.state.redis import RedisStateStore
+
+    try:
+        client = Redis.from_url(redis, socket_connect_timeout=3, socket_timeout=10)
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc), param_hint="--redis") from None
+
+    async def go() -> None:
+        async with RedisStateStore(client, key_prefix=redis_prefix) as state:
+            await state.workers()  # Redis first: it answers (or refuses) fastest
+            bus = _bus(bootstrap, config)
+            try:
+                await bus.start()
+                await show(bus, state, console=console, as_json=as_json, watch=watch, every_s=every)
+            finally:
+                await bus.close()  # also after a failed start, so no half-started client is left behind
+
+    # An unreachable broker is reported once, as the error line below, not also by aiokafka's logger.
+    quiet = logging.getLogger("aiokafka")
+    level = quiet.level
+    quiet.setLevel(logging.CRITICAL)
+    try:
+        _run(go)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        quiet.setLevel(level)
+
+
+# --- dashboard / report --------------------------------------------------------------------------
+@app.command()
+def dashboard(
+    port: Annotated[int, typer.Option(help="Port to serve the page on.")] = 8480,
+    host: Annotated[str, typer.Option(help="Interface to bind (0.0.0.0 to share it).")] = "127.0.0.1",
+    bootstrap: Bootstrap = "127.0.0.1:9092",
+    config: ConfigFile = None,
+    redis: Annotated[
+        str | None,
+        typer.Option("--redis", envvar="RLBUS_REDIS_URL", help="Redis with the worker registry (omit: topics only)."),
+    ] = None,
+    redis_prefix: Annotated[str, typer.Option(help="Key prefix of the run's Redis keys.")] = "rlbus:",
+    since: Annotated[str, typer.Option(help="Start reading at: 30m / 2h ago, all, an ISO time or an offset.")] = "30m",
+    model_id: Annotated[str, typer.Option(help="The policy whose versions are charted.")] = "policy",
+) -> None:
+    """A web page with live charts of the run: reward by source, versions per worker, lag, staleness,
+    delta bytes vs full size, swap pauses, mismatch KL. Reads the topics without joining any group."""
+    from rlbus.observe.dashboard import Dashboard, parse_since
+    from rlbus.state import open_state_store
+
+    try:
+        start = parse_since(since)
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc), param_hint="--since") from None
+
+    async def go() -> None:
+        state = open_state_store(redis, key_prefix=redis_prefix) if redis else None
+        try:
+            if state is not None:
+                await state.workers()  # fail now, with one line, if Redis is unreachable
+            async with _bus(bootstrap, config) as bus:
+                board = Dashboard(bus=bus, state=state, start=start, model_id=model_id, host=host, port=port,
+                                  on_ready=lambda url: console.print(f"dashboard on [bold]{url}[/bold]; Ctrl-C stops"))
+                await board.run(asyncio.Event())
+        finally:
+            if state is not None:
+                await state.close()
+
+    try:
+        _run(go)
+    except KeyboardInterrupt:
+        pass
+    except OSError as exc:
+        err.print(f"[red]error:[/red] cannot serve on {host}:{port}: {exc}")
+        raise typer.Exit(1) from None
+
+
+@app.command()
+def report(
+    run_dir: Annotated[Path, typer.Argument(help="A run directory with a run log (steps.jsonl …).")],
+    out: Annotated[Path | None, typer.Option(help="Write here instead of into RUN_DIR.")] = None,
+) -> None:
+    """PNG plots (reward, staleness, sync bytes, swap pauses, mismatch) and report.md of a run."""
+    from rlbus.observe.report import write_report
+
+    try:
+        written = write_report(run_dir, out)
+    except RlbusError as exc:
+        err.print(f"[red]error:[/red] {exc}")
+        raise typer.Exit(1) from None
+    for path in written:
+        console.print(str(path))
+
+
 # --- bench ----------------------------------------------------------------------------------------
 BENCHMARKS = {
     "bus": "rlbus.bench.bus",
@@ -403,6 +719,7 @@ BENCHMARKS = {
     "sandbox": "rlbus.bench.sandbox",
     "mismatch": "rlbus.bench.mismatch",
     "train": "rlbus.bench.train",
+    "pipeline": "rlbus.bench.pipeline",
 }
 
 
@@ -412,12 +729,19 @@ def bench(
     json_path: Annotated[Path | None, typer.Option("--json", help="Write the figures here.")] = None,
     quick: Annotated[bool, typer.Option(help="A CI-sized run of the same measurement.")] = False,
     bootstrap: Bootstrap = "127.0.0.1:9092",
+    mode: Annotated[
+        str | None, typer.Option(help="pipeline only: sync or async (default: both, and the speedup).")
+    ] = None,
 ) -> None:
     """Run a benchmark: prints a short table (with its same-run baseline) and optionally writes JSON."""
     if name not in BENCHMARKS:
         raise typer.BadParameter(f"unknown benchmark {name!r}; choose from {', '.join(BENCHMARKS)}")
     module = importlib.import_module(BENCHMARKS[name])
     kwargs: dict[str, Any] = {"bootstrap": bootstrap} if name == "bus" else {}
+    if mode is not None:
+        if name != "pipeline" or mode not in ("sync", "async"):
+            raise typer.BadParameter("--mode is sync or async, for the pipeline benchmark only")
+        kwargs["modes"] = (mode,)
     try:
         result = module.run(quick=quick, json_path=json_path, **kwargs)
     except RlbusError as exc:

@@ -6,7 +6,9 @@ picks the pluggable part; builders turn config into constructor arguments so cla
 
 from __future__ import annotations
 
+import os
 import re
+from pathlib import Path
 from typing import Any, Literal
 
 import msgspec
@@ -33,8 +35,13 @@ class KafkaBusConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw
     security_protocol: Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"] = "PLAINTEXT"
     #: ``PLAIN``, ``SCRAM-SHA-256``, ``SCRAM-SHA-512`` when SASL is used.
     sasl_mechanism: Literal["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"] | None = None
+    #: SASL user; ``$RLBUS_SASL_USERNAME`` when unset.
     sasl_username: str | None = None
+    #: SASL password. Prefer ``sasl_password_file`` or ``$RLBUS_SASL_PASSWORD``: a config file is
+    #: often committed or copied around. Never shown by repr.
     sasl_password: str | None = None
+    #: A file holding the SASL password (e.g. a mounted secret); trailing newline ignored.
+    sasl_password_file: str | None = None
     #: CA bundle and client certificate for TLS.
     ssl_cafile: str | None = None
     ssl_certfile: str | None = None
@@ -47,6 +54,15 @@ class KafkaBusConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw
             raise ValueError(f"bootstrap {self.bootstrap!r} is not a host:port[,host:port…] list")
         if self.sasl_mechanism and not self.security_protocol.startswith("SASL"):
             raise ValueError("sasl_mechanism needs security_protocol SASL_PLAINTEXT or SASL_SSL")
+        if self.sasl_password is not None and self.sasl_password_file is not None:
+            raise ValueError("sasl_password and sasl_password_file are exclusive: give one")
+
+    def __rich_repr__(self) -> list[tuple[str, Any]]:
+        return [(name, _masked(name, getattr(self, name))) for name in self.__struct_fields__]
+
+    def __repr__(self) -> str:
+        fields = ", ".join(f"{name}={value!r}" for name, value in self.__rich_repr__())
+        return f"{type(self).__name__}({fields})"
 
 
 class MemoryBusConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True, tag="memory",
@@ -55,6 +71,33 @@ class MemoryBusConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True, k
 
 
 BusConfig = KafkaBusConfig | MemoryBusConfig
+
+SECRET_MASK = "***"
+
+
+def _masked(name: str, value: Any) -> Any:
+    """Secrets never reach a repr, a log line or a traceback's locals display."""
+    return SECRET_MASK if value is not None and name in ("sasl_password",) else value
+
+
+def secret_from(value: str | None, file: str | Path | None, env: str, *, field: str) -> str | None:
+    """A secret from, in order: the value given, the file named, the environment variable ``env``.
+
+    Secrets come from files or the environment so they never sit on a command line (visible to
+    every local user in ``ps``) or in a config file that gets copied around. A named file that cannot
+    be read, or is empty, is a ConfigError naming ``field`` (and the file, never its contents).
+    """
+    if value:
+        return value
+    if file is not None:
+        try:
+            text = Path(file).expanduser().read_text().rstrip("\r\n")
+        except OSError as exc:
+            raise ConfigError(field, f"cannot read secret file {file}: {exc.strerror or exc}") from None
+        if not text:
+            raise ConfigError(field, f"secret file {file} is empty")
+        return text
+    return os.environ.get(env) or None
 
 
 def parse(config_type: Any, data: Any, *, prefix: str) -> Any:
@@ -87,6 +130,16 @@ def build_bus(config: BusConfig) -> Bus:
         return MemoryBus()
     from rlbus.bus.kafka import KafkaBus, KafkaSettings
 
+    password = secret_from(
+        config.sasl_password, config.sasl_password_file, "RLBUS_SASL_PASSWORD", field="bus.sasl_password"
+    )
+    username = config.sasl_username or os.environ.get("RLBUS_SASL_USERNAME") or None
+    if config.sasl_mechanism and not (username and password):
+        raise ConfigError(
+            "bus.sasl_password" if username else "bus.sasl_username",
+            f"{config.sasl_mechanism} needs a username (sasl_username or $RLBUS_SASL_USERNAME) and a password "
+            "(sasl_password_file or $RLBUS_SASL_PASSWORD)",
+        )
     return KafkaBus(
         KafkaSettings(
             bootstrap=config.bootstrap,
@@ -96,8 +149,8 @@ def build_bus(config: BusConfig) -> Bus:
             linger_ms=config.linger_ms,
             security_protocol=config.security_protocol,
             sasl_mechanism=config.sasl_mechanism,
-            sasl_username=config.sasl_username,
-            sasl_password=config.sasl_password,
+            sasl_username=username,
+            sasl_password=password,
             ssl_cafile=config.ssl_cafile,
             ssl_certfile=config.ssl_certfile,
             ssl_keyfile=config.ssl_keyfile,

@@ -63,27 +63,22 @@ def summary_table(result: DemoResult) -> Table:
 
 
 def plot(result: DemoResult, path: Path) -> Path:
-    """Reward vs time, staleness histogram, and delta size per version vs the full size."""
+    """Reward vs time, staleness histogram, and delta size per version vs the full size (drawn by the
+    same functions as ``rlbus report``)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    from rlbus.observe.report import draw_bytes, draw_reward, draw_staleness
+
     fig, axes = plt.subplots(1, 3, figsize=(15, 4.2))
-    t = [p[0] for p in result.rewards]
-    axes[0].plot(t, [p[1] for p in result.rewards], marker=".", lw=1)
-    axes[0].set(title="mean reward per trainer step", xlabel="seconds since start", ylabel="reward")
+    draw_reward(axes[0], result.rewards)
     axes[0].axhline(result.accuracy_start, ls="--", c="grey", lw=0.8, label="greedy accuracy after warm start")
     axes[0].axhline(result.accuracy_end, ls=":", c="green", lw=1, label="greedy accuracy at the end")
     axes[0].legend(fontsize=8)
-    lags = sorted(result.staleness)
-    axes[1].bar([str(k) for k in lags], [result.staleness[k] for k in lags], color="tab:orange")
-    axes[1].set(title="staleness of trained rollouts", xlabel="versions behind the trainer", ylabel="rollouts")
-    versions = [v for v, _ in result.deltas]
-    axes[2].bar(versions, [b / 1e3 for _, b in result.deltas], label="delta (lossless)")
-    axes[2].axhline(result.full_bytes / 1e3, c="red", lw=1, label="full bf16 weights")
-    axes[2].set(title="bytes shipped per version", xlabel="version", ylabel="kB", yscale="log")
-    axes[2].legend(fontsize=8)
+    draw_staleness(axes[1], result.staleness)
+    draw_bytes(axes[2], result.deltas, result.full_bytes)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)

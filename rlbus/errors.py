@@ -9,10 +9,15 @@ rlbus, so callers handle one hierarchy. Each class says whether retrying the sam
     │   └── PromptFileError          a bad line in a JSONL prompt file (rlbus.envs.tasks.jsonl)
     ├── SchemaError                  a message does not match its schema (bad input → DLQ)
     │   ├── MalformedMessage         bytes are not valid MessagePack for the schema
-    │   └── SchemaVersionError       schema_version is not one this build can read
+    │   ├── SchemaVersionError       schema_version is not one this build can read
+    │   └── ClaimError               a claim-checked payload cannot be fetched back (rlbus.bus.claimcheck)
+    │       ├── ClaimMissing         its blob is gone (collected, or never written)
+    │       ├── ClaimCorrupt         size, xxh3-128 or codec does not match the reference
+    │       └── ClaimUnavailable     the blob store kept failing while fetching it
     ├── BusError                     transport problems
     │   ├── BusUnavailable           broker unreachable / timed out          (retriable)
     │   ├── TopicNotFound            topic does not exist (auto-create is off)
+    │   ├── BusAuthError             the broker refused the credentials (SASL)
     │   └── CommitFailed             offset commit rejected (e.g. rebalance)   (retriable)
     ├── StateError                   state store problems                      (retriable)
     ├── WeightSyncError              weight versions
@@ -22,7 +27,9 @@ rlbus, so callers handle one hierarchy. Each class says whether retrying the sam
     ├── SandboxError                 the sandbox could not be set up (not: the program failed)
     ├── JudgeError                   an LM judge endpoint refused or answered garbage
     │   └── JudgeUnavailable         it could not be reached or kept failing       (retriable)
-    └── ServiceError                 a local service (Kafka, Redis) failed to start or stop
+    ├── FeedbackError                the feedback API refused a user signal or could not be reached
+    ├── ServiceError                 a local service (Kafka, Redis) failed to start or stop
+    └── RunLogMissing                a run directory has no run log to report on (rlbus.observe.report)
 """
 
 from __future__ import annotations
@@ -55,6 +62,23 @@ class SchemaVersionError(SchemaError):
     """The payload carries a schema_version this build cannot read."""
 
 
+class ClaimError(SchemaError):
+    """A record's payload lives in the blob store (a claim check) and cannot be fetched back intact; the
+    record goes to the DLQ with the reason, which names the blob key."""
+
+
+class ClaimMissing(ClaimError):
+    """The claim's blob is not in the store: collected before the record was read, or never written."""
+
+
+class ClaimCorrupt(ClaimError):
+    """The claim's blob does not match its reference (size, xxh3-128, codec), or the reference is bad."""
+
+
+class ClaimUnavailable(ClaimError):
+    """The blob store kept failing while the claim was fetched; redrive the dead letter once it is back."""
+
+
 class BusError(RlbusError):
     """A transport-level failure."""
 
@@ -67,6 +91,10 @@ class BusUnavailable(BusError):
 
 class TopicNotFound(BusError):
     """The topic does not exist; rlbus never relies on broker auto-create."""
+
+
+class BusAuthError(BusError):
+    """The broker refused this client's credentials; retrying with the same ones cannot help."""
 
 
 class CommitFailed(BusError):
@@ -111,5 +139,13 @@ class JudgeUnavailable(JudgeError):
     retriable = True
 
 
+class FeedbackError(RlbusError):
+    """A user signal was refused (the message names the field) or the feedback API could not be reached."""
+
+
 class ServiceError(RlbusError):
     """A local service (Kafka, Redis) could not be started, reached or stopped."""
+
+
+class RunLogMissing(RlbusError):
+    """``rlbus report`` was pointed at a directory without a run log; the message names the missing file."""

@@ -17,6 +17,7 @@ from typing import Any, Self
 
 from rlbus.bus.topic import Topic
 from rlbus.bus.types import Headers, Record, RecordMetadata, TopicInfo, TopicPartition, TopicSpec
+from rlbus.observe.metrics import count_out
 
 TopicLike = Topic[Any] | str
 
@@ -83,6 +84,12 @@ class Consumer(abc.ABC):
     async def position(self, tp: TopicPartition) -> int: ...
 
     @abc.abstractmethod
+    async def lag(self) -> dict[TopicPartition, int]:
+        """Per assigned partition, records not yet committed: end offset − committed offset (− the read
+        position where nothing is committed, e.g. a consumer without a group). What the consumer-lag
+        metric and the workers' heartbeats report."""
+
+    @abc.abstractmethod
     async def seek(self, tp: TopicPartition, offset: int) -> None:
         """Move the read position of an assigned partition."""
 
@@ -124,7 +131,9 @@ class Bus(abc.ABC):
     ) -> RecordMetadata:
         """Encode with the topic's schema and write; returns once the write is acknowledged."""
         key, value = topic.encode(message)
-        return await self.send_raw(topic.name, value, key=key, headers=headers, timestamp_ms=timestamp_ms)
+        meta = await self.send_raw(topic.name, value, key=key, headers=headers, timestamp_ms=timestamp_ms)
+        count_out(topic.name)
+        return meta
 
     @abc.abstractmethod
     async def send_raw(

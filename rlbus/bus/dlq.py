@@ -21,6 +21,7 @@ from rlbus.bus.base import Bus, Consumer
 from rlbus.bus.topic import dlq_name
 from rlbus.bus.types import Record, RecordMetadata
 from rlbus.errors import RlbusError
+from rlbus.observe.metrics import DEAD_LETTERS, count_in
 
 log = logging.getLogger("rlbus.dlq")
 
@@ -93,6 +94,7 @@ class DeadLetters:
         )
         meta = await self._bus.send_raw(dlq_name(record.topic), record.raw, key=record.key, headers=headers)
         self.counts[type(error).__name__] = self.counts.get(type(error).__name__, 0) + 1
+        DEAD_LETTERS.labels(record.topic, type(error).__name__).inc()
         if self._on_dead is not None:
             await self._on_dead(record, error)
         log.warning(
@@ -120,10 +122,14 @@ async def handle_batch(
     concurrency: int = 1,
 ) -> None:
     """Process records: retriable errors are retried with backoff up to ``max_attempts``, anything else
-    goes to the DLQ. With ``concurrency`` > 1 up to that many records run at once (sandboxed verifiers,
+    goes to the DLQ — except an outage of the infrastructure (state store, broker, blob store: see
+    :func:`is_outage`), which says nothing about the record: it is raised after the last attempt, so
+    the worker stops without committing and the record is redelivered once the dependency is back.
+    With ``concurrency`` > 1 up to that many records run at once (sandboxed verifiers,
     judge calls); the function returns only when all are done. Each record is marked only after its
     effect or dead letter is acknowledged; the caller commits after the batch."""
     slots = asyncio.Semaphore(concurrency)
+    count_in(records)
 
     async def one(record: Record[Any]) -> None:
         async with slots:
@@ -138,6 +144,8 @@ async def handle_batch(
                     if retriable and attempt < max_attempts:
                         await asyncio.sleep(backoff_s * 2 ** (attempt - 1))
                         continue
+                    if is_outage(exc):
+                        raise
                     await dead_letters.send(record, exc, attempts=attempt)
                     break
 
@@ -149,6 +157,15 @@ async def handle_batch(
     await asyncio.gather(*(one(r) for r in records))
     for record in records:
         consumer.mark(record)
+
+
+def is_outage(error: BaseException) -> bool:
+    """An error that means a dependency is down, not that the input is bad: dead-lettering the record
+    would drop good work (the chaos suite's Redis restart showed a reward dead-lettered that way)."""
+    from rlbus.errors import BusUnavailable, StateError
+    from rlbus.weights.store import BlobStoreError
+
+    return isinstance(error, StateError | BusUnavailable | BlobStoreError)
 
 
 async def read_dead_letters(bus: Bus, topic: str, *, limit: int | None = None) -> list[DeadLetter]:

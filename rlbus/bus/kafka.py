@@ -22,18 +22,22 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRebalanceListen
 from aiokafka import TopicPartition as KafkaTP
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
+from aiokafka.conn import create_conn
 from aiokafka.errors import (
+    AuthenticationFailedError,
+    AuthenticationMethodNotSupported,
     CommitFailedError,
     KafkaConnectionError,
     KafkaError,
     KafkaTimeoutError,
     RebalanceInProgressError,
+    SaslAuthenticationFailed,
     UnknownTopicOrPartitionError,
 )
 
 from rlbus.bus.base import Bus, Consumer, TopicLike
 from rlbus.bus.types import Headers, Record, RecordMetadata, TopicInfo, TopicPartition, TopicSpec
-from rlbus.errors import BusError, BusUnavailable, CommitFailed, TopicNotFound
+from rlbus.errors import BusAuthError, BusError, BusUnavailable, CommitFailed, TopicNotFound
 
 
 @dataclass(frozen=True)
@@ -54,7 +58,8 @@ class KafkaSettings:
     security_protocol: str = "PLAINTEXT"
     sasl_mechanism: str | None = None
     sasl_username: str | None = None
-    sasl_password: str | None = None
+    #: Never shown by repr (nor by rich, which honours ``repr=False``).
+    sasl_password: str | None = field(default=None, repr=False)
     ssl_cafile: str | None = None
     ssl_certfile: str | None = None
     ssl_keyfile: str | None = None
@@ -118,10 +123,37 @@ class KafkaBus(Bus):
         )
         self._admin = AIOKafkaAdminClient(**_admin_kwargs(kwargs))
         self._meta = AIOKafkaConsumer(**kwargs, enable_auto_commit=False)
-        async with translated(f"connect to Kafka at {self.settings.bootstrap}"):
-            await self._producer.start()
-            await self._admin.start()
-            await self._meta.start()
+        try:
+            async with translated(f"connect to Kafka at {self.settings.bootstrap}"):
+                await self._producer.start()
+                await self._admin.start()
+                await self._meta.start()
+        except BusUnavailable:
+            if self.settings.sasl_mechanism:
+                await self._raise_if_credentials_refused()
+            raise
+
+    async def _raise_if_credentials_refused(self) -> None:
+        """aiokafka reports refused SASL credentials as "unable to bootstrap", which reads like an
+        outage worth retrying; ask the brokers directly so a wrong password is a BusAuthError."""
+        s = self.settings
+        context = s.client_kwargs().get("ssl_context")
+        for address in s.bootstrap.split(","):
+            host, _, port = address.rpartition(":")
+            try:
+                conn = await create_conn(
+                    host, int(port), client_id=s.client_id, request_timeout_ms=s.request_timeout_ms,
+                    ssl_context=context, security_protocol=s.security_protocol, sasl_mechanism=s.sasl_mechanism,
+                    sasl_plain_username=s.sasl_username, sasl_plain_password=s.sasl_password,
+                )
+            except (SaslAuthenticationFailed, AuthenticationFailedError, AuthenticationMethodNotSupported) as exc:
+                raise BusAuthError(
+                    f"Kafka at {address} refused {s.sasl_mechanism} credentials of user {s.sasl_username!r}: "
+                    f"{type(exc).__name__}"
+                ) from None
+            except (OSError, KafkaError, TimeoutError):
+                continue
+            conn.close()
 
     async def close(self) -> None:
         for closer in (self._producer and self._producer.stop, self._meta and self._meta.stop):
@@ -390,6 +422,19 @@ class KafkaConsumer(Consumer):
     async def position(self, tp: TopicPartition) -> int:
         async with translated(f"position {tp}"):
             return int(await self._consumer.position(KafkaTP(tp.topic, tp.partition)))
+
+    async def lag(self) -> dict[TopicPartition, int]:
+        assigned = self.assignment()
+        out: dict[TopicPartition, int] = {}
+        for topic in sorted({tp.topic for tp in assigned}):
+            ends = await self._bus.end_offsets(topic)
+            done = await self._bus.committed(self.group, topic) if self.group is not None else {}
+            for tp in sorted(tp for tp in assigned if tp.topic == topic):
+                base = done.get(tp.partition)
+                if base is None:
+                    base = await self.position(tp)
+                out[tp] = max(0, ends[tp.partition] - base)
+        return out
 
     async def seek(self, tp: TopicPartition, offset: int) -> None:
         if tp not in self.assignment():

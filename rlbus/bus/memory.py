@@ -281,6 +281,16 @@ class MemoryConsumer(Consumer):
                 self._positions[tp] = (await self._bus.end_offsets(tp.topic))[tp.partition]
         return self._positions[tp]
 
+    async def lag(self) -> dict[TopicPartition, int]:
+        out: dict[TopicPartition, int] = {}
+        for tp in sorted(self._assigned):
+            end = len(self._bus._log(tp.topic).partitions[tp.partition])
+            base = await self.committed(tp)
+            if base is None:
+                base = await self.position(tp)
+            out[tp] = max(0, end - base)
+        return out
+
     async def seek(self, tp: TopicPartition, offset: int) -> None:
         if tp not in self._assigned:
             raise BusError(f"cannot seek {tp}: not assigned to this consumer")

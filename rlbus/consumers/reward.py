@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import time
 from collections.abc import Callable
 from typing import Any
@@ -30,6 +31,8 @@ from rlbus.envs.base import env_for
 from rlbus.envs.episode import rollout_to_episode
 from rlbus.envs.judge import Judge
 from rlbus.errors import MalformedMessage
+from rlbus.observe.logs import record_fields
+from rlbus.observe.metrics import REWARD, LagProbe, observe_processing
 from rlbus.schemas import Reward, Rollout
 
 log = logging.getLogger("rlbus.consumers.reward")
@@ -58,6 +61,15 @@ class RewardWorker:
         self._on_reward = on_reward
         self.scored = 0
         self.dead_letters = DeadLetters(bus)
+        self.lag_probe = LagProbe()
+
+    def stats(self) -> dict[str, Any]:
+        """What this worker's heartbeat carries (``processed`` = rollouts scored)."""
+        return {
+            "group": self.group, "topics": [ROLLOUTS.name], "kind": self.kind, "processed": self.scored,
+            "scored": self.scored, "dead_letters": sum(self.dead_letters.counts.values()),
+            "lag": self.lag_probe.total,
+        }
 
     @property
     def group(self) -> str:
@@ -76,18 +88,24 @@ class RewardWorker:
         rollout: Rollout = record.value
         t0 = time.perf_counter()
         reward = await self.score(rollout)
+        if not math.isfinite(reward.value):  # a NaN reward would poison the whole batch's advantages
+            raise MalformedMessage(f"rollout {rollout.rollout_id}: {reward.source} scored {reward.value}")
         await self._bus.send(REWARDS, reward)
         self.scored += 1
+        observe_processing("reward", t0)
+        REWARD.labels(reward.source).observe(reward.value)
         if self._on_reward is not None:
             self._on_reward(reward, rollout)
         log.debug(
             "scored %s rollout=%s source=%s value=%.3f in %.3fs",
             record.where, rollout.rollout_id, reward.source, reward.value, time.perf_counter() - t0,
+            extra=record_fields(record, rollout_id=rollout.rollout_id, worker=self.worker_id),
         )
 
     async def run(self, stop: asyncio.Event) -> None:
         async with self._bus.consumer([ROLLOUTS], group=self.group, instance_id=None) as consumer:
             while not stop.is_set():
+                await self.lag_probe.refresh(consumer)
                 batch = await consumer.getmany(timeout_s=0.2, max_records=self._max_batch)
                 if not batch:
                     continue

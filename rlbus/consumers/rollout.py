@@ -32,6 +32,8 @@ from rlbus.envs.agent import run_episode
 from rlbus.envs.base import env_for
 from rlbus.envs.chat import ChatFormat
 from rlbus.envs.episode import episode_to_rollout
+from rlbus.observe.logs import record_fields
+from rlbus.observe.metrics import POLICY_VERSION, LagProbe, observe_processing
 from rlbus.schemas import Prompt, Rollout, SamplingInfo
 
 log = logging.getLogger("rlbus.consumers.rollout")
@@ -61,8 +63,11 @@ class RolloutWorker:
         prompts_in_flight: int = 2,
         static_membership: bool = False,
         on_rollout: Callable[[Rollout], None] | None = None,
+        on_policy: bool = False,
         clock: Callable[[], float] = time.time,
     ) -> None:
+        """``on_policy``: before playing a prompt, wait until the engine serves the policy version the
+        prompt was admitted at (synchronous RL, the baseline of ``rlbus bench pipeline``)."""
         self._bus = bus
         self.engine = engine
         self._chat = chat
@@ -75,8 +80,22 @@ class RolloutWorker:
         self._on_rollout = on_rollout
         self._clock = clock
         self.dead_letters = DeadLetters(bus)
+        self.on_policy = on_policy
         self.rollouts = 0
         self.busy_s = 0.0
+        #: Seconds with at least one prompt in play (``busy_s`` sums per-prompt times, which overlap).
+        self.active_s = 0.0
+        self._in_play = 0
+        self._active_since = 0.0
+        self.lag_probe = LagProbe()
+
+    def stats(self) -> dict[str, Any]:
+        """What this worker's heartbeat carries (``processed`` = rollouts published)."""
+        return {
+            "group": GROUP, "topics": [PROMPTS.name], "processed": self.rollouts, "rollouts": self.rollouts,
+            "busy_s": round(self.busy_s, 3), "version": self.engine.policy_version,
+            "dead_letters": sum(self.dead_letters.counts.values()), "lag": self.lag_probe.total,
+        }
 
     async def play(self, prompt: Prompt) -> list[Rollout]:
         """All ``group_size`` episodes of one prompt, as rollouts (not yet published)."""
@@ -100,23 +119,45 @@ class RolloutWorker:
 
     async def _handle(self, record: Record[Any]) -> None:
         prompt: Prompt = record.value
+        while self.on_policy and self.engine.policy_version < prompt.policy_version:  # noqa: ASYNC110
+            await asyncio.sleep(0.005)
         started = time.perf_counter()
-        rollouts = await self.play(prompt)
+        self._enter_play(started)
+        try:
+            rollouts = await self.play(prompt)
+        finally:
+            self._leave_play()
         for rollout in rollouts:
             await self._bus.send(ROLLOUTS, rollout)
             self.rollouts += 1
             if self._on_rollout is not None:
                 self._on_rollout(rollout)
         self.busy_s += time.perf_counter() - started
+        observe_processing("rollout", started)
+        POLICY_VERSION.labels(self.worker_id).set(self.engine.policy_version)
         log.info(
             "%s: prompt %s (%s) → %d rollouts at policy v%d in %.2fs",
             record.where, prompt.prompt_id, prompt.env, len(rollouts), self.engine.policy_version,
             time.perf_counter() - started,
+            extra=record_fields(
+                record, prompt_id=prompt.prompt_id, version=self.engine.policy_version, worker=self.worker_id
+            ),
         )
+
+    def _enter_play(self, now: float) -> None:
+        if self._in_play == 0:
+            self._active_since = now
+        self._in_play += 1
+
+    def _leave_play(self) -> None:
+        self._in_play -= 1
+        if self._in_play == 0:
+            self.active_s += time.perf_counter() - self._active_since
 
     async def run(self, stop: asyncio.Event) -> None:
         async with self._bus.consumer([PROMPTS], group=GROUP, instance_id=self._instance_id) as consumer:
             while not stop.is_set():
+                await self.lag_probe.refresh(consumer)
                 batch = await consumer.getmany(timeout_s=0.2, max_records=self._prompts_in_flight)
                 if not batch:
                     continue

@@ -31,7 +31,9 @@ from rlbus.bus.base import Bus
 from rlbus.bus.dlq import DeadLetters, handle_batch
 from rlbus.bus.topics import REWARDS, ROLLOUTS
 from rlbus.bus.types import Record
+from rlbus.errors import MalformedMessage
 from rlbus.models.policy import Policy
+from rlbus.observe.metrics import LagProbe, observe_processing, record_step
 from rlbus.producers.prompts import GROUPS_DONE_COUNTER, VERSION_COUNTER
 from rlbus.schemas import Rollout
 from rlbus.state.base import StateStore
@@ -47,6 +49,7 @@ from rlbus.training.checkpoint import (
 )
 from rlbus.training.step import GRPOConfig, OptimConfig, build_optimizer, grpo_step
 from rlbus.weights.publish import WeightPublisher
+from rlbus.weights.store import BlobStoreError
 
 log = logging.getLogger("rlbus.consumers.trainer")
 
@@ -108,7 +111,7 @@ class Trainer:
                 self.step += 1
             published = updated and self.step % self.publish_every == 0
             if published:
-                await self._publish()
+                published = await self._publish()
             t2 = self.clock()
             checkpointed = updated and self.checkpoint_every > 0 and self.step % self.checkpoint_every == 0
             if checkpointed:
@@ -126,9 +129,11 @@ class Trainer:
         }
 
     async def publish(self) -> int:
-        """Publish the current weights as the next version now; returns it."""
+        """Publish the current weights as the next version now; returns it. Raises BlobStoreError when
+        the blob store cannot take it (a step's publish, by contrast, is retried at the next step)."""
         async with self._lock:
-            await self._publish()
+            if not await self._publish():
+                raise BlobStoreError(f"could not publish v{self.version + 1}: the blob store is unavailable")
             return self.version
 
     async def save(self) -> Path:
@@ -153,12 +158,17 @@ class Trainer:
                 self.publisher.version = state.version
             return dict(self.offsets)
 
-    async def _publish(self) -> None:
+    async def _publish(self) -> bool:
         if self.publisher is None:
             self.version += 1
-            return
-        manifest = await self.publisher.publish(self.model.state_dict(), step=self.step)
+            return True
+        try:
+            manifest = await self.publisher.publish(self.model.state_dict(), step=self.step)
+        except BlobStoreError as exc:  # the store is down past its retries: train on, publish next time
+            log.warning("publishing after step %d failed (%s); still on v%d", self.step, exc, self.version)
+            return False
         self.version = manifest.version
+        return True
 
     async def _save(self) -> Path:
         if self.checkpoint_dir is None:
@@ -198,7 +208,9 @@ class TrainerWorker:
         groups_per_step: int = 4,
         expire_every_s: float = 1.0,
         on_step: Callable[[dict[str, Any]], None] | None = None,
+        on_train: Callable[[list[ScoredGroup], dict[str, Any]], None] | None = None,
     ) -> None:
+        """``on_train(groups, metrics)`` gets each step's trained groups (stale rollouts removed)."""
         self._bus = bus
         self.trainer = trainer
         self.join = join
@@ -206,29 +218,54 @@ class TrainerWorker:
         self.groups_per_step = groups_per_step
         self._expire_every_s = expire_every_s
         self._on_step = on_step
+        self._on_train = on_train
         self._ready: list[ScoredGroup] = []
         self.dead_letters = DeadLetters(bus, on_dead=self._dead)
         self.steps: list[dict[str, Any]] = []
+        self.lag_probe = LagProbe()
+
+    def stats(self) -> dict[str, Any]:
+        """What the trainer's heartbeat carries (``processed`` = rollouts trained) and its latest step."""
+        last = self.steps[-1] if self.steps else {}
+        keys = ("kl_k3", "max_abs_dlogprob", "router_flip_rate", "is_ess", "clip_fraction", "mask_fraction",
+                "reward_mean", "loss", "grad_norm", "step_s", "rollouts", "stale_dropped", "staleness")
+        trained = sum(int(m.get("rollouts", 0)) for m in self.steps)
+        return {
+            "group": "trainer", "topics": [ROLLOUTS.name, REWARDS.name], "processed": trained,
+            "rollouts_trained": trained, "step": self.trainer.step, "version": self.trainer.version,
+            "groups_ready": len(self._ready), "dead_letters": sum(self.dead_letters.counts.values()),
+            "lag": self.lag_probe.total, "last_step": {k: last[k] for k in keys if k in last},
+        }
 
     async def _dead(self, record: Record[Any], error: BaseException) -> None:
-        if record.topic == ROLLOUTS.name:  # rollouts are keyed by prompt: the record's place names it
-            await self.join.record(Outcome.DEAD_LETTERED, [record.where])
+        if record.topic == ROLLOUTS.name:  # the rollout's id when it decodes, else the record's place
+            try:
+                name = record.value.rollout_id
+            except Exception:
+                name = record.where
+            await self.join.record(Outcome.DEAD_LETTERED, [name])
 
     async def _handle(self, record: Record[Any]) -> None:
+        started = time.perf_counter()
         message = record.value
         if isinstance(message, Rollout):
-            sample_from_rollout(message)  # raises ValueError for arrays that do not line up → DLQ
+            sample = sample_from_rollout(message)  # raises ValueError for arrays that do not line up → DLQ
+            longest, limit = max(e - s for s, e in sample.spans), self.trainer.model.config.max_seq
+            if longest > limit:  # would fail the whole step later, taking its groups with it
+                raise MalformedMessage(f"rollout {message.rollout_id}: {longest}-token context exceeds max_seq {limit}")
             group = await self.join.add_rollout(message)
         else:
             group = await self.join.add_reward(message)
         if group is not None:
             self._ready.append(group)
+        observe_processing("trainer", started)
 
     async def run(self, stop: asyncio.Event) -> None:
         await self._publish_progress()
         last_expire = time.monotonic()
         async with self._bus.consumer([ROLLOUTS, REWARDS], group="trainer") as consumer:
             while not stop.is_set():
+                await self.lag_probe.refresh(consumer)
                 batch = await consumer.getmany(timeout_s=0.1, max_records=1000)
                 if batch:
                     await handle_batch(consumer, batch, self._handle, self.dead_letters)
@@ -245,6 +282,7 @@ class TrainerWorker:
         limit = self.trainer.grpo.max_staleness
         groups: list[Group] = []
         trained: list[str] = []
+        kept: list[ScoredGroup] = []
         for group in scored:
             keep: list[tuple[ScoredRollout, Sample]] = []
             stale: list[tuple[ScoredRollout, Sample]] = []
@@ -265,6 +303,7 @@ class TrainerWorker:
                     )
                 )
                 trained += [s.rollout.rollout_id for s, _ in keep]
+                kept.append(ScoredGroup(group.prompt_id, [s for s, _ in keep]))
         metrics = None
         if groups:
             before = self.trainer.version
@@ -275,12 +314,15 @@ class TrainerWorker:
             if self.trainer.version > before:
                 await self._state.incr(VERSION_COUNTER, self.trainer.version - before)
             self.steps.append(metrics)
+            record_step(metrics)
             if self._on_step is not None:
                 self._on_step(metrics)
+            if self._on_train is not None:
+                self._on_train(kept, metrics)
             log.info(
                 "step %d: %d groups, %d rollouts, reward %.3f, kl %.2e → v%d",
                 metrics["step"], len(groups), len(trained), metrics["reward_mean"], metrics["kl_k3"],
-                self.trainer.version,
+                self.trainer.version, extra={"version": self.trainer.version},
             )
         await self._state.incr(GROUPS_DONE_COUNTER, len(scored))
         return metrics

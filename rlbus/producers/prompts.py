@@ -3,7 +3,9 @@
 Asynchronous RL keeps generating while the trainer trains, so without a bound the rollout workers would
 run arbitrarily far ahead and the trainer would see ever staler data. Admission control bounds it the
 way AReaL does (Fu et al., 2025, "AReaL: a large-scale asynchronous RL system", §5): the producer admits
-prompt number n only while ``n < (version + max_staleness + 1) × groups_per_step`` — at most
+prompt number n only while ``n < (versions + max_staleness + 1) × groups_per_step`` — ``versions`` being
+the versions published since this producer started, so a trainer resumed at version 57 or one that
+published its initial weights as version 1 does not open the gate wider — at most
 ``max_staleness`` trainer versions' worth of prompts ahead of the trainer — and while fewer than
 ``max_in_flight`` groups are admitted but not yet finished. Nobody stops: generation continues on what is
 admitted, and new prompts flow as the trainer publishes versions.
@@ -28,6 +30,7 @@ from msgspec.structs import replace
 
 from rlbus.bus.base import Bus
 from rlbus.bus.topics import PROMPTS
+from rlbus.observe.metrics import ADMISSION_WAITS
 from rlbus.schemas import Prompt
 from rlbus.state.base import StateStore
 
@@ -54,8 +57,9 @@ class Admission:
     #: Cap on admitted-but-unfinished groups (None: only the staleness bound).
     max_in_flight: int | None = None
 
-    def allows(self, admitted: int, progress: Progress) -> bool:
-        if admitted >= (progress.version + self.max_staleness + 1) * self.groups_per_step:
+    def allows(self, admitted: int, progress: Progress, *, base_version: int = 0) -> bool:
+        """``base_version``: the trainer's version when counting started (``admitted`` = 0)."""
+        if admitted >= (progress.version - base_version + self.max_staleness + 1) * self.groups_per_step:
             return False
         return self.max_in_flight is None or admitted - progress.groups_done < self.max_in_flight
 
@@ -112,12 +116,21 @@ class PromptProducer:
         self._clock = clock
         self.admitted = 0
         self.waits = 0
+        self._base_version: int | None = None
+
+    def stats(self) -> dict[str, Any]:
+        """What the producer's heartbeat carries (``processed`` = prompts admitted)."""
+        return {"topics": [PROMPTS.name], "processed": self.admitted, "admitted": self.admitted,
+                "waits": self.waits, "run_id": self.run_id}
 
     async def run(self, stop: asyncio.Event) -> None:
         while not stop.is_set() and (self.limit is None or self.admitted < self.limit):
             progress = await self._progress()
-            if not self.admission.allows(self.admitted, progress):
+            if self._base_version is None:
+                self._base_version = progress.version
+            if not self.admission.allows(self.admitted, progress, base_version=self._base_version):
                 self.waits += 1
+                ADMISSION_WAITS.inc()
                 try:
                     await asyncio.wait_for(stop.wait(), self._poll_s)
                 except TimeoutError:
@@ -135,4 +148,8 @@ class PromptProducer:
             )
             meta = await self._bus.send(PROMPTS, prompt)
             self.admitted += 1
-            log.debug("prompt %s → %s[%d]@%d", prompt.prompt_id, meta.topic, meta.partition, meta.offset)
+            log.debug(
+                "prompt %s → %s[%d]@%d", prompt.prompt_id, meta.topic, meta.partition, meta.offset,
+                extra={"topic": meta.topic, "partition": meta.partition, "offset": meta.offset,
+                       "prompt_id": prompt.prompt_id, "version": progress.version},
+            )

@@ -10,6 +10,12 @@ Ports, for ``brokers = n`` and ``port = p``: node ``i`` (1..n) serves clients on
 its controller on ``p + 2(i-1) + 1``; one broker takes p and p+1, three take p..p+5. Replication
 follows the size: factor ``min(n, 3)``, min in-sync replicas one less (at least 1).
 
+Authentication (optional, ``sasl_port = s``): node ``i`` also listens on ``s + (i-1)`` with
+SASL_PLAINTEXT and the SCRAM-SHA-256/512 mechanisms; users are created through the admin API
+(:mod:`rlbus.services.scram`), so no password is ever a command-line argument. The PLAINTEXT listener
+stays for inter-broker traffic and local administration: this authenticates clients for tests and
+development, it is not a hardened deployment (no TLS, no ACLs).
+
 Files::
 
     <cache>/kafka-<version>/jars/       runtime classpath; .resolved holds the pom's sha256
@@ -42,7 +48,7 @@ import tempfile
 import time
 import uuid
 import xml.etree.ElementTree as ET
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -72,6 +78,8 @@ class KafkaNode:
     port: int
     controller_port: int
     dir: Path
+    #: SASL_PLAINTEXT (SCRAM) client listener, when authentication is on.
+    sasl_port: int | None = None
 
     @property
     def config(self) -> Path:
@@ -109,6 +117,13 @@ class KafkaCluster:
     @property
     def bootstrap(self) -> str:
         return ",".join(f"{HOST}:{node.port}" for node in self.nodes)
+
+    @property
+    def sasl_bootstrap(self) -> str | None:
+        """The SASL_PLAINTEXT listeners, or None when the cluster has no SASL listener."""
+        if self.nodes[0].sasl_port is None:
+            return None
+        return ",".join(f"{HOST}:{node.sasl_port}" for node in self.nodes)
 
     @property
     def replication_factor(self) -> int:
@@ -196,18 +211,27 @@ def _run_maven(pom: Path, output_dir: Path) -> None:
 # --- cluster layout --------------------------------------------------------------------------
 
 
-def layout(home: Path, brokers: int, port: int, cluster_id: str) -> KafkaCluster:
-    """The nodes of a ``brokers``-node cluster whose first client port is ``port``."""
+def layout(home: Path, brokers: int, port: int, cluster_id: str, sasl_port: int | None = None) -> KafkaCluster:
+    """The nodes of a ``brokers``-node cluster whose first client port is ``port`` (and first SASL
+    listener ``sasl_port``, when given)."""
     if brokers < 1:
         raise ConfigError("brokers", f"must be at least 1, got {brokers}")
     if not 1 <= port <= 65535 - 2 * brokers:
         raise ConfigError("port", f"{port} leaves no room for {brokers} nodes' ports")
-    nodes = tuple(_node(home, i, port + 2 * (i - 1)) for i in range(1, brokers + 1))
+    if sasl_port is not None and not 1 <= sasl_port <= 65535 - brokers:
+        raise ConfigError("sasl_port", f"{sasl_port} leaves no room for {brokers} SASL listeners")
+    nodes = tuple(
+        _node(home, i, port + 2 * (i - 1), None if sasl_port is None else sasl_port + i - 1)
+        for i in range(1, brokers + 1)
+    )
     return KafkaCluster(home=home, cluster_id=cluster_id, nodes=nodes)
 
 
-def _node(home: Path, node_id: int, port: int) -> KafkaNode:
-    return KafkaNode(node_id=node_id, port=port, controller_port=port + 1, dir=home / "kafka" / f"node-{node_id}")
+def _node(home: Path, node_id: int, port: int, sasl_port: int | None = None) -> KafkaNode:
+    return KafkaNode(
+        node_id=node_id, port=port, controller_port=port + 1, dir=home / "kafka" / f"node-{node_id}",
+        sasl_port=sasl_port,
+    )
 
 
 def _cluster_file(home: Path) -> Path:
@@ -220,7 +244,7 @@ def load_cluster(home: Path) -> KafkaCluster | None:
     if not path.is_file():
         return None
     saved = json.loads(path.read_text())
-    return layout(home, saved["brokers"], saved["port"], saved["cluster_id"])
+    return layout(home, saved["brokers"], saved["port"], saved["cluster_id"], saved.get("sasl_port"))
 
 
 def _new_cluster_id() -> str:
@@ -236,7 +260,7 @@ def node_config(cluster: KafkaCluster, node: KafkaNode) -> str:
     """The node's server.properties: the template next to the pom, filled in for this node."""
     template = (pom_path().parent / "server.properties").read_text()
     voters = ",".join(f"{n.node_id}@{HOST}:{n.controller_port}" for n in cluster.nodes)
-    return string.Template(template).substitute(
+    text = string.Template(template).substitute(
         node_id=node.node_id,
         quorum_voters=voters,
         broker_port=node.port,
@@ -245,6 +269,28 @@ def node_config(cluster: KafkaCluster, node: KafkaNode) -> str:
         replication_factor=cluster.replication_factor,
         min_insync_replicas=cluster.min_insync_replicas,
     )
+    return text if node.sasl_port is None else _with_sasl_listener(text, node)
+
+
+def _with_sasl_listener(config: str, node: KafkaNode) -> str:
+    """Add a SASL_PLAINTEXT listener with the SCRAM mechanisms to a rendered server.properties."""
+    sasl = f"SASL_PLAINTEXT://{HOST}:{node.sasl_port}"
+    scram_login = "org.apache.kafka.common.security.scram.ScramLoginModule required;"
+    settings = {
+        "listeners": f"PLAINTEXT://{HOST}:{node.port},CONTROLLER://{HOST}:{node.controller_port},{sasl}",
+        "advertised.listeners": f"PLAINTEXT://{HOST}:{node.port},{sasl}",
+        "listener.security.protocol.map": "PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT,SASL_PLAINTEXT:SASL_PLAINTEXT",
+        "sasl.enabled.mechanisms": "SCRAM-SHA-256,SCRAM-SHA-512",
+        "listener.name.sasl_plaintext.scram-sha-256.sasl.jaas.config": scram_login,
+        "listener.name.sasl_plaintext.scram-sha-512.sasl.jaas.config": scram_login,
+    }
+    lines = []
+    for line in config.splitlines():
+        key = line.split("=", 1)[0].strip()
+        lines.append(f"{key}={settings.pop(key)}" if key in settings else line)
+    lines += ["", "# SASL_PLAINTEXT listener for clients (rlbus kafka start --sasl-port)"]
+    lines += [f"{key}={value}" for key, value in settings.items()]
+    return "\n".join(lines) + "\n"
 
 
 def _write_node_files(cluster: KafkaCluster, node: KafkaNode) -> None:
@@ -279,14 +325,19 @@ def _format(cluster: KafkaCluster, jars: Path) -> None:
         )
         if done.returncode != 0:
             raise ServiceError(f"formatting Kafka node {node.node_id} failed:\n{_tail(done.stdout + done.stderr)}")
-    saved = {"cluster_id": cluster.cluster_id, "brokers": len(cluster.nodes), "port": cluster.nodes[0].port}
+    saved = {
+        "cluster_id": cluster.cluster_id,
+        "brokers": len(cluster.nodes),
+        "port": cluster.nodes[0].port,
+        "sasl_port": cluster.nodes[0].sasl_port,
+    }
     _cluster_file(cluster.home).write_text(json.dumps(saved, indent=2) + "\n")
 
 
 def _check_ports_free(nodes: Iterable[KafkaNode]) -> None:
     for node in nodes:
-        for port in (node.port, node.controller_port):
-            if _listening(port):
+        for port in (node.port, node.controller_port, node.sasl_port):
+            if port is not None and _listening(port):
                 raise ServiceError(f"port {port} for Kafka node {node.node_id} is in use by another process")
 
 
@@ -400,6 +451,10 @@ def start(
     home: Path | None = None,
     timeout_s: float = 120.0,
     cache_dir: Path | None = None,
+    *,
+    sasl_port: int | None = None,
+    scram_users: Mapping[str, str] | None = None,
+    scram_mechanism: str = "SCRAM-SHA-512",
 ) -> KafkaCluster:
     """Start (or find running) the local cluster under ``home`` and wait until all brokers serve.
 
@@ -407,6 +462,10 @@ def start(
     wipes it first. Nodes already running are left alone. Blocking: from async code, call it in a
     thread. Raises ServiceError (with the broker log's tail) when a node fails or times out, and
     ConfigError when ``home`` holds a cluster of another size or port.
+
+    ``sasl_port`` adds a SASL_PLAINTEXT (SCRAM) client listener to every node (kept with the
+    layout; None keeps whatever the cluster has); ``scram_users`` (name → password) are created or
+    updated once the brokers serve, with ``scram_mechanism``.
     """
     home = (home or default_home()).expanduser().resolve()
     if fresh:
@@ -414,8 +473,14 @@ def start(
         shutil.rmtree(home / "kafka", ignore_errors=True)
     jars = resolve_jars(cache_dir)
     existing = load_cluster(home)
-    cluster = existing or layout(home, brokers, port, _new_cluster_id())
+    cluster = existing or layout(home, brokers, port, _new_cluster_id(), sasl_port)
     _check_layout(cluster, brokers, port)
+    if sasl_port is not None and cluster.nodes[0].sasl_port != sasl_port:
+        raise ConfigError(
+            "sasl_port",
+            f"{cluster.home} holds a cluster with SASL port {cluster.nodes[0].sasl_port}, not {sasl_port}; "
+            "stop it and start with fresh=True to replace it",
+        )
     stopped = [node for node in cluster.nodes if node_pid(node) is None]
     _check_ports_free(stopped)
     if existing is None:
@@ -423,6 +488,12 @@ def start(
     for node in stopped:
         _launch(cluster, node, jars)
     _wait_ready(cluster, timeout_s)
+    if scram_users:
+        if cluster.sasl_bootstrap is None:
+            raise ConfigError("sasl_port", "SCRAM users need a SASL listener: give a sasl_port")
+        from rlbus.services.scram import upsert_scram_users
+
+        asyncio.run(upsert_scram_users(cluster.bootstrap, scram_users, mechanism=scram_mechanism))
     return cluster
 
 
@@ -495,12 +566,27 @@ def _node_status(node: KafkaNode) -> dict[str, Any]:
         "alive": pid is not None,
         "port": node.port,
         "controller_port": node.controller_port,
+        "sasl_port": node.sasl_port,
         "listening": pid is not None and _listening(node.port),
         "dir": str(node.dir),
     }
 
 
 # --- command line ----------------------------------------------------------------------------
+
+
+def scram_users_from(user: str | None, password_file: Path | None) -> dict[str, str] | None:
+    """``{user: password}`` with the password read from ``password_file`` or ``$RLBUS_SASL_PASSWORD``
+    (never from the command line, where other local users could read it); None without a user."""
+    if user is None:
+        return None
+    from rlbus.config import secret_from
+
+    password = secret_from(None, password_file, "RLBUS_SASL_PASSWORD", field="scram_password")
+    if password is None:
+        raise ConfigError("scram_password", "set RLBUS_SASL_PASSWORD or give --scram-password-file")
+    return {user: password}
+
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -514,6 +600,12 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--fresh", action="store_true", help="wipe existing data first")
     run.add_argument("--timeout", type=float, default=120.0)
     run.add_argument("--cache-dir", type=Path)
+    run.add_argument("--sasl-port", type=int, help="add a SASL_PLAINTEXT (SCRAM) listener from this port")
+    run.add_argument(
+        "--scram-user",
+        help="create this SCRAM-SHA-512 user; its password comes from $RLBUS_SASL_PASSWORD or --scram-password-file",
+    )
+    run.add_argument("--scram-password-file", type=Path, help="file holding the SCRAM user's password")
     for name in ("start", "stop", "status"):
         sub = run if name == "start" else commands.add_parser(name, help=f"{name} the local cluster")
         sub.add_argument("--home", type=Path)
@@ -527,8 +619,14 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(resolve_jars(args.cache_dir))
         elif args.command == "start":
             began = time.monotonic()
-            cluster = start(args.brokers, args.port, args.fresh, args.home, args.timeout, args.cache_dir)
+            users = scram_users_from(args.scram_user, args.scram_password_file)
+            cluster = start(
+                args.brokers, args.port, args.fresh, args.home, args.timeout, args.cache_dir,
+                sasl_port=args.sasl_port, scram_users=users,
+            )
             print(f"kafka ready at {cluster.bootstrap} in {time.monotonic() - began:.1f} s ({cluster.home})")
+            if cluster.sasl_bootstrap:
+                print(f"SASL_PLAINTEXT (SCRAM) listeners at {cluster.sasl_bootstrap}")
         elif args.command == "stop":
             stop(args.home)
         else:

@@ -4,6 +4,12 @@ The state store needs a real Redis in integration tests and CI, where no Docker 
 the Debian ``redis-server`` package is enough. The server listens on loopback only, keeps nothing on
 disk (``--save ''``, no append-only file) and lives exactly as long as the :class:`RedisServer`
 handle: use it as a context manager or call :meth:`RedisServer.stop`.
+
+With ``persist=True`` it keeps an append-only file fsynced on every write (``appendfsync always``),
+so a server killed with SIGKILL and started again on the same ``dir`` holds every write it
+acknowledged — what the idempotency ledger needs to survive a crash (the chaos suite shows it).
+``everysec``, Redis's default, would lose up to a second of ledger marks and let a redelivered
+rollout be trained twice.
 """
 
 from __future__ import annotations
@@ -61,8 +67,9 @@ class RedisServer:
         self.stop()
 
 
-def start_redis(port: int | None = None, *, dir: Path, timeout_s: float = 10.0) -> RedisServer:
-    """Start ``redis-server`` on ``port`` (a free one when None) with ``dir`` for its files.
+def start_redis(port: int | None = None, *, dir: Path, timeout_s: float = 10.0, persist: bool = False) -> RedisServer:
+    """Start ``redis-server`` on ``port`` (a free one when None) with ``dir`` for its files; with
+    ``persist`` an fsync-always append-only file there (reloaded when a server starts on that dir).
 
     Returns once the server answers PING. Raises ServiceError when the binary is missing or the
     server does not come up; the message carries the end of its log.
@@ -72,23 +79,25 @@ def start_redis(port: int | None = None, *, dir: Path, timeout_s: float = 10.0) 
         raise ServiceError("redis-server not found on PATH; install it (Debian: apt-get install -y redis-server)")
     dir.mkdir(parents=True, exist_ok=True)
     for _ in range(1 if port is not None else START_ATTEMPTS):
-        server = _spawn(binary, port or free_port(HOST), dir)
+        server = _spawn(binary, port or free_port(HOST), dir, persist)
         if _wait_ready(server, timeout_s):
             return server
         server.stop()
     raise ServiceError(f"redis-server on port {server.port} did not come up:\n{_tail(server.log_file)}")
 
 
-def _spawn(binary: str, port: int, dir: Path) -> RedisServer:
+def _spawn(binary: str, port: int, dir: Path, persist: bool = False) -> RedisServer:
     options = {
         "port": str(port),
         "bind": HOST,
         "dir": str(dir),
         "logfile": "redis.log",
         "save": "",
-        "appendonly": "no",
+        "appendonly": "yes" if persist else "no",
         "daemonize": "no",
     }
+    if persist:
+        options["appendfsync"] = "always"
     command = [binary, *(arg for name, value in options.items() for arg in (f"--{name}", value))]
     process = subprocess.Popen(command, cwd=dir, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL)
     return RedisServer(port=port, dir=dir, process=process)

@@ -17,9 +17,10 @@ _REDIS_SCHEMES = ("redis://", "rediss://", "unix://")
 
 
 def open_state_store(url: str, *, key_prefix: str = DEFAULT_PREFIX) -> StateStore:
-    """The store ``url`` names; ``key_prefix`` separates runs sharing one Redis."""
+    """The store ``url`` names; ``key_prefix`` separates runs sharing one Redis. A Redis store rides
+    out a server restart (reconnecting for about half a minute) rather than failing its worker."""
     if url == "memory://":
         return MemoryStateStore()
     if url.startswith(_REDIS_SCHEMES):
-        return RedisStateStore.from_url(url, key_prefix=key_prefix)
+        return RedisStateStore.from_url(url, key_prefix=key_prefix, reconnect=True)
     raise ConfigError("state_url", f"expected memory:// or redis://host:port/db, got {url!r}")

@@ -6,25 +6,31 @@ in-memory) so a restarted trainer resumes where it was; a group is *ready* when 
 rollouts have a reward from every source the reward policy waits for. A group still open after
 ``timeout_s`` is released with what it has — trained if at least ``min_group`` rollouts are fully
 scored, the rest dropped with a reason. Every rollout ends in exactly one :class:`Outcome`, counted in
-the store; a rollout id already trained is ignored and counted as a duplicate, never trained twice.
+the store: the first outcome recorded for an id is final, a rollout id that already has one is ignored
+on arrival and counted as a duplicate, never trained twice or dropped after it was trained. A reward
+whose value is not a finite number is refused (``MalformedMessage``, so the trainer dead-letters it)
+before it can turn a whole batch's advantages into NaN.
 
 Store layout (``ns`` = namespace)::
 
     ns:group:<prompt_id>   meta → {"group_size", "first_seen"}; r:<rollout_id> → Rollout bytes;
                            w:<rollout_id>:<source> → Reward bytes
     ns:open                <prompt_id> → first-seen time (the groups the sweeper looks at)
-    ledger "trained"       every trained rollout id (SET NX)
-    counters outcome:<name>
+    ledger "outcome"       every rollout id that reached an outcome (SET NX): the exactly-once gate
+    ledger <outcome>       the ids per outcome ("trained", "dropped_stale" …), for audits
+    counters outcome:<name>, ledger:trained_again (a training the gate caught only afterwards)
 """
 
 from __future__ import annotations
 
 import json
+import math
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from enum import StrEnum
 
+from rlbus.errors import MalformedMessage
 from rlbus.schemas import Reward, Rollout, decode, encode
 from rlbus.state.base import StateStore
 
@@ -36,6 +42,12 @@ class Outcome(StrEnum):
     INCOMPLETE = "dropped_incomplete_group"
     DEAD_LETTERED = "dead_lettered"
     DUPLICATE = "duplicate"
+
+
+#: Ledger namespace holding every rollout id that has reached an outcome (the exactly-once gate).
+FINAL = "outcome"
+#: Counter of rollouts passed to the optimizer although they already had an outcome; must stay 0.
+TRAINED_AGAIN = "ledger:trained_again"
 
 
 @dataclass(frozen=True)
@@ -108,7 +120,7 @@ class JoinBuffer:
 
     async def add_rollout(self, rollout: Rollout) -> ScoredGroup | None:
         """Buffer a rollout; returns its group if that made the group ready."""
-        if await self._state.seen(Outcome.TRAINED, rollout.rollout_id):
+        if await self._state.seen(FINAL, rollout.rollout_id):
             await self._state.incr(f"outcome:{Outcome.DUPLICATE}")
             return None
         fields, meta = await self._entry(rollout.prompt_id)
@@ -119,8 +131,12 @@ class JoinBuffer:
         return await self._ready(rollout.prompt_id, fields)
 
     async def add_reward(self, reward: Reward) -> ScoredGroup | None:
-        """Buffer a reward; rewards of sources the policy does not wait for are ignored."""
-        if reward.source not in self.policy.sources or await self._state.seen(Outcome.TRAINED, reward.rollout_id):
+        """Buffer a reward; rewards of sources the policy does not wait for are ignored. Raises
+        MalformedMessage for a value (or component) that is not a finite number."""
+        if not math.isfinite(reward.value) or not all(math.isfinite(v) for v in reward.components.values()):
+            raise MalformedMessage(f"reward {reward.reward_id} for {reward.rollout_id}: value {reward.value} "
+                                   "or a component is not a finite number")
+        if reward.source not in self.policy.sources or await self._state.seen(FINAL, reward.rollout_id):
             return None
         fields, meta = await self._entry(reward.prompt_id)
         if "meta" not in fields:
@@ -176,16 +192,25 @@ class JoinBuffer:
         return released
 
     async def record(self, outcome: Outcome, rollout_ids: Iterable[str]) -> int:
-        """Count rollouts' outcome; TRAINED also enters the ledger. Returns how many were new — a trained
-        id already in the ledger is counted as a duplicate instead."""
+        """Enter rollouts' outcome in the ledger and count it. Returns how many were new — an id that
+        already has an outcome keeps it and is counted as a duplicate instead (and, when it was just
+        trained, in ``ledger:trained_again``: the trainer must never let that happen)."""
         counted = 0
         for rollout_id in rollout_ids:
-            if outcome is Outcome.TRAINED and not await self._state.mark_once(Outcome.TRAINED, rollout_id):
+            if not await self._state.mark_once(FINAL, rollout_id):
                 await self._state.incr(f"outcome:{Outcome.DUPLICATE}")
+                if outcome is Outcome.TRAINED:
+                    await self._state.incr(TRAINED_AGAIN)
                 continue
+            await self._state.mark_once(outcome, rollout_id)
             await self._state.incr(f"outcome:{outcome}")
             counted += 1
         return counted
+
+    async def outcome_of(self, rollout_id: str) -> list[Outcome]:
+        """Every outcome the ledger holds for ``rollout_id`` (one, when the exactly-once gate held)."""
+        final = [o for o in Outcome if o is not Outcome.DUPLICATE]
+        return [o for o in final if await self._state.seen(o, rollout_id)]
 
     async def counts(self) -> dict[str, int]:
         return {o.value: await self._state.get_counter(f"outcome:{o}") for o in Outcome}

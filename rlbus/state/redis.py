@@ -9,7 +9,11 @@ Every key starts with ``key_prefix`` so several runs can share one Redis::
     <prefix>workers                    set of worker entry keys         registry index
 
 Expiry runs on the Redis server's clock, so workers on machines whose clocks disagree still age out
-correctly. Every Redis failure is raised as :class:`rlbus.errors.StateError`. The ledger must not
+correctly. With ``reconnect=True`` (what :func:`rlbus.state.open_state_store` gives real runs) a
+lost connection is retried with capped exponential backoff for about half a minute (:data:`RECONNECT`),
+so a Redis restart pauses the workers instead of failing them; without it redis-py's default (a few
+retries, about a second) applies. Every Redis failure that remains is raised as
+:class:`rlbus.errors.StateError`. The ledger must not
 be evicted: run Redis with ``maxmemory-policy noeviction`` (the default).
 """
 
@@ -22,7 +26,11 @@ from contextlib import contextmanager
 from typing import Any, cast
 
 from redis.asyncio import Redis
+from redis.asyncio.retry import Retry
+from redis.backoff import ExponentialWithJitterBackoff
+from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisError
+from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from rlbus.errors import StateError
 from rlbus.state.base import (
@@ -35,6 +43,8 @@ from rlbus.state.base import (
 )
 
 DEFAULT_PREFIX = "rlbus:"
+#: Reconnect policy: 40 tries, backoff 50 ms doubling to at most 1 s, with jitter (~30 s in all).
+RECONNECT = Retry(ExponentialWithJitterBackoff(cap=1.0, base=0.05), retries=40)
 
 
 @contextmanager
@@ -58,9 +68,13 @@ class RedisStateStore(StateStore):
         self._prefix = key_prefix
 
     @classmethod
-    def from_url(cls, url: str, *, key_prefix: str = DEFAULT_PREFIX) -> RedisStateStore:
-        """A store on the Redis at ``url`` (``redis://host:port/db``); connects on first use."""
-        return cls(Redis.from_url(url), key_prefix=key_prefix)
+    def from_url(cls, url: str, *, key_prefix: str = DEFAULT_PREFIX, reconnect: bool = False) -> RedisStateStore:
+        """A store on the Redis at ``url`` (``redis://host:port/db``); connects on first use and, with
+        ``reconnect``, rides out a restart per :data:`RECONNECT`."""
+        if not reconnect:
+            return cls(Redis.from_url(url), key_prefix=key_prefix)
+        client = Redis.from_url(url, retry=RECONNECT, retry_on_error=[RedisConnectionError, RedisTimeoutError])
+        return cls(client, key_prefix=key_prefix)
 
     def _key(self, kind: str, *parts: str) -> str:
         return self._prefix + ":".join((kind, *parts))

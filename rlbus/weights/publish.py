@@ -29,9 +29,10 @@ import torch
 
 from rlbus.bus.base import Bus
 from rlbus.bus.topics import WEIGHTS, WEIGHTS_LATEST
+from rlbus.observe.metrics import record_publish
 from rlbus.schemas import ChunkRef, TensorMeta, TensorSpan, WeightVersion, encode
 from rlbus.weights.codec import CHUNK_BYTES, Chunk, encode_state_delta, encode_state_keyframe, state_digest
-from rlbus.weights.store import BlobStore
+from rlbus.weights.store import BlobStore, BlobStoreError
 
 log = logging.getLogger("rlbus.weights.publish")
 
@@ -164,12 +165,16 @@ class WeightPublisher:
             announce_s=t3 - t2,
         )
         self.history.append(stats)
+        record_publish(stats)
         log.info(
             "published %s v%d (%s): delta %d B, keyframe %d B of %d B full; encode %.3fs upload %.3fs",
             self.model_id, version, stats.kind, stats.delta_bytes, stats.keyframe_bytes, full_bytes,
-            stats.encode_s, stats.upload_s,
+            stats.encode_s, stats.upload_s, extra={"version": version},
         )
-        await self.collect_garbage()
+        try:
+            await self.collect_garbage()
+        except BlobStoreError as exc:  # the version is announced; old ones go at the next publish
+            log.warning("garbage collection after v%d failed: %s", version, exc)
         return manifests[0]
 
     async def _upload(self, version: int, kind: str, chunks: list[Chunk]) -> list[ChunkRef]:

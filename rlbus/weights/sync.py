@@ -19,6 +19,10 @@ mismatch — makes the worker refuse that delta and *rebuild*: load the newest k
 target and apply the chain of deltas after it, reading manifests from the blob store. A corrupt chunk is
 never applied: decoding verifies everything before a single element is written. The same path serves
 a late joiner, which starts from the compacted ``rl.weights.latest.v1``.
+
+A blob store that stays down past the client's own retries does not stop the worker either: it keeps
+generating on the version it holds, reports how far behind it is (:attr:`WeightSync.behind`, a log
+line per attempt) and retries the newest announced version every ``retry_s`` until the store is back.
 """
 
 from __future__ import annotations
@@ -36,10 +40,11 @@ from rlbus.bus.base import Bus
 from rlbus.bus.topics import WEIGHTS, WEIGHTS_LATEST
 from rlbus.bus.types import TopicPartition
 from rlbus.errors import ChunkCorrupt, DigestMismatch, RlbusError, VersionGap, WeightSyncError
+from rlbus.observe.metrics import SYNC_REFUSED, count_in, record_sync
 from rlbus.schemas import WeightVersion, decode
 from rlbus.weights.codec import StagedUpdate, apply_update_, decode_chunk, state_digest
 from rlbus.weights.publish import manifest_key
-from rlbus.weights.store import BlobNotFound, BlobStore
+from rlbus.weights.store import BlobNotFound, BlobStore, BlobStoreError
 
 log = logging.getLogger("rlbus.weights.sync")
 
@@ -80,9 +85,12 @@ class WeightSync:
         on_swap: Callable[[int], None] | None = None,
         fetch_parallelism: int = 8,
         clock: Callable[[], float] = time.time,
+        worker_id: str = "",
     ) -> None:
+        """``worker_id`` labels this worker's sync metrics and log lines."""
         self._bus = bus
         self._store = store
+        self.worker_id = worker_id
         self.state = state
         self.model_id = model_id
         self._swap = swap
@@ -97,6 +105,21 @@ class WeightSync:
         self.digest: str | None = None
         self.history: list[SyncStats] = []
         self.refused: list[tuple[int, str]] = []
+        #: Newest version announced for this model, and the manifest still to reach when behind.
+        self.announced: int | None = None
+        self._pending: WeightVersion | None = None
+        self.retry_s = 2.0
+
+    def stats(self, recent: int = 8) -> dict[str, Any]:
+        """What a rollout worker's heartbeat carries about weights: version, bytes, the latest pauses."""
+        last = self.history[-1] if self.history else None
+        return {
+            "version": self.version, "syncs": len(self.history), "refused": len(self.refused),
+            "sync_bytes": sum(s.bytes_fetched for s in self.history),
+            "swap_pause_ms": [round(s.swap_pause_s * 1000, 3) for s in self.history[-recent:]],
+            "stage_s_last": None if last is None else round(last.stage_s, 4),
+            "sync_lag_s_last": None if last is None else round(last.lag_s, 3),
+        }
 
     # --- following ---------------------------------------------------------------------------------
     async def run(self, stop: asyncio.Event) -> None:
@@ -107,12 +130,21 @@ class WeightSync:
         async with self._bus.consumer([WEIGHTS], group=None) as consumer:
             for partition, end in ends.items():
                 await consumer.seek(TopicPartition(WEIGHTS.name, partition), end)
+            last_try = time.monotonic()
             while not stop.is_set():
-                for record in await consumer.getmany(timeout_s=0.2):
+                records = await consumer.getmany(timeout_s=0.2)
+                if not records and self._pending is not None and time.monotonic() - last_try > self.retry_s:
+                    await self.handle(self._pending)  # the store may be back: try the newest version again
+                    last_try = time.monotonic()
+                for record in records:
+                    last_try = time.monotonic()
+                    count_in([record])
                     try:
                         manifest = record.value
                     except RlbusError as exc:
-                        log.error("unreadable manifest at %s: %s", record.where, exc)
+                        log.error("unreadable manifest at %s: %s", record.where, exc,
+                                  extra={"topic": record.topic, "partition": record.partition,
+                                         "offset": record.offset, "worker": self.worker_id})
                         continue
                     await self.handle(manifest)
 
@@ -141,22 +173,40 @@ class WeightSync:
         """Apply one announced manifest if it moves this worker forward; True if the version changed."""
         if manifest.model_id != self.model_id or (self.version is not None and manifest.version <= self.version):
             return False
+        if self.announced is None or manifest.version > self.announced:
+            self.announced, self._pending = manifest.version, manifest
         if manifest.kind == "delta" and manifest.base_version == self.version:
             try:
                 await self._apply(manifest, rebuilt=False)
+                self._settle()
                 return True
-            except (WeightSyncError, BlobNotFound) as exc:
+            except (WeightSyncError, BlobNotFound, BlobStoreError) as exc:
                 self.refused.append((manifest.version, f"{type(exc).__name__}: {exc}"))
+                SYNC_REFUSED.labels(self.worker_id).inc()
                 log.warning("refused %s v%d: %s; rebuilding from the keyframe", self.model_id, manifest.version, exc)
         try:
             await self.rebuild(manifest.version)
+            self._settle()
             return True
-        except (WeightSyncError, BlobNotFound) as exc:
+        except (WeightSyncError, BlobNotFound, BlobStoreError) as exc:
             self.refused.append((manifest.version, f"rebuild: {type(exc).__name__}: {exc}"))
+            SYNC_REFUSED.labels(self.worker_id).inc()
             log.error(
-                "cannot reach %s v%d yet (%s); staying on v%s", self.model_id, manifest.version, exc, self.version
+                "cannot reach %s v%d yet (%s); staying on v%s, %d version(s) behind", self.model_id,
+                manifest.version, exc, self.version, self.behind,
             )
             return False
+
+    @property
+    def behind(self) -> int:
+        """Versions announced but not held (what staleness reports show while the store is down)."""
+        if self.announced is None:
+            return 0
+        return self.announced - (self.version or 0)
+
+    def _settle(self) -> None:
+        if self._pending is not None and self.version is not None and self._pending.version <= self.version:
+            self._pending = None
 
     # --- rebuilding --------------------------------------------------------------------------------
     async def load_manifest(self, version: int, kind: str) -> WeightVersion:
@@ -264,10 +314,12 @@ class WeightSync:
             rebuilt=rebuilt,
         )
         self.history.append(stats)
+        record_sync(self.worker_id, stats)
         log.info(
             "%s v%d (%s%s): fetched %d B, staged %.3fs, swap pause %.2f ms, verified %.3fs",
             self.model_id, manifest.version, manifest.kind, ", rebuild" if rebuilt else "", fetched,
             stats.stage_s, stats.swap_pause_s * 1000, stats.verify_s,
+            extra={"version": manifest.version, "worker": self.worker_id},
         )
 
 

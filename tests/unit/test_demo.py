@@ -27,3 +27,37 @@ async def test_demo_runs_every_role_end_to_end(tmp_path: Path) -> None:
     assert 0.0 <= result.accuracy_start <= 1.0 and 0.0 <= result.accuracy_end <= 1.0
     assert plot(result, tmp_path / "demo.png").stat().st_size > 10_000
     assert summary_table(result).row_count >= 5
+    from rlbus.observe.report import write_report
+    from rlbus.observe.runlog import read
+
+    assert [e["step"] for e in read(tmp_path, "steps")] == [1, 2, 3]
+    assert len(list(read(tmp_path, "weights"))) == 4 and (tmp_path / "summary.json").exists()
+    write_report(tmp_path, tmp_path / "report")
+    assert (tmp_path / "report" / "report.md").exists()
+
+
+def test_sloppy_teacher_is_off_by_one_on_the_given_share() -> None:
+    from rlbus.demo import sloppy_teacher
+    from rlbus.envs.tasks import generate_prompts
+
+    prompts = generate_prompts("arith", seed=3, n=400, config={"digits": 1})
+    taught = sloppy_teacher(prompts, 0.55, seed=0)
+    wrong = [t for p, t in zip(prompts, taught, strict=True) if p.reference != t.reference]
+    assert 0.45 < len(wrong) / len(prompts) < 0.65
+    assert all(int(t.reference or "") == int(p.reference or "") + 1 for p, t in zip(prompts, taught, strict=True)
+               if p.reference != t.reference)
+    assert sloppy_teacher(prompts, 0.0, seed=0) == prompts
+
+
+async def test_sync_mode_trains_only_current_version_rollouts(tmp_path: Path) -> None:
+    """The baseline of `rlbus bench pipeline`: one batch per version, nothing stale, snapshots kept."""
+    config = dataclasses.replace(
+        DemoConfig.quick(), workers=2, warm_steps=10, rl_steps=3, groups_per_step=2, group_size=4,
+        time_budget_s=120, eval_size=10, mode="sync", snapshot_every=1,
+    )
+    demo = Demo(config, tmp_path)
+    result = await demo.run()
+    assert result.steps == 3 and set(result.staleness) == {0}
+    assert result.rollouts_dropped == 0 and result.outcomes["duplicate"] == 0
+    assert [step for _, step, _ in demo.snapshots] == [1, 2, 3]
+    assert demo.rl_wall_s > 0 and all(w.active_s > 0 for w in demo.rollout_workers)

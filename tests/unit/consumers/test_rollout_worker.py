@@ -57,3 +57,32 @@ async def test_worker_publishes_a_group_per_prompt() -> None:
             assert r.routed_experts is not None and r.worker_id == "w-eu"
     committed = await bus.committed("rollout", PROMPTS.name)
     assert sum(v or 0 for v in committed.values()) == 2
+
+
+async def test_on_policy_worker_waits_for_the_prompts_version() -> None:
+    """Synchronous RL: a prompt admitted at version 5 is played only once the engine serves version 5."""
+    from msgspec.structs import replace
+
+    episode_threads(16)
+    torch.manual_seed(0)
+    tokenizer = ByteTokenizer()
+    inner = TorchEngine(Policy(PolicyConfig.tiny()), tokenizer=tokenizer, seed=0, policy_version=4)
+    bus = MemoryBus(topic_specs())
+    await bus.start()
+    prompt = replace(generate_prompts("arith", seed=1, n=1)[0], policy_version=5, group_size=2)
+    await bus.send(PROMPTS, prompt)
+    worker = RolloutWorker(
+        bus=bus, engine=inner, chat=ChatFormat.for_byte_tokenizer(tokenizer), worker_id="w", on_policy=True
+    )
+    stop = asyncio.Event()
+    task = asyncio.create_task(worker.run(stop))
+    await asyncio.sleep(0.5)
+    assert worker.rollouts == 0  # still on version 4
+    inner.policy_version = 5
+    for _ in range(300):
+        if worker.rollouts == 2:
+            break
+        await asyncio.sleep(0.05)
+    stop.set()
+    await task
+    assert worker.rollouts == 2 and worker.active_s > 0

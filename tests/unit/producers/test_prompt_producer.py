@@ -54,3 +54,25 @@ async def test_producer_waits_for_the_trainer_then_resumes() -> None:
     assert len({p.prompt_id for p in prompts}) == 9
     assert all(p.group_size == 4 and p.env == "arith" and p.reference for p in prompts)
     assert sorted(p.policy_version for p in prompts) == [0] * 6 + [1] * 3
+
+
+async def test_the_bound_counts_versions_since_the_producer_started() -> None:
+    """A trainer resumed at version 57 (or one that published its initial weights as v1) does not open
+    the gate 57 batches wide: only versions published after the producer started count."""
+    bus = MemoryBus(topic_specs())
+    await bus.start()
+    state = MemoryStateStore()
+    await state.incr(VERSION_COUNTER, 57)
+    producer = PromptProducer(
+        bus=bus, prompts=task_prompts("arith", seed=0, group_size=2),
+        admission=Admission(max_staleness=0, groups_per_step=2), progress=progress_from_state(state), poll_s=0.01,
+    )
+    stop = asyncio.Event()
+    task = asyncio.create_task(producer.run(stop))
+    await asyncio.sleep(0.2)
+    assert producer.admitted == 2  # one batch for the current version: synchronous RL
+    await state.incr(VERSION_COUNTER)
+    await asyncio.sleep(0.2)
+    assert producer.admitted == 4
+    stop.set()
+    await task
