@@ -139,11 +139,13 @@ import xxhash
 import zstandard
 
 from rlbus.errors import ChunkCorrupt, WeightSyncError
+from rlbus.weights import _kernels
 from rlbus.weights._bits import (
     NO_PARAM,
-    ClassBitmaps,
     Reader,
+    as_u8,
     best_rice_k,
+    check,
     check_params,
     coded_counts,
     pack_bools,
@@ -151,10 +153,8 @@ from rlbus.weights._bits import (
     put_varint,
     rice_decode,
     rice_encode,
-    scratch,
     seq_decode,
     seq_encode,
-    unpack_bools,
 )
 
 if sys.byteorder != "little":  # pragma: no cover - every platform torch ships for is little-endian
@@ -333,10 +333,11 @@ def _tensor_from_bits(bits: np.ndarray, dtype: torch.dtype) -> torch.Tensor:
 
 
 class _Bits:
-    """The O(n) passes over one record's bit patterns (records are ≤ 2 M elements, cache-friendly).
+    """One record's bit patterns, the input of the O(n) passes (records are ≤ 2 M elements).
 
-    CPU tensors go through numpy; accelerator tensors stay on their device and only compact results
-    (positions, packed bitmaps, gathered values) come back to the host.
+    CPU tensors are read in place by the compiled kernels. Accelerator tensors stay on their device,
+    which finds the changed positions and extracts every element's exponent byte; only those compact
+    results (and gathered values) come back to the host, where the same kernels run on them.
     """
 
     def __init__(self, t: torch.Tensor, fmt: _Float) -> None:
@@ -345,7 +346,7 @@ class _Bits:
         self.device = t.device
         self.np: np.ndarray | None = None
         self.dev: torch.Tensor | None = None
-        self._exp: np.ndarray | torch.Tensor | None = None
+        self._exp: np.ndarray | None = None
         if t.device.type == "cpu":
             self.np = _np_bits(t)
         else:
@@ -354,7 +355,7 @@ class _Bits:
     def changed(self, other: _Bits) -> np.ndarray:
         """Sorted positions where the bit patterns differ."""
         if self.np is not None and other.np is not None:
-            return np.flatnonzero(np.not_equal(self.np, other.np, out=scratch("ne", self.n, np.bool_)))
+            return _kernels.changed_positions(self.np, other.np)
         return torch.nonzero(self._device() != other._device()).reshape(-1).cpu().numpy()
 
     def gather(self, pos: np.ndarray) -> np.ndarray:
@@ -363,49 +364,35 @@ class _Bits:
         idx = torch.from_numpy(pos).to(self.device)
         return self._device()[idx].cpu().numpy().view(_NP_UINT[self.fmt.bits // 8])
 
-    def exponents(self) -> np.ndarray | torch.Tensor:
-        """Biased exponent of every element, as uint8."""
+    def key(self) -> tuple[np.ndarray, np.uint64, np.uint64]:
+        """(array, shift, mask): ``(array >> shift) & mask`` is each element's biased exponent."""
+        fmt = self.fmt
+        if self.np is not None:
+            return self.np, np.uint64(fmt.mant), np.uint64(fmt.exp_count - 1)
         if self._exp is None:
-            fmt = self.fmt
-            if self.np is not None:
-                shifted = np.right_shift(self.np, fmt.mant, out=scratch("shift", self.n, self.np.dtype))
-                e = scratch("exp", self.n, np.uint8)
-                np.copyto(e, shifted, casting="unsafe")  # keeps the low byte: drops bf16/fp32's sign bit
-                if fmt.exp_count < 256:
-                    e &= fmt.exp_count - 1
-                self._exp = e
-            else:
-                self._exp = ((self._device() >> fmt.mant) & (fmt.exp_count - 1)).to(torch.uint8)
-        return self._exp
+            self._exp = ((self._device() >> fmt.mant) & (fmt.exp_count - 1)).to(torch.uint8).cpu().numpy()
+        return self._exp, np.uint64(0), np.uint64(0xFF)
 
     def exp_histogram(self) -> np.ndarray:
         """Exponent histogram of (a deterministic ~64 K sample of) the elements, scaled to n."""
-        stride = max(1, self.n // 65536)
-        e = self.exponents()
-        if isinstance(e, np.ndarray):
-            hist = np.bincount(e[::stride], minlength=self.fmt.exp_count)
-        else:
-            hist = torch.bincount(e[::stride].long(), minlength=self.fmt.exp_count).cpu().numpy()
-        return hist.astype(np.int64) * stride
+        key, shift, mask = self.key()
+        return _kernels.sampled_histogram(key, shift, mask, 256, max(1, self.n // 65536))[: self.fmt.exp_count]
 
-    def classes(self, thresholds: list[int]) -> ClassBitmaps:
-        """Class bitmaps for thresholds given as biased exponents."""
-        nwords = (self.n + 63) // 64
-        e = self.exponents()
-        above = []
-        for i, t in enumerate(thresholds):
-            if isinstance(e, np.ndarray):
-                packed = np.packbits(np.greater_equal(e, t, out=scratch("ge", self.n, np.bool_)), bitorder="little")
-            else:
-                ge = torch.zeros(nwords * 64, dtype=torch.uint8, device=self.device)
-                ge[: self.n] = (e >= t).to(torch.uint8)
-                shifts = torch.arange(8, device=self.device, dtype=torch.uint8)
-                packed = (ge.view(-1, 8) << shifts).sum(dim=1, dtype=torch.uint8).cpu().numpy()
-            row = scratch(f"above{i}", nwords * 8, np.uint8)
-            row[len(packed) :] = 0
-            row[: len(packed)] = packed
-            above.append(row.view(np.uint64))
-        return ClassBitmaps(self.n, above)
+    def class_ranks(self, thresholds: list[int], pos: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(members per position class, class of each sorted ``pos``, its rank within its class)."""
+        lut, tab = _class_tables(thresholds)
+        return _kernels.class_ranks(*self.key(), tab, lut, len(thresholds) + 1, pos)
+
+    def class_counts(self, thresholds: list[int]) -> np.ndarray:
+        _, tab = _class_tables(thresholds)
+        return _kernels.class_counts(*self.key(), tab, len(thresholds) + 1)
+
+    def class_select(self, thresholds: list[int], ranks: np.ndarray, offsets: np.ndarray) -> np.ndarray:
+        """Positions of the class members with the given ranks (class c's in ``offsets[c]:offsets[c+1]``)."""
+        lut, tab = _class_tables(thresholds)
+        pos, err = _kernels.class_select(*self.key(), tab, lut, ranks, offsets)
+        check(err)
+        return pos
 
     def _device(self) -> torch.Tensor:
         if self.dev is None:
@@ -415,18 +402,10 @@ class _Bits:
         return self.dev
 
 
-def _to_ord(bits: np.ndarray, fmt: _Float) -> np.ndarray:
-    x = bits.astype(np.int64)
-    neg = (x >> (fmt.bits - 1)) != 0
-    return np.where(neg, -(x & fmt.mag_mask) - 1, x)
-
-
-def _from_ord(o: np.ndarray, fmt: _Float) -> np.ndarray:
-    if len(o) and (int(o.max()) > fmt.mag_mask or int(o.min()) < -fmt.mag_mask - 1):
-        raise ChunkCorrupt("decoded value out of range")
-    neg = o < 0
-    bits = np.where(neg, (-o - 1) | (1 << (fmt.bits - 1)), o)
-    return bits.astype(_NP_UINT[fmt.bits // 8])
+def _class_tables(thresholds: list[int]) -> tuple[np.ndarray, np.ndarray]:
+    """Exponent → class (``lut``) and → its SWAR counter increment ``1 << 8·class`` (``tab``)."""
+    lut = np.searchsorted(np.asarray(thresholds, dtype=np.int64), np.arange(256), side="right").astype(np.int64)
+    return lut, np.left_shift(np.uint64(1), (8 * lut).astype(np.uint64))
 
 
 # ---------------------------------------------------------------------------------- context classes
@@ -489,33 +468,28 @@ def _choose_thresholds(hist_all: np.ndarray, hist_changed: np.ndarray) -> list[i
     return [int(pop[i]) for i in _partition(cost, MAX_CLASSES, CLASS_PENALTY_BITS)]
 
 
-def _choose_value_thresholds(exp: np.ndarray, mag: np.ndarray) -> list[int]:
+def _choose_value_thresholds(exp: np.ndarray, mag: np.ndarray, exp_count: int) -> list[int]:
     """Value classes: exponent boundaries minimising the coded size of |d| (levels and Rice tail).
 
     Step sizes scale like (update size / rounding step), so small weights take larger steps; exponents
     of changed elements are known to the decoder once positions are decoded, so this costs no O(n) pass.
     """
-    present = np.bincount(exp) > 0
-    pop = np.flatnonzero(present)
-    idx = (np.cumsum(present) - 1)[exp]
+    cnt, above, tmax = _kernels.value_stats(exp, mag, exp_count, LEVELS)
+    pop = np.flatnonzero(cnt)
     e = len(pop)
     if e <= 1:
         return []
-    stats = [np.bincount(idx, minlength=e)]
-    for level in range(1, LEVELS + 1):
-        stats.append(np.bincount(idx, weights=mag > level, minlength=e))
+    stats = [cnt[pop], *(above[level][pop].astype(np.float64) for level in range(LEVELS))]
     cums = [np.concatenate([[0], np.cumsum(s)]) for s in stats]
     rng = [_range_costs(c) for c in cums]
     cost = sum(_entropy_bits(rng[level - 1], rng[level]) for level in range(1, LEVELS + 1))
-    tail = mag > LEVELS
-    if tail.any():
-        tv = (mag[tail] - LEVELS - 1).astype(np.int64)
-        ti = idx[tail]
-        kmax = int(np.log2(float(tv.max()) + 1)) + 2
+    if tmax >= 0:
+        kmax = int(np.log2(float(tmax) + 1)) + 2
+        sums_k = _kernels.tail_sums(exp, mag, exp_count, LEVELS, kmax)
         tcum = rng[LEVELS]
         tail_best = np.full((e + 1, e + 1), np.inf)
         for k in range(kmax + 1):
-            sums = np.concatenate([[0], np.cumsum(np.bincount(ti, weights=tv >> k, minlength=e))])
+            sums = np.concatenate([[0], np.cumsum(sums_k[k][pop].astype(np.float64))])
             tail_best = np.minimum(tail_best, _range_costs(sums) + tcum * (1 + k))
         cost = cost + tail_best
     cost = np.asarray(cost, dtype=np.float64)
@@ -530,58 +504,37 @@ def _encode_sparse(old: _Bits, new: _Bits, changed: np.ndarray) -> bytes:
     fmt = old.fmt
     old_c = old.gather(changed)
     new_c = new.gather(changed)
-    exp_c = ((old_c & fmt.mag_mask) >> fmt.mant).astype(np.int64)
-    thresholds = _choose_thresholds(old.exp_histogram(), np.bincount(exp_c, minlength=fmt.exp_count))
+    hist_changed = np.bincount((old_c & fmt.mag_mask) >> fmt.mant, minlength=fmt.exp_count)
+    thresholds = _choose_thresholds(old.exp_histogram(), hist_changed)
     k = len(thresholds) + 1
-    bitmaps = old.classes(thresholds)
+    counts, cls, ranks = old.class_ranks(thresholds, changed)
 
-    # Changed elements in class-major order (by position within a class).
-    cls = np.searchsorted(np.asarray(thresholds, dtype=np.int64), exp_c, side="right").astype(np.uint8)
-    order = np.argsort(cls, kind="stable")  # radix sort on uint8
-    cls = cls.astype(np.int64)
-    pos, cls, exp_c = changed[order], cls[order], exp_c[order]
-    d = _to_ord(new_c[order], fmt) - _to_ord(old_c[order], fmt)
+    # Changed elements in class-major order (by position within a class), d = ord(new) − ord(old).
+    order, exp_c, d = _kernels.sparse_encode_order(cls, old_c, new_c, k, fmt.mant, fmt.bits - 1, fmt.mag_mask)
     mag = np.abs(d)
 
-    # Value classes, elements regrouped value-class-major.
-    vthr = _choose_value_thresholds(exp_c, mag)
+    # Value classes, elements regrouped value-class-major; the level sequences of |d| and its tail.
+    vthr = _choose_value_thresholds(exp_c, mag, fmt.exp_count)
     v = len(vthr) + 1
-    vcls = np.searchsorted(np.asarray(vthr, dtype=np.int64), exp_c, side="right").astype(np.uint8)
-    vmag = mag[np.argsort(vcls, kind="stable")]
-    vcls = np.sort(vcls).astype(np.int64)
-    n_v = np.bincount(vcls, minlength=v)
+    vlut, _ = _class_tables(vthr)
+    lv_lengths, lv_seq, lv_local, tail, tcls, n_v = _kernels.level_sequences(vlut[exp_c], mag, v, k, LEVELS)
 
     # All Bernoulli sequences: K position masks, then V sequences for each of the three levels.
-    lengths = [bitmaps.counts]
-    seq_ids = [cls]
-    locals_ = [bitmaps.rank(cls, pos)]
-    ones_per = [np.bincount(cls, minlength=k)]
-    for level in range(1, LEVELS + 1):
-        members = np.flatnonzero(vmag >= level)
-        mcls = vcls[members]
-        lengths.append(np.bincount(mcls, minlength=v))
-        starts = np.searchsorted(mcls, np.arange(v))
-        hit = vmag[members] > level
-        seq_ids.append(k + (level - 1) * v + mcls[hit])
-        locals_.append(np.flatnonzero(hit) - starts[mcls[hit]])
-        ones_per.append(np.bincount(mcls[hit], minlength=v))
-    all_lengths = np.concatenate(lengths)
-    params, gaps, ks = seq_encode(all_lengths, np.concatenate(seq_ids), np.concatenate(locals_))
-    ones = np.concatenate(ones_per)
-    tail_mask = vmag > LEVELS
-    tail = vmag[tail_mask] - LEVELS - 1
-    tcls = vcls[tail_mask]
+    all_lengths = np.concatenate([counts, lv_lengths])
+    ones, params, gaps, ks = seq_encode(
+        all_lengths, np.concatenate([cls[order], lv_seq]), np.concatenate([ranks[order], lv_local])
+    )
     tail_k = best_rice_k(tail, tcls, v)
 
     out = bytearray([k, *thresholds, v, *vthr])
     for c in range(v):
         put_varint(out, int(n_v[c]))
-    for i in range(len(all_lengths)):
-        if i >= k and all_lengths[i] == 0:
+    for i, (length, count, param) in enumerate(zip(all_lengths.tolist(), ones.tolist(), params.tolist(), strict=True)):
+        if i >= k and length == 0:
             continue  # a level sequence of an empty population is not written at all
-        put_varint(out, int(ones[i]))
-        if params[i] != NO_PARAM:
-            out.append(int(params[i]))
+        put_varint(out, count)
+        if param != NO_PARAM:
+            out.append(param)
     for c in range(v):
         if ones[k + (LEVELS - 1) * v + c]:
             out.append(int(tail_k[c]))
@@ -609,13 +562,12 @@ def _decode_sparse(old: _Bits, r: Reader) -> tuple[np.ndarray, np.ndarray]:
     k = len(thresholds) + 1
     vthr = _read_thresholds(r, MAX_VALUE_CLASSES, fmt.exp_count)
     v = len(vthr) + 1
-    bitmaps = old.classes(thresholds)
     n_v = np.array([r.varint(old.n) for _ in range(v)], dtype=np.int64)
     if n_v.sum() > old.n:
         raise ChunkCorrupt("more changes than elements")
 
     # Header: every sequence's length, ones and parameter, in stream order.
-    lengths = list(bitmaps.counts) + [0] * (LEVELS * v)
+    lengths = old.class_counts(thresholds).tolist() + [0] * (LEVELS * v)
     ones = [0] * len(lengths)
     params = [NO_PARAM] * len(lengths)
     pops = n_v.tolist()
@@ -633,46 +585,36 @@ def _decode_sparse(old: _Bits, r: Reader) -> tuple[np.ndarray, np.ndarray]:
     tail_k = np.array([r.u8() if pops[c] else 0 for c in range(v)], dtype=np.int64)
     la, oa, pa = (np.asarray(x, dtype=np.int64) for x in (lengths, ones, params))
     check_params(la, oa, pa)
-    if int(oa[:k].sum()) != int(n_v.sum()):
+    m = int(n_v.sum())
+    if int(oa[:k].sum()) != m:
         raise ChunkCorrupt("position and value counts disagree")
     counts = coded_counts(la, oa, pa)
     pk = np.where(pa >= 0, pa & 0x3F, 0)
-    tail_counts = np.asarray(pops, dtype=np.int64)
-    sym_k = np.concatenate([np.repeat(pk, counts), np.repeat(tail_k, tail_counts)])
+    sym_k = np.concatenate([np.repeat(pk, counts), np.repeat(tail_k, np.asarray(pops, dtype=np.int64))])
     symbols = rice_decode(r.blob(), r.blob(), sym_k)
-    m = int(n_v.sum())
-    neg = unpack_bools(r.take((m + 7) // 8), m)
+    neg = r.take((m + 7) // 8)
     nseq_sym = int(counts.sum())
     seq, local = seq_decode(la, oa, pa, symbols[:nseq_sym])
-    tail = symbols[nseq_sym:]
 
-    # Positions: class-local ranks → positions via the class bitmaps (class-major order).
-    is_pos = seq < k
-    cls = seq[is_pos]
-    pos = bitmaps.select(cls, local[is_pos])
-    old_c = old.gather(pos)
-    exp_c = ((old_c & fmt.mag_mask) >> fmt.mant).astype(np.int64)
-    vcls = np.searchsorted(np.asarray(vthr, dtype=np.int64), exp_c, side="right").astype(np.uint8)
-    if not np.array_equal(np.bincount(vcls, minlength=v), n_v):
-        raise ChunkCorrupt("value class populations disagree with the header")
-    vorder = np.argsort(vcls, kind="stable")
-    vcls = vcls[vorder].astype(np.int64)
-
-    # Magnitudes: levels then tail, value-class-major.
-    vmag = np.ones(m, dtype=np.int64)
-    lseq, llocal = seq[~is_pos] - k, local[~is_pos]
-    for level in range(1, LEVELS + 1):
-        members = np.flatnonzero(vmag >= level)
-        starts = np.searchsorted(vcls[members], np.arange(v))
-        sel = (lseq // v) == level - 1
-        c = lseq[sel] % v
-        vmag[members[starts[c] + llocal[sel]]] += 1
-    tail_members = np.flatnonzero(vmag > LEVELS)
-    vmag[tail_members] += tail
-    mag = np.empty(m, dtype=np.int64)
-    mag[vorder] = vmag
-    d = np.where(neg, -mag, mag)
-    return pos, _from_ord(_to_ord(old_c, fmt) + d, fmt)
+    # Positions: class-local ranks → positions (class-major order), then the new values.
+    offsets = np.concatenate([[0], np.cumsum(oa[:k])])
+    pos = old.class_select(thresholds, local[:m], offsets)
+    vlut, _ = _class_tables(vthr)
+    bits, err = _kernels.sparse_decode_values(
+        old.gather(pos),
+        vlut,
+        n_v,
+        seq[m:] - k,
+        local[m:],
+        symbols[nseq_sym:],
+        as_u8(neg),
+        LEVELS,
+        fmt.mant,
+        fmt.bits - 1,
+        fmt.mag_mask,
+    )
+    check(err)
+    return pos, bits
 
 
 # --------------------------------------------------------------------------------- dense modes
