@@ -19,5 +19,10 @@ COPY rlbus ./rlbus
 RUN pip install --no-deps . && rm -rf build rlbus.egg-info
 
 RUN useradd --create-home --uid 10001 rlbus
+# Mount points of the compose volumes (blob store, run logs and checkpoints), owned by the worker user so
+# fresh named volumes inherit it.
+RUN mkdir -p /data/blobs /data/runs && chown -R rlbus /data
 USER rlbus
+# 8470: `rlbus blobs serve`; 9400: the workers' metrics.
+EXPOSE 8470 9400
 CMD ["rlbus", "--help"]

@@ -2,12 +2,13 @@
 #   make demo  — the main job: async RL end to end in one process (embedded bus, CPU, a few minutes)
 #   make test  — start Kafka if it is not running, then run the whole test suite (Kafka + Redis tests fail, never skip)
 #   make up    — start a local Kafka (KRaft) and create the rlbus topics
+#   make distributed — the whole loop as separate processes (`rlbus up`: Kafka, Redis, blobs, every role)
 PYTHON ?= python3.11
 VENV := .venv
 BIN := $(VENV)/bin
 export RLBUS_KAFKA_BOOTSTRAP ?= 127.0.0.1:9092
 
-.PHONY: venv demo up test lint bench-bus bench-codec
+.PHONY: venv demo up distributed test lint bench-bus bench-codec
 
 $(BIN)/rlbus: pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -24,6 +25,9 @@ up: venv
 	$(BIN)/rlbus kafka start
 	$(BIN)/rlbus topics create
 	$(BIN)/rlbus topics list
+
+distributed: venv
+	$(BIN)/rlbus up
 
 test: venv
 	$(BIN)/rlbus kafka start --port $(lastword $(subst :, ,$(RLBUS_KAFKA_BOOTSTRAP)))

@@ -234,13 +234,17 @@ def topics_create(
     config: ConfigFile = None,
     replication: Annotated[int, typer.Option(help="Replication factor (3 on a 3-broker cluster).")] = 1,
     partitions: Annotated[int | None, typer.Option(help="Override partitions of the data topics.")] = None,
+    namespace: Annotated[str, typer.Option(help="A run's namespace: create <namespace>.rl.prompts.v1 …")] = "",
 ) -> None:
     """Create every rlbus topic and its dead-letter topic (existing ones are left alone)."""
     from rlbus.bus.topics import topic_specs
+    from rlbus.launch.namespace import namespaced
 
     async def go() -> list[str]:
-        async with _bus(bootstrap, config) as bus:
-            return await bus.create_topics(topic_specs(replication=replication, partitions=partitions))
+        prefix = f"{namespace}." if namespace else ""
+        async with namespaced(_bus(bootstrap, config), prefix) as bus:
+            created = await bus.create_topics(topic_specs(replication=replication, partitions=partitions))
+            return [prefix + name for name in created]
 
     created = _run(go)
     console.print(f"created {len(created)} topic(s)" + (": " + ", ".join(created) if created else ""))
@@ -499,15 +503,19 @@ def worker(
 @app.command()
 def up(
     config: RunConfigFile = None,
-    rollout_workers: Annotated[int, typer.Option(help="Rollout worker processes (regions alternate).")] = 2,
+    rollout_workers: Annotated[int, typer.Option(min=1, help="Rollout worker processes (regions alternate).")] = 2,
     steps: Annotated[int | None, typer.Option(help="Stop once the trainer reaches this step.")] = None,
+    namespace: Annotated[
+        str | None, typer.Option(help="Run namespace (default: the config's, else a fresh up-<date>-<time>).")
+    ] = None,
     grace: Annotated[float, typer.Option(help="Seconds a child may drain after SIGTERM before it is killed.")] = 30.0,
 ) -> None:
     """A local distributed run: Kafka and Redis (started if missing), topics, a blob server, the trainer,
     a reward worker, rollout workers and the prompt producer as processes. Ctrl-C stops them gracefully."""
     from rlbus.launch.up import up as run_up
 
-    raise typer.Exit(_run(lambda: run_up(config, rollout_workers=rollout_workers, steps=steps, grace_s=grace)))
+    raise typer.Exit(_run(lambda: run_up(config, rollout_workers=rollout_workers, steps=steps, namespace=namespace,
+                                         grace_s=grace)))
 
 
 # --- replay / tail --------------------------------------------------------------------------------
@@ -610,6 +618,10 @@ def status(
         str, typer.Option("--redis", envvar="RLBUS_REDIS_URL", help="Redis holding the worker registry.")
     ] = "redis://127.0.0.1:6379/0",
     redis_prefix: Annotated[str, typer.Option(help="Key prefix of the run's Redis keys.")] = "rlbus:",
+    namespace: Annotated[
+        str | None,
+        typer.Option(envvar="RLBUS_NAMESPACE", help="The run namespace (run.namespace): its topics, groups, keys."),
+    ] = None,
     watch: Annotated[bool, typer.Option("--watch", help="A live view, refreshed until Ctrl-C.")] = False,
     every: Annotated[float, typer.Option(help="Seconds between refreshes with --watch.")] = 2.0,
     as_json: Annotated[bool, typer.Option("--json", help="Print the snapshot once as JSON.")] = False,
@@ -617,6 +629,7 @@ def status(
     """Workers by role and region, consumer-group lag, trainer step and version, recent swap pauses."""
     from redis.asyncio import Redis
 
+    from rlbus.launch.namespace import namespaced
     from rlbus.observe.status import show
     from rlbus.state.redis import RedisStateStore
 
@@ -626,9 +639,10 @@ def status(
         raise typer.BadParameter(str(exc), param_hint="--redis") from None
 
     async def go() -> None:
-        async with RedisStateStore(client, key_prefix=redis_prefix) as state:
+        prefix = f"rlbus:{namespace}:" if namespace else redis_prefix
+        async with RedisStateStore(client, key_prefix=prefix) as state:
             await state.workers()  # Redis first: it answers (or refuses) fastest
-            bus = _bus(bootstrap, config)
+            bus = namespaced(_bus(bootstrap, config), f"{namespace}." if namespace else "")
             try:
                 await bus.start()
                 await show(bus, state, console=console, as_json=as_json, watch=watch, every_s=every)
@@ -720,6 +734,7 @@ BENCHMARKS = {
     "mismatch": "rlbus.bench.mismatch",
     "train": "rlbus.bench.train",
     "pipeline": "rlbus.bench.pipeline",
+    "chaos": "rlbus.bench.chaos",
 }
 
 
@@ -749,6 +764,9 @@ def bench(
         raise typer.Exit(1) from None
     if name == "sandbox" and result["escapes_contained"] < result["escapes_tried"]:
         err.print("[red]an escape attempt was NOT contained[/red]")
+        raise typer.Exit(1)
+    if name == "chaos" and result["summary"]["passed"] < result["summary"]["scenarios"]:
+        err.print("[red]a chaos scenario failed its checks (see the table)[/red]")
         raise typer.Exit(1)
 
 

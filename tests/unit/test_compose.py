@@ -14,7 +14,10 @@ from pathlib import Path
 import pytest
 
 COMPOSE_FILE = Path(__file__).resolve().parents[2] / "docker-compose.yml"
-DEFAULT = {"kafka", "topics", "redis"}
+#: The distributed run's services and the role each runs.
+WORKERS = {"trainer": "trainer", "rollout": "rollout", "rollout-us": "rollout", "reward": "reward",
+           "prompts": "prompts"}
+DEFAULT = {"kafka", "topics", "redis", "blobs", *WORKERS}
 CLUSTER = DEFAULT | {"kafka-1", "kafka-2", "kafka-3", "topics-cluster"}
 
 
@@ -47,3 +50,22 @@ def test_compose_services() -> None:
     # Compose v1 lists every service regardless of profile; v2 lists only the enabled ones.
     assert DEFAULT <= default <= CLUSTER
     assert cluster == CLUSTER
+
+
+def test_worker_services_run_one_role_each_with_the_mounted_config() -> None:
+    import yaml
+
+    services = yaml.safe_load(_compose("config"))["services"]
+    regions = {}
+    for name, role in WORKERS.items():
+        service = services[name]
+        assert service["command"][:3] == ["rlbus", "worker", role], name
+        env = service["environment"]
+        assert env["RLBUS_CONFIG"] == "/etc/rlbus/run.toml" and env["RLBUS_KAFKA_BOOTSTRAP"] == "kafka:19092"
+        assert any(str(v).endswith("/etc/rlbus/run.toml:ro") for v in service["volumes"])
+        assert "9400" in [str(p) for p in service["expose"]]
+        assert not any("secret" in str(arg).lower() for arg in service["command"])  # secrets: environment only
+        regions[name] = env.get("RLBUS_REGION")
+    assert regions["rollout"] and regions["rollout-us"] and regions["rollout"] != regions["rollout-us"]
+    assert "container_name" not in services["rollout"] and "ports" not in services["rollout"]  # --scale works
+    assert services["blobs"]["command"][:3] == ["rlbus", "blobs", "serve"]

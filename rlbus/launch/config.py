@@ -1,0 +1,360 @@
+"""The run config: one TOML file every process of a distributed run reads.
+
+Tables (each optional; defaults equal ``rlbus demo``'s, so a file with only ``[bus]``, ``[state]`` and
+``[store]`` runs the demo's task and model distributed)::
+
+    [bus]      Kafka connection (rlbus.config.KafkaBusConfig: bootstrap, SASL/TLS, compression …)
+    [state]    url = "redis://host:6379/0" (or "memory://" for a single process), key_prefix
+    [store]    dir = "/shared/blobs"  or  url = "http://blobs:8470" (+ the HMAC secret, see below)
+    [task]     env, env_config, group_size, seed
+    [model]    the PolicyConfig fields, or checkpoint = "DIR" written by `rlbus pretrain`
+    [trainer]  lr, groups_per_step, max_staleness, publish_every, checkpoint_dir, checkpoint_every,
+               reward_sources, join_timeout_s, warm_steps (when starting without a checkpoint) …
+    [rollout]  temperature, prompts_in_flight, max_batch …
+    [reward]   kind, concurrency
+    [run]      run_dir (the run log), namespace (prefix of topics, groups and Redis keys), metrics_port,
+               heartbeat_s, claim_threshold_bytes
+
+Every table rejects unknown fields and every error names the field (``ConfigError("trainer.lr", …)``).
+The connection settings may be overridden from the environment, which wins over the file (containers
+and ``rlbus up`` set them): ``RLBUS_KAFKA_BOOTSTRAP`` → ``bus.bootstrap``, ``RLBUS_REDIS_URL`` →
+``state.url``, ``RLBUS_BLOB_URL`` → ``store.url`` (and clears ``store.dir``); ``rlbus up`` also hands its
+children the run's ``RLBUS_NAMESPACE`` → ``run.namespace`` and ``RLBUS_RUN_DIR`` → ``run.run_dir``;
+``RLBUS_METRICS_PORT`` / ``RLBUS_METRICS_HOST`` set the metrics endpoint (compose: 9400 on 0.0.0.0). The
+blob store's HMAC secret is never a config value or a command-line flag: it comes from the file
+``store.secret_file`` or from ``RLBUS_BLOB_SECRET``. Nothing here imports torch: the prompt producer and
+the reward worker load this module too.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import tomllib
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, Literal
+
+import msgspec
+
+from rlbus.config import KafkaBusConfig, parse
+from rlbus.errors import ConfigError
+
+ENV_BOOTSTRAP = "RLBUS_KAFKA_BOOTSTRAP"
+ENV_REDIS = "RLBUS_REDIS_URL"
+ENV_BLOB_URL = "RLBUS_BLOB_URL"
+ENV_BLOB_SECRET = "RLBUS_BLOB_SECRET"
+ENV_NAMESPACE = "RLBUS_NAMESPACE"
+ENV_RUN_DIR = "RLBUS_RUN_DIR"
+ENV_METRICS_PORT = "RLBUS_METRICS_PORT"
+ENV_METRICS_HOST = "RLBUS_METRICS_HOST"
+
+_STRUCT: dict[str, Any] = {"frozen": True, "forbid_unknown_fields": True, "kw_only": True}
+
+
+class StateSection(msgspec.Struct, **_STRUCT):
+    """Where the join buffer, ledger and counters live."""
+
+    #: ``redis://host:port/db`` (``rediss://``, ``unix://``), or ``memory://`` for a single process.
+    url: str = "redis://127.0.0.1:6379/0"
+    #: Prefix of every Redis key; default ``rlbus:`` plus ``<namespace>:`` when the run has one.
+    key_prefix: str | None = None
+
+    def __post_init__(self) -> None:
+        if not (self.url == "memory://" or self.url.startswith(("redis://", "rediss://", "unix://"))):
+            raise ValueError(f"url {self.url!r} must be memory:// or redis://host:port/db")
+
+
+class StoreSection(msgspec.Struct, **_STRUCT):
+    """The blob store weight chunks go through: a shared directory or a `rlbus blobs serve` URL."""
+
+    #: A directory every process can read (one machine, or a shared volume); default ``<run_dir>/blobs``.
+    dir: str | None = None
+    #: ``http://host:port`` of `rlbus blobs serve` (the trainer PUTs chunks, workers GET them).
+    url: str | None = None
+    #: A file holding the HMAC secret of ``url`` (used when ``RLBUS_BLOB_SECRET`` is not set).
+    secret_file: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.dir is not None and self.url is not None:
+            raise ValueError("url and dir are exclusive: give the store as a directory or as a URL")
+        if self.url is not None and not re.match(r"https?://[^/\s]+", self.url):
+            raise ValueError(f"url {self.url!r} is not an http(s)://host:port URL")
+
+
+class TaskSection(msgspec.Struct, **_STRUCT):
+    """The built-in task prompts are drawn from."""
+
+    #: Registered environment (``arith``, ``strings``, ``kv``, ``python_fn``).
+    env: str = "arith"
+    #: The environment's configuration (validated by the environment when prompts are generated).
+    env_config: dict[str, Any] = msgspec.field(default_factory=lambda: {"digits": 1})
+    #: GRPO group size G: rollouts per prompt.
+    group_size: int = 8
+    #: Seeds the prompt stream (seed + 1000), the warm start and the policy's initial weights.
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.group_size < 2:
+            raise ValueError("group_size must be ≥ 2: GRPO compares rollouts within a group")
+
+
+class ModelSection(msgspec.Struct, **_STRUCT):
+    """The policy's shape (rlbus.models.policy.PolicyConfig), or a checkpoint to start from."""
+
+    #: A checkpoint file or directory (`rlbus pretrain --out DIR`); its shape and weights are used.
+    checkpoint: str | None = None
+    #: Vocabulary (272: the byte tokenizer's 256 bytes + 16 specials).
+    vocab: int = 272
+    #: Residual width, blocks, attention heads, context length, RoPE base.
+    d_model: int = 96
+    n_layer: int = 3
+    n_head: int = 4
+    max_seq: int = 64
+    rope_theta: float = 10_000.0
+    #: Experts per MoE feed-forward (0 = dense), experts per token, expert hidden width.
+    n_experts: int = 4
+    top_k: int = 2
+    d_ff: int = 128
+    #: Load-balancing loss weight, RMSNorm epsilon.
+    aux_loss_coef: float = 0.01
+    norm_eps: float = 1e-5
+
+    def shape(self) -> dict[str, Any]:
+        """The PolicyConfig keyword arguments."""
+        return {f: getattr(self, f) for f in self.__struct_fields__ if f != "checkpoint"}
+
+
+class TrainerSection(msgspec.Struct, **_STRUCT):
+    """The trainer: GRPO settings, versions, checkpoints, the join."""
+
+    #: Adam learning rate of the RL steps.
+    lr: float = 3e-4
+    #: Complete groups per GRPO step.
+    groups_per_step: int = 8
+    #: Versions a rollout may lag; older ones are dropped (also the admission-control bound).
+    max_staleness: int = 2
+    #: Steps per published weight version.
+    publish_every: int = 1
+    #: Divide advantages by the group's reward std.
+    normalize_std: bool = True
+    #: Directory of the trainer's checkpoints; a restart restores the newest. None: no checkpoints.
+    checkpoint_dir: str | None = None
+    #: Steps per checkpoint (with checkpoint_dir); a graceful stop always writes one.
+    checkpoint_every: int = 10
+    #: Checkpoint files kept.
+    keep_checkpoints: int = 2
+    #: Reward sources every rollout waits for before its group is complete.
+    reward_sources: list[str] = msgspec.field(default_factory=lambda: ["verifier"])
+    #: Seconds after a group's first message before the join releases it incomplete.
+    join_timeout_s: float = 60.0
+    #: Release complete groups in prompt order (what makes a replay reproduce the trainer's inputs).
+    ordered: bool = True
+    #: Supervised warm-start steps when neither checkpoint_dir nor model.checkpoint has weights.
+    warm_steps: int = 400
+    #: Learning rate of the warm start.
+    warm_lr: float = 3e-3
+    #: Fraction of warm-start answers the demo's "sloppy teacher" gets wrong by one (rlbus.demo); 0 = clean.
+    teacher_error: float = 0.55
+    #: Every K-th version also ships a keyframe (a full snapshot) for late joiners.
+    keyframe_every: int = 20
+    #: Versions kept in the blob store (the newest keyframe and later are always kept).
+    retain_versions: int = 5
+    #: torch intra-op threads (1: several processes share a small machine).
+    torch_threads: int = 1
+
+    def __post_init__(self) -> None:
+        positive = ("lr", "groups_per_step", "publish_every", "checkpoint_every", "keep_checkpoints",
+                    "join_timeout_s", "warm_lr", "keyframe_every", "retain_versions", "torch_threads")
+        for name in positive:
+            if not getattr(self, name) > 0:
+                raise ValueError(f"{name} must be > 0")
+        if self.max_staleness < 0 or self.warm_steps < 0:
+            raise ValueError(f"{'max_staleness' if self.max_staleness < 0 else 'warm_steps'} must be ≥ 0")
+        if not 0.0 <= self.teacher_error <= 1.0:
+            raise ValueError("teacher_error must be in [0, 1]")
+        if not self.reward_sources:
+            raise ValueError("reward_sources must name at least one source")
+
+
+class RolloutSection(msgspec.Struct, **_STRUCT):
+    """Rollout workers: sampling and batching."""
+
+    #: Sampling temperature (the trainer scores at the same temperature).
+    temperature: float = 1.0
+    #: Prompts a worker plays at once (each a group of G episodes).
+    prompts_in_flight: int = 2
+    #: Largest merged decode batch of the batching engine.
+    max_batch: int = 64
+    #: Seconds the batching engine waits to merge concurrent calls.
+    batch_window_s: float = 0.003
+    #: Threads for concurrent episodes (at least prompts_in_flight × G).
+    episode_threads: int = 64
+    #: torch intra-op threads.
+    torch_threads: int = 1
+
+    def __post_init__(self) -> None:
+        for name in ("temperature", "prompts_in_flight", "max_batch", "episode_threads", "torch_threads"):
+            if not getattr(self, name) > 0:
+                raise ValueError(f"{name} must be > 0")
+
+
+class RewardSection(msgspec.Struct, **_STRUCT):
+    """Reward workers."""
+
+    #: ``verifier`` (the prompt's environment scores it); judges need an endpoint and are wired in code.
+    kind: Literal["verifier"] = "verifier"
+    #: Rollouts scored at once.
+    concurrency: int = 8
+
+
+class RunSection(msgspec.Struct, **_STRUCT):
+    """Where the run log goes and which names the run uses."""
+
+    #: Directory of the run log (steps, inputs, rewards, weights, syncs-*); "" writes none.
+    run_dir: str = "runs/distributed"
+    #: Prefix of the run's topics (``<namespace>.rl.rollouts.v1``), consumer groups and Redis keys, so
+    #: runs share a cluster without seeing each other; "" uses the plain names.
+    namespace: str = ""
+    #: Serve Prometheus ``/metrics`` on this port (0: any free port; unset: no endpoint). Containers use 9400.
+    metrics_port: int | None = None
+    #: Interface of the metrics endpoint (``0.0.0.0`` in containers, so Prometheus can reach it).
+    metrics_host: str = "127.0.0.1"
+    #: Seconds between registry heartbeats (``rlbus status``, the dashboard); workers vanish after 5×.
+    heartbeat_s: float = 2.0
+    #: Rollouts whose message is larger than this go to the blob store with a claim on the topic.
+    claim_threshold_bytes: int = 512 * 1024
+
+    def __post_init__(self) -> None:
+        if self.metrics_port is not None and not 0 <= self.metrics_port < 65536:
+            raise ValueError("metrics_port must be in 0..65535")
+        if self.heartbeat_s <= 0 or self.claim_threshold_bytes < 1:
+            raise ValueError("heartbeat_s and claim_threshold_bytes must be > 0")
+        if self.namespace and not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]{0,98}", self.namespace):
+            raise ValueError(f"namespace {self.namespace!r} must be [A-Za-z0-9][A-Za-z0-9._-]* (≤ 99 chars)")
+
+
+class RunConfig(msgspec.Struct, **_STRUCT):
+    """The whole run config, one field per table."""
+
+    bus: KafkaBusConfig = msgspec.field(default_factory=KafkaBusConfig)
+    state: StateSection = msgspec.field(default_factory=StateSection)
+    store: StoreSection = msgspec.field(default_factory=StoreSection)
+    task: TaskSection = msgspec.field(default_factory=TaskSection)
+    model: ModelSection = msgspec.field(default_factory=ModelSection)
+    trainer: TrainerSection = msgspec.field(default_factory=TrainerSection)
+    rollout: RolloutSection = msgspec.field(default_factory=RolloutSection)
+    reward: RewardSection = msgspec.field(default_factory=RewardSection)
+    run: RunSection = msgspec.field(default_factory=RunSection)
+
+    # --- derived names -----------------------------------------------------------------------------
+    @property
+    def topic_prefix(self) -> str:
+        """Prefix of topic and group names ("" without a namespace)."""
+        return f"{self.run.namespace}." if self.run.namespace else ""
+
+    @property
+    def state_prefix(self) -> str:
+        if self.state.key_prefix is not None:
+            return self.state.key_prefix
+        return f"rlbus:{self.run.namespace}:" if self.run.namespace else "rlbus:"
+
+    @property
+    def run_dir(self) -> Path | None:
+        return Path(self.run.run_dir) if self.run.run_dir else None
+
+    def store_dir(self) -> Path:
+        """The local blob directory (``store.dir``, else ``<run_dir>/blobs``)."""
+        if self.store.dir is not None:
+            return Path(self.store.dir)
+        return (self.run_dir or Path("runs/distributed")) / "blobs"
+
+
+SECTIONS: dict[str, type[Any]] = {
+    "bus": KafkaBusConfig,
+    "state": StateSection,
+    "store": StoreSection,
+    "task": TaskSection,
+    "model": ModelSection,
+    "trainer": TrainerSection,
+    "rollout": RolloutSection,
+    "reward": RewardSection,
+    "run": RunSection,
+}
+
+
+def load_config(path: Path | None, environ: Mapping[str, str] | None = None) -> RunConfig:
+    """Read ``path`` (None: every default), apply the environment overrides, validate every table."""
+    text = ""
+    if path is not None:
+        try:
+            text = Path(path).read_text()
+        except OSError as exc:
+            raise ConfigError(str(path), f"cannot read the run config: {exc.strerror or exc}") from None
+    try:
+        raw = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(str(path), f"not valid TOML: {exc}") from None
+    return config_from_dict(raw, os.environ if environ is None else environ)
+
+
+def config_from_dict(raw: Mapping[str, Any], environ: Mapping[str, str]) -> RunConfig:
+    """Validate a parsed TOML document table by table (so errors name ``table.field``)."""
+    for name, value in raw.items():
+        if name not in SECTIONS:
+            raise ConfigError(name, f"unknown table; expected one of {', '.join(SECTIONS)}")
+        if not isinstance(value, dict):
+            raise ConfigError(name, "must be a table ([name] with fields)")
+    tables = {name: dict(raw.get(name, {})) for name in SECTIONS}
+    kind = tables["bus"].pop("kind", "kafka")
+    if kind != "kafka":
+        raise ConfigError("bus.kind", f"the distributed mode runs on Kafka, not {kind!r}")
+    _apply_env(tables, environ)
+    model = tables["model"]
+    if "checkpoint" in model and len(model) > 1:
+        other = sorted(k for k in model if k != "checkpoint")[0]
+        raise ConfigError(f"model.{other}", "give either model.checkpoint or the shape fields, not both")
+    return RunConfig(**{name: parse(SECTIONS[name], data, prefix=name) for name, data in tables.items()})
+
+
+def _apply_env(tables: dict[str, dict[str, Any]], environ: Mapping[str, str]) -> None:
+    if environ.get(ENV_BOOTSTRAP):
+        tables["bus"]["bootstrap"] = environ[ENV_BOOTSTRAP]
+    if environ.get(ENV_REDIS):
+        tables["state"]["url"] = environ[ENV_REDIS]
+    if environ.get(ENV_BLOB_URL):
+        tables["store"]["url"] = environ[ENV_BLOB_URL]
+        tables["store"].pop("dir", None)
+    if environ.get(ENV_NAMESPACE):
+        tables["run"]["namespace"] = environ[ENV_NAMESPACE]
+    if environ.get(ENV_RUN_DIR):
+        tables["run"]["run_dir"] = environ[ENV_RUN_DIR]
+    if environ.get(ENV_METRICS_PORT):
+        tables["run"]["metrics_port"] = _int(environ[ENV_METRICS_PORT], "run.metrics_port")
+    if environ.get(ENV_METRICS_HOST):
+        tables["run"]["metrics_host"] = environ[ENV_METRICS_HOST]
+
+
+def _int(text: str, field: str) -> int:
+    try:
+        return int(text)
+    except ValueError:
+        raise ConfigError(field, f"{text!r} is not an integer") from None
+
+
+def blob_secret(store: StoreSection, environ: Mapping[str, str] | None = None) -> str:
+    """The HMAC secret of an HTTP store: the contents of ``secret_file`` when it is given, else
+    ``RLBUS_BLOB_SECRET``."""
+    env = os.environ if environ is None else environ
+    if store.secret_file is None:
+        if env.get(ENV_BLOB_SECRET):
+            return env[ENV_BLOB_SECRET]
+        raise ConfigError("store.secret_file", f"an HTTP blob store needs a secret: set {ENV_BLOB_SECRET} or give "
+                          "secret_file")
+    try:
+        secret = Path(store.secret_file).read_text().strip()
+    except OSError as exc:
+        raise ConfigError("store.secret_file", f"cannot read {store.secret_file}: {exc.strerror or exc}") from None
+    if not secret:
+        raise ConfigError("store.secret_file", f"{store.secret_file} is empty")
+    return secret

@@ -1,0 +1,122 @@
+"""The run config: the demo's defaults, errors that name the field, env overrides, secrets never inline."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import pytest
+
+from rlbus.errors import ConfigError
+from rlbus.launch.build import store_for
+from rlbus.launch.config import RunConfig, blob_secret, config_from_dict, load_config
+
+
+def config_of(text: str, tmp_path: Path, environ: dict[str, str] | None = None) -> RunConfig:
+    path = tmp_path / "run.toml"
+    path.write_text(text)
+    return load_config(path, environ or {})
+
+
+def field_of(text: str, tmp_path: Path, environ: dict[str, str] | None = None) -> str:
+    with pytest.raises(ConfigError) as info:
+        config_of(text, tmp_path, environ)
+    return info.value.field
+
+
+def test_defaults_are_the_demos() -> None:
+    from rlbus.demo import DemoConfig
+
+    demo, run = DemoConfig(), load_config(None, {})
+    assert (run.task.env, run.task.env_config, run.task.group_size, run.task.seed) == (
+        demo.env, demo.env_config, demo.group_size, demo.seed)
+    t = run.trainer
+    assert (t.lr, t.warm_lr, t.warm_steps, t.teacher_error, t.groups_per_step, t.max_staleness) == (
+        demo.lr, demo.warm_lr, demo.warm_steps, demo.teacher_error, demo.groups_per_step, demo.max_staleness)
+    assert run.rollout.temperature == demo.temperature
+    assert run.model.shape() == dataclasses.asdict(demo.model)
+
+
+def test_only_connection_tables_is_enough(tmp_path: Path) -> None:
+    config = config_of('[bus]\nbootstrap = "k1:9092,k2:9092"\n[state]\nurl = "redis://r:6379/2"\n'
+                       '[store]\nurl = "http://blobs:8470"\n', tmp_path)
+    assert config.bus.bootstrap == "k1:9092,k2:9092" and config.state.url == "redis://r:6379/2"
+    assert config.store.url == "http://blobs:8470" and config.task.env == "arith"
+
+
+@pytest.mark.parametrize(
+    ("text", "field"),
+    [
+        ("[trainer]\nlr = -1.0\n", "trainer.lr"),
+        ("[trainer]\nlr = 'fast'\n", "trainer.lr"),
+        ("[trainer]\ngroups_per_stepp = 4\n", "trainer.groups_per_stepp"),
+        ("[trainer]\nreward_sources = []\n", "trainer.reward_sources"),
+        ("[rollout]\ntemperature = 0.0\n", "rollout.temperature"),
+        ("[task]\ngroup_size = 1\n", "task.group_size"),
+        ("[bus]\nbootstrap = 'nohost'\n", "bus.bootstrap"),
+        ("[bus]\nkind = 'memory'\n", "bus.kind"),
+        ("[state]\nurl = 'postgres://x'\n", "state.url"),
+        ("[store]\ndir = '/b'\nurl = 'http://b:1'\n", "store.url"),
+        ("[store]\nurl = 'ftp://b'\n", "store.url"),
+        ("[model]\ncheckpoint = '/ckpt'\nd_model = 64\n", "model.d_model"),
+        ("[run]\nnamespace = 'a b'\n", "run.namespace"),
+        ("[trainers]\nlr = 1.0\n", "trainers"),
+        ("trainer = 3\n", "trainer"),
+    ],
+)
+def test_errors_name_the_field(text: str, field: str, tmp_path: Path) -> None:
+    assert field_of(text, tmp_path) == field
+
+
+def test_a_broken_file_is_named(tmp_path: Path) -> None:
+    assert field_of("[trainer\n", tmp_path).endswith("run.toml")
+    with pytest.raises(ConfigError):
+        load_config(tmp_path / "missing.toml", {})
+
+
+def test_environment_overrides_the_connection_settings(tmp_path: Path) -> None:
+    env = {"RLBUS_KAFKA_BOOTSTRAP": "kafka:19092", "RLBUS_REDIS_URL": "redis://redis:6379/0",
+           "RLBUS_BLOB_URL": "http://blobs:8470"}
+    config = config_of('[bus]\nbootstrap = "127.0.0.1:9092"\n[store]\ndir = "/tmp/b"\n', tmp_path, env)
+    assert config.bus.bootstrap == "kafka:19092" and config.state.url == "redis://redis:6379/0"
+    assert config.store.url == "http://blobs:8470" and config.store.dir is None
+    assert field_of("", tmp_path, {"RLBUS_KAFKA_BOOTSTRAP": "oops"}) == "bus.bootstrap"
+
+
+def test_namespace_prefixes_topics_groups_and_keys() -> None:
+    plain = config_from_dict({}, {})
+    assert (plain.topic_prefix, plain.state_prefix) == ("", "rlbus:")
+    run = config_from_dict({"run": {"namespace": "exp1"}}, {})
+    assert (run.topic_prefix, run.state_prefix) == ("exp1.", "rlbus:exp1:")
+    own = config_from_dict({"run": {"namespace": "exp1"}, "state": {"key_prefix": "k:"}}, {})
+    assert own.state_prefix == "k:"
+
+
+def test_the_blob_secret_comes_from_a_file_or_the_environment(tmp_path: Path) -> None:
+    config = config_from_dict({"store": {"url": "http://blobs:8470"}}, {})
+    with pytest.raises(ConfigError) as info:
+        blob_secret(config.store, {})
+    assert info.value.field == "store.secret_file"
+    assert blob_secret(config.store, {"RLBUS_BLOB_SECRET": "s3cr3t"}) == "s3cr3t"
+    (tmp_path / "secret").write_text("from-file\n")
+    with_file = config_from_dict({"store": {"url": "http://b:1", "secret_file": str(tmp_path / "secret")}}, {})
+    assert blob_secret(with_file.store, {"RLBUS_BLOB_SECRET": "env"}) == "from-file"
+    (tmp_path / "empty").write_text("")
+    empty = config_from_dict({"store": {"url": "http://b:1", "secret_file": str(tmp_path / "empty")}}, {})
+    with pytest.raises(ConfigError):
+        blob_secret(empty.store, {})
+    with pytest.raises(ConfigError):  # "secret" is no config field: it never sits in a file that gets copied
+        config_from_dict({"store": {"url": "http://b:1", "secret": "x"}}, {})
+
+
+async def test_the_store_defaults_to_the_run_directory(tmp_path: Path) -> None:
+    config = config_from_dict({"run": {"run_dir": str(tmp_path / "run")}}, {})
+    store, name = store_for(config)
+    assert name == str(tmp_path / "run" / "blobs")
+    await store.put("a/b", b"x")
+    assert (tmp_path / "run" / "blobs" / "a" / "b").exists()
+
+
+def test_the_compose_run_config_is_valid() -> None:
+    config = load_config(Path(__file__).resolve().parents[3] / "infra" / "rlbus" / "run.toml", {})
+    assert config.run.run_dir.startswith("/data/runs") and config.trainer.checkpoint_dir is not None
