@@ -23,6 +23,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+import msgspec
+
 from rlbus.bus.base import Bus
 from rlbus.bus.dlq import DeadLetters, handle_batch
 from rlbus.bus.topics import REWARDS, ROLLOUTS
@@ -81,8 +83,10 @@ class RewardWorker:
             raise MalformedMessage(f"rollout {rollout.rollout_id} carries no prompt; it cannot be scored")
         episode = rollout_to_episode(rollout)
         if self._judge is not None:
-            return await self._judge.score(episode, prompt)
-        return await env_for(prompt).score(episode, prompt)
+            reward = await self._judge.score(episode, prompt)
+        else:
+            reward = await env_for(prompt).score(episode, prompt)
+        return msgspec.structs.replace(reward, rollout_created_at=rollout.created_at)
 
     async def _handle(self, record: Record[Any]) -> None:
         rollout: Rollout = record.value

@@ -31,3 +31,7 @@ class Reward(Message, kw_only=True):
     reason: str = ""
     created_at: float = 0.0
     metadata: dict[str, str] = msgspec.field(default_factory=dict)
+    #: ``created_at`` of the rollout copy this reward scored (None: any copy, e.g. user feedback). A prompt
+    #: redelivered after a crash is played again under the same rollout ids; the trainer's join pairs each
+    #: reward with the copy it scored, never one copy's tokens with the other's reward.
+    rollout_created_at: float | None = None

@@ -11,10 +11,17 @@ on arrival and counted as a duplicate, never trained twice or dropped after it w
 whose value is not a finite number is refused (``MalformedMessage``, so the trainer dead-letters it)
 before it can turn a whole batch's advantages into NaN.
 
+Redelivered prompts. A rollout worker that dies after publishing part of a group has its prompt played
+again, under the same rollout ids but with other tokens. The first copy of a rollout id stays in the
+buffer (later copies are counted in ``join:redelivered``), and each reward names the copy it scored
+(``Reward.rollout_created_at``), so a rollout is only ever paired with its own reward. Rewards that do
+not name a copy (user feedback) match any.
+
 Store layout (``ns`` = namespace)::
 
     ns:group:<prompt_id>   meta → {"group_size", "first_seen"}; r:<rollout_id> → Rollout bytes;
-                           w:<rollout_id>:<source> → Reward bytes
+                           w:<rollout_id>:<source>:<copy> → Reward bytes (copy: the scored rollout's
+                           created_at, "" when the reward names none)
     ns:open                <prompt_id> → first-seen time (the groups the sweeper looks at)
     ledger "outcome"       every rollout id that reached an outcome (SET NX): the exactly-once gate
     ledger <outcome>       the ids per outcome ("trained", "dropped_stale" …), for audits
@@ -48,6 +55,8 @@ class Outcome(StrEnum):
 FINAL = "outcome"
 #: Counter of rollouts passed to the optimizer although they already had an outcome; must stay 0.
 TRAINED_AGAIN = "ledger:trained_again"
+#: Second copies of buffered rollouts (a prompt redelivered after a crash, played again under the same ids).
+REDELIVERED_COUNTER = "join:redelivered"
 
 
 @dataclass(frozen=True)
@@ -124,6 +133,9 @@ class JoinBuffer:
             await self._state.incr(f"outcome:{Outcome.DUPLICATE}")
             return None
         fields, meta = await self._entry(rollout.prompt_id)
+        if f"r:{rollout.rollout_id}" in fields:  # a redelivered prompt's second copy: the first one stays
+            await self._state.incr(REDELIVERED_COUNTER)
+            return None
         if "meta" not in fields or meta.get("group_size") != rollout.group_size:
             meta["group_size"] = rollout.group_size
             await self._put(rollout.prompt_id, fields, "meta", json.dumps(meta).encode())
@@ -141,7 +153,8 @@ class JoinBuffer:
         fields, meta = await self._entry(reward.prompt_id)
         if "meta" not in fields:
             await self._put(reward.prompt_id, fields, "meta", json.dumps(meta).encode())
-        await self._put(reward.prompt_id, fields, f"w:{reward.rollout_id}:{reward.source}", encode(reward))
+        copy = "" if reward.rollout_created_at is None else repr(reward.rollout_created_at)
+        await self._put(reward.prompt_id, fields, f"w:{reward.rollout_id}:{reward.source}:{copy}", encode(reward))
         return await self._ready(reward.prompt_id, fields)
 
     def _assemble(self, prompt_id: str, fields: dict[str, bytes]) -> tuple[ScoredGroup, int | None]:
@@ -150,7 +163,10 @@ class JoinBuffer:
         rewards: dict[str, dict[str, Reward]] = {}
         for k, v in fields.items():
             if k.startswith("w:"):
-                rollout_id, source = k[2:].rsplit(":", 1)
+                rollout_id, source, copy = k[2:].rsplit(":", 2)
+                rollout = rollouts.get(rollout_id)
+                if copy and rollout is not None and copy != repr(rollout.created_at):
+                    continue  # it scored another copy of this rollout (a redelivered prompt)
                 rewards.setdefault(rollout_id, {})[source] = decode(Reward, v)
         scored, unscored = [], []
         for rollout_id, rollout in sorted(rollouts.items(), key=lambda kv: kv[1].group_index):

@@ -86,3 +86,28 @@ async def test_timed_out_groups_train_or_drop_with_reasons(state: StateStore) ->
     counts = await join.counts()
     assert counts["dropped_timed_out"] == 1 and counts["dropped_incomplete_group"] == 3
     assert await join.expire() == []
+
+
+async def test_a_redelivered_prompts_second_copy_never_pairs_with_the_first_copys_reward(state: StateStore) -> None:
+    """A worker died after publishing part of a group; the prompt was played again under the same ids.
+    Every rollout must be trained with the reward of the very copy that was kept."""
+    import msgspec
+
+    from rlbus.state.join import REDELIVERED_COUNTER
+
+    join = JoinBuffer(state=state, policy=RewardPolicy(sources=("verifier",)))
+
+    def copy(i: int, created: float) -> Rollout:
+        return msgspec.structs.replace(rollout("p", i, size=2), created_at=created)
+
+    def scored(i: int, created: float, value: float) -> Reward:
+        return msgspec.structs.replace(reward("p", i, value=value), rollout_created_at=created)
+
+    # Copy B's reward for r0 arrives first, then copy A of r0 (kept), then copy B of r0 (ignored), then
+    # copy A's reward; r1 comes only from copy B. The user's unstamped reward would match any copy.
+    events = [scored(0, 2.0, 0.0), copy(0, 1.0), copy(0, 2.0), scored(0, 1.0, 1.0), copy(1, 2.0), scored(1, 2.0, 0.5)]
+    results = [await (join.add_rollout(e) if isinstance(e, Rollout) else join.add_reward(e)) for e in events]
+    group = results[-1]
+    assert all(r is None for r in results[:-1]) and group is not None
+    assert [(s.rollout.created_at, s.reward) for s in group.rollouts] == [(1.0, 1.0), (2.0, 0.5)]
+    assert await state.get_counter(REDELIVERED_COUNTER) == 1
