@@ -121,7 +121,7 @@ class DemoConfig:
 
     @classmethod
     def quick(cls) -> DemoConfig:
-        return cls(workers=2, rl_steps=15, time_budget_s=60.0)
+        return cls(workers=2, warm_steps=250, rl_steps=15, time_budget_s=60.0)
 
 
 @dataclass
