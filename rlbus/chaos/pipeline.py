@@ -1,0 +1,230 @@
+"""The whole RL loop in one process for chaos scenarios: the real workers on a real bus and state store.
+
+Prompt producer → rollout workers (tiny MoE policy, real engine, optional weight sync) → verifier reward
+worker → trainer (join buffer, GRPO steps, optional weight publishing) — the classes the distributed
+mode runs, as asyncio tasks, so a scenario can break the infrastructure underneath them (brokers, Redis,
+the blob store) or feed them poison and then check the ledger. The policy is tiny (~50 k parameters) and
+the task one-digit addition, so a few dozen groups take seconds on two cores.
+
+The trainer's join buffer is a :class:`CountingJoin`: it counts every rollout id handed to the optimizer
+*before* the ledger's exactly-once gate, so "trained twice" is measured independently of the gate it
+tests. With weights flowing, every swap records the digest of the weights the engine serves from then
+on (``served``), so a scenario can compare it with the trainer's truth for that version — independently
+of the worker's own digest check.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections import Counter
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from rlbus.bus.base import Bus
+from rlbus.consumers.reward import RewardWorker
+from rlbus.consumers.rollout import RolloutWorker, episode_threads
+from rlbus.consumers.trainer import Trainer, TrainerWorker
+from rlbus.engines.batching import BatchingEngine
+from rlbus.engines.torch_engine import TorchEngine
+from rlbus.envs.chat import ChatFormat
+from rlbus.models.policy import Policy, PolicyConfig
+from rlbus.models.tokenizer import ByteTokenizer
+from rlbus.producers.prompts import Admission, PromptProducer, progress_from_state, task_prompts
+from rlbus.schemas import Rollout, SamplingInfo
+from rlbus.state.base import StateStore
+from rlbus.state.join import JoinBuffer, Outcome, RewardPolicy
+from rlbus.training.step import GRPOConfig, OptimConfig
+from rlbus.weights.codec import state_digest
+from rlbus.weights.publish import WeightPublisher
+from rlbus.weights.store import BlobStore
+from rlbus.weights.sync import WeightSync, bind_module, live_state
+
+log = logging.getLogger("rlbus.chaos")
+
+TINY = PolicyConfig(vocab=272, d_model=32, n_layer=2, n_head=2, max_seq=64, n_experts=4, top_k=2, d_ff=32)
+
+
+@dataclass(frozen=True)
+class PipelineConfig:
+    """How much work a scenario pushes through the loop, and how the trainer treats it."""
+
+    prompts: int = 24
+    group_size: int = 4
+    groups_per_step: int = 2
+    rollout_workers: int = 2
+    seed: int = 0
+    #: A group still incomplete this long after its first message is released (dropped or trained);
+    #: longer than any stall a scenario causes, so groups wait for their rewards instead of dropping.
+    join_timeout_s: float = 60.0
+    #: Versions a rollout may lag; large by default so only the scenarios that test it drop stale work.
+    max_staleness: int = 1_000_000
+    #: Publish weights every step (needs a blob store) and make workers follow them.
+    weights: bool = False
+    keyframe_every: int = 3
+    model_id: str = "policy"
+    env: str = "arith"
+    env_config: dict[str, Any] = field(default_factory=lambda: {"digits": 1})
+    model: PolicyConfig = TINY
+
+
+class CountingJoin(JoinBuffer):
+    """A join buffer that also counts every id recorded as trained, before the exactly-once gate."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.handed_to_optimizer: Counter[str] = Counter()
+
+    async def record(self, outcome: Outcome, rollout_ids: Iterable[str]) -> int:
+        ids = list(rollout_ids)
+        if outcome is Outcome.TRAINED:
+            self.handed_to_optimizer.update(ids)
+        return await super().record(outcome, ids)
+
+    @property
+    def trained_twice(self) -> int:
+        return sum(n - 1 for n in self.handed_to_optimizer.values() if n > 1)
+
+
+class Pipeline:
+    """Every role of the loop over ``bus`` + ``state`` (+ ``store`` when weights flow)."""
+
+    def __init__(
+        self,
+        *,
+        bus: Bus,
+        state: StateStore,
+        config: PipelineConfig,
+        run_id: str,
+        store: BlobStore | None = None,
+    ) -> None:
+        if config.weights and store is None:
+            raise ValueError("a pipeline with weights needs a blob store")
+        self.bus = bus
+        self.state = state
+        self.config = config
+        self.run_id = run_id
+        self.store = store
+        torch.manual_seed(config.seed)
+        tokenizer = ByteTokenizer()
+        self.chat = ChatFormat.for_byte_tokenizer(tokenizer)
+        self.join = CountingJoin(
+            state=state, policy=RewardPolicy(sources=("verifier",), timeout_s=config.join_timeout_s, min_group=2)
+        )
+        self.publisher = (
+            WeightPublisher(
+                bus=bus, store=store, model_id=config.model_id, keyframe_every=config.keyframe_every,
+                retain_versions=1000,
+            )
+            if config.weights and store is not None
+            else None
+        )
+        model = Policy(config.model)
+        self.trainer = Trainer(
+            model=model, optim=OptimConfig(lr=1e-3), grpo=GRPOConfig(max_staleness=config.max_staleness),
+            publisher=self.publisher,
+        )
+        self.trainer_worker = TrainerWorker(
+            bus=bus, trainer=self.trainer, join=self.join, state=state,
+            groups_per_step=config.groups_per_step, expire_every_s=0.5,
+        )
+        self.engines: list[TorchEngine] = []
+        self.syncs: list[WeightSync] = []
+        self.rollout_workers: list[RolloutWorker] = []
+        #: (monotonic time, worker index, version, digest of the weights the engine serves from then on)
+        self.served: list[tuple[float, int, int, str]] = []
+        #: (monotonic time, worker id, newest policy version among the rollout's tokens, rollout id)
+        self.rollouts_made: list[tuple[float, str, int, str]] = []
+        for i in range(config.rollout_workers):
+            weights = Policy(config.model).to(torch.bfloat16).eval()
+            if not config.weights:  # no sync: every worker starts from the trainer's initial weights
+                weights.load_state_dict({k: v.to(torch.bfloat16) for k, v in model.state_dict().items()})
+            engine = TorchEngine(weights, tokenizer=tokenizer, seed=config.seed + 100 + i, policy_version=0)
+            self.engines.append(engine)
+            if config.weights and store is not None:
+                self.syncs.append(
+                    WeightSync(
+                        bus=bus, store=store, state=live_state(weights), bind=bind_module(weights),
+                        swap=engine.swap_point.apply, on_swap=self._on_swap(i, engine, weights),
+                        model_id=config.model_id,
+                    )
+                )
+            self.rollout_workers.append(
+                RolloutWorker(
+                    bus=bus, engine=BatchingEngine(engine, max_batch=32, window_s=0.003), chat=self.chat,
+                    worker_id=f"rollout-{i}", model_id=config.model_id, sampling=SamplingInfo(temperature=1.0),
+                    prompts_in_flight=2, on_rollout=self._on_rollout,
+                )
+            )
+        self.reward_worker = RewardWorker(bus=bus, concurrency=4)
+        self.producer = PromptProducer(
+            bus=bus,
+            prompts=task_prompts(config.env, seed=config.seed + 1000, group_size=config.group_size,
+                                 config=config.env_config),
+            admission=Admission(max_staleness=1_000_000, groups_per_step=config.groups_per_step),
+            progress=progress_from_state(state),
+            run_id=run_id,
+            limit=config.prompts,
+        )
+
+    def corrupt_served(self, truth: dict[int, str]) -> int:
+        """Swaps after which an engine served weights whose digest is not ``truth[version]``."""
+        return sum(1 for _, _, version, digest in self.served if truth.get(version) != digest)
+
+    def first_served(self, index: int, at_least: int) -> float | None:
+        """When worker ``index`` first served a version ≥ ``at_least``."""
+        return next((t for t, i, v, _ in self.served if i == index and v >= at_least), None)
+
+    @property
+    def expected(self) -> int:
+        return self.config.prompts * self.config.group_size
+
+    async def outcomes(self) -> int:
+        """Rollouts that reached an outcome so far (the ledger's counters)."""
+        counts = await self.join.counts()
+        return sum(v for k, v in counts.items() if k != Outcome.DUPLICATE.value)
+
+    async def run(self, stop: asyncio.Event, *, ready: asyncio.Event | None = None) -> None:
+        """Run every role until ``stop``; ``ready`` is set once the workers hold weights and run."""
+        episode_threads(64)
+        if self.publisher is not None:
+            await self.trainer.publish()  # version 1: the initial weights, as a keyframe
+        async with asyncio.TaskGroup() as tasks:
+            for sync in self.syncs:
+                tasks.create_task(sync.run(stop))
+            while any(s.version is None for s in self.syncs):  # noqa: ASYNC110 - versions are plain ints
+                await asyncio.sleep(0.05)
+            tasks.create_task(self.trainer_worker.run(stop))
+            tasks.create_task(self.reward_worker.run(stop))
+            for worker in self.rollout_workers:
+                tasks.create_task(worker.run(stop))
+            tasks.create_task(self.producer.run(stop))
+            if ready is not None:
+                ready.set()
+
+    async def wait_outcomes(self, at_least: int, timeout_s: float) -> bool:
+        """Wait until ``at_least`` rollouts have an outcome; False on timeout."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if await self.outcomes() >= at_least:
+                return True
+            await asyncio.sleep(0.1)
+        return False
+
+
+    def _on_swap(self, index: int, engine: TorchEngine, model: Policy) -> Callable[[int], None]:
+        def swapped(version: int) -> None:  # runs inside the swap: the model now holds ``version``
+            engine.policy_version = version
+            self.served.append((time.monotonic(), index, version, state_digest(live_state(model))))
+
+        return swapped
+
+    def _on_rollout(self, rollout: Rollout) -> None:
+        versions = rollout.token_versions.to_numpy()
+        self.rollouts_made.append(
+            (time.monotonic(), rollout.worker_id, int(versions.max(initial=-1)), rollout.rollout_id)
+        )

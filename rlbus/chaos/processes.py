@@ -1,0 +1,444 @@
+"""Process faults: ``rlbus worker`` processes SIGKILLed, restarted, and stopped with SIGTERM.
+
+The roles run as the distributed mode runs them (:mod:`rlbus.launch.roles`): one ``rlbus worker <role>``
+process each — trainer, reward worker, two rollout workers, prompt producer — on the rig's Kafka and
+Redis, under a run namespace of their own (their topics, groups and Redis keys carry its prefix), with a
+shared blob directory, a tiny policy and one-digit addition. The producer is stopped once the run has
+its prompts, so the workload is bounded and the ledger can be audited when everything has an outcome.
+``rollout_kill`` admits every prompt at once (``max_staleness`` 1000), so the killed worker leaves a
+backlog behind; ``graceful_stop`` paces admission (``max_staleness`` 3) so that workers started late still
+find work — and rollouts more than 3 versions behind are dropped as stale, an outcome like any other.
+
+* ``rollout_kill``: the only rollout worker SIGKILLed mid-generation with a backlog of prompts, and a
+  replacement started. Its uncommitted prompts — the ones in flight and the ones queued on its
+  partitions — are redelivered to the replacement once the group notices (session timeout); a replayed
+  prompt produces the same rollout ids, so copies on the log collapse in the join and every prompt
+  completes exactly once.
+* ``trainer_kill``: the trainer SIGKILLed at a seeded moment inside a step and started again. It restores
+  its newest checkpoint and resumes from the committed offsets and the join buffer. Beyond the ledger,
+  the scenario compares the checkpoint's step with the last step the run log recorded: equal means the
+  model holds exactly the trained rollouts; a checkpoint ahead of the record means a step trained twice
+  in effect, one behind means a recorded step's update lost (each counted, never hidden).
+* ``graceful_stop``: a rollout worker stopped with one SIGTERM finishes the prompts it holds, commits and
+  exits 0 (nothing redelivered); the trainer stopped with one SIGTERM checkpoints exactly the recorded
+  step and a restart continues; a worker sent two SIGTERMs exits at once with 143.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import random
+import signal
+import subprocess
+import time
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from rlbus.bus.topics import PROMPTS, ROLLOUTS, topic_specs
+from rlbus.chaos.harness import Progress
+from rlbus.chaos.ledger import ScenarioReport, audit, fill, read_topic
+from rlbus.chaos.rig import PARTITIONS, ChaosRig
+from rlbus.launch.namespace import namespaced
+from rlbus.launch.roles import PROMPT_SEQ
+from rlbus.schemas import Rollout
+from rlbus.state.join import JoinBuffer, Outcome, RewardPolicy
+from rlbus.state.redis import RedisStateStore
+
+ROLES = ("trainer", "reward", "rollout-a", "rollout-b", "prompts")
+#: Exit statuses a scenario's own signals explain: running, drained, SIGKILLed, SIGTERM's default
+#: action (the handler already restored after draining), the second-SIGTERM exit.
+SIGNALLED = (None, 0, -signal.SIGKILL, -signal.SIGTERM, 128 + signal.SIGTERM)
+
+
+def run_config(rig: ChaosRig, root: Path, namespace: str, *, seed: int, max_staleness: int) -> str:
+    """The run's TOML: a tiny policy, groups of 4, one group per step, a checkpoint every step."""
+    return f"""
+[bus]
+bootstrap = "{rig.bootstrap}"
+[state]
+url = "{rig.redis.url}"
+[store]
+dir = "{root / 'blobs'}"
+[task]
+env = "arith"
+env_config = {{digits = 1}}
+group_size = 4
+seed = {seed}
+[model]
+d_model = 32
+n_layer = 2
+n_head = 2
+d_ff = 32
+max_seq = 64
+[trainer]
+lr = 1e-3
+groups_per_step = 1
+max_staleness = {max_staleness}
+checkpoint_dir = "{root / 'checkpoints'}"
+checkpoint_every = 1
+join_timeout_s = 60
+warm_steps = 0
+keyframe_every = 5
+retain_versions = 1000
+[rollout]
+prompts_in_flight = 2
+max_batch = 32
+episode_threads = 16
+[reward]
+concurrency = 4
+[run]
+run_dir = "{root / 'run'}"
+namespace = "{namespace}"
+"""
+
+
+class Workers:
+    """The role processes of one run: start, signal, wait, and read what they left behind."""
+
+    def __init__(self, rig: ChaosRig, root: Path, name: str, *, seed: int, prompts: int, max_staleness: int) -> None:
+        self.rig = rig
+        self.root = root
+        self.namespace = f"chaos-{name}-{uuid.uuid4().hex[:6]}"
+        self.prompts = prompts
+        root.mkdir(parents=True, exist_ok=True)
+        (root / "logs").mkdir(exist_ok=True)
+        self.config = root / "run.toml"
+        self.config.write_text(run_config(rig, root, self.namespace, seed=seed, max_staleness=max_staleness))
+        self.procs: dict[str, subprocess.Popen[bytes]] = {}
+        self.state = RedisStateStore.from_url(rig.redis.url, key_prefix=f"rlbus:{self.namespace}:", reconnect=True)
+        self.join = JoinBuffer(state=self.state, policy=RewardPolicy())
+        self.bus = namespaced(rig.bus(client_id=f"chaos-{name}"), f"{self.namespace}.")
+        self.progress = Progress()
+
+    async def __aenter__(self) -> Workers:
+        await self.bus.start()
+        await self.bus.create_topics(topic_specs(replication=self.rig.replication, partitions=PARTITIONS))
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await asyncio.to_thread(self.stop_all)
+        await self.bus.close()
+        await self.state.close()
+
+    # --- processes -------------------------------------------------------------------------------
+    def start(self, name: str) -> subprocess.Popen[bytes]:
+        from rlbus.launch.up import rlbus_command
+
+        role = name.split("-")[0]
+        log = (self.root / "logs" / f"{name}.log").open("ab")
+        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        for key in ("RLBUS_KAFKA_BOOTSTRAP", "RLBUS_REDIS_URL", "RLBUS_BLOB_URL"):
+            env.pop(key, None)  # the run config names the rig's services; a developer's env must not win
+        proc = subprocess.Popen(
+            [*rlbus_command(), "worker", role, "--config", str(self.config), "--worker-id", name],
+            stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env, start_new_session=True,
+        )
+        log.close()
+        self.procs[name] = proc
+        return proc
+
+    def signal(self, name: str, sig: signal.Signals) -> None:
+        os.kill(self.procs[name].pid, sig)
+
+    async def wait(self, name: str, timeout_s: float) -> int | None:
+        try:
+            return await asyncio.to_thread(self.procs[name].wait, timeout_s)
+        except subprocess.TimeoutExpired:
+            return None
+
+    def alive(self, name: str) -> bool:
+        return name in self.procs and self.procs[name].poll() is None
+
+    def stop_all(self, grace_s: float = 20.0) -> None:
+        for proc in self.procs.values():
+            if proc.poll() is None:
+                os.kill(proc.pid, signal.SIGTERM)
+        deadline = time.monotonic() + grace_s
+        for proc in self.procs.values():
+            try:
+                proc.wait(max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+
+    def log_tail(self, name: str, lines: int = 12) -> str:
+        path = self.root / "logs" / f"{name}.log"
+        text = path.read_text(errors="replace") if path.is_file() else ""
+        return "\n".join(text.splitlines()[-lines:])
+
+    # --- what the run says -------------------------------------------------------------------------
+    async def outcomes(self) -> int:
+        counts = await self.join.counts()
+        return sum(v for k, v in counts.items() if k != Outcome.DUPLICATE.value)
+
+    async def admitted(self) -> int:
+        return await self.state.get_counter(PROMPT_SEQ)
+
+    def recorded_steps(self) -> list[dict[str, Any]]:
+        """The trainer's ``inputs`` run-log lines (one per recorded step)."""
+        path = self.root / "run" / "inputs.jsonl"
+        if not path.is_file():
+            return []
+        return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+    def checkpoint_step(self) -> int | None:
+        from rlbus.training.checkpoint import load_checkpoint
+
+        saved = load_checkpoint(self.root / "checkpoints") if (self.root / "checkpoints").is_dir() else None
+        return None if saved is None else saved.step
+
+    async def sample(self, stop: asyncio.Event) -> None:
+        while not stop.is_set():
+            try:
+                self.progress.samples.append((time.monotonic(), await self.outcomes()))
+            except Exception:  # the sampler must outlive a state-store hiccup
+                pass
+            await asyncio.sleep(0.2)
+
+    async def wait_until(self, what: str, condition: Callable[[], Any], timeout_s: float) -> None:
+        deadline = time.monotonic() + timeout_s
+        while True:
+            value = condition()
+            if asyncio.iscoroutine(value):
+                value = await value
+            if value:
+                return
+            dead = [n for n, p in self.procs.items() if p.poll() not in SIGNALLED]
+            if dead:
+                raise RuntimeError(f"{dead[0]} exited with {self.procs[dead[0]].returncode} while waiting for "
+                                   f"{what}:\n{self.log_tail(dead[0])}")
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{what}: not within {timeout_s:.0f} s")
+            await asyncio.sleep(0.2)
+
+    async def start_run(self, roles: tuple[str, ...] = ROLES) -> None:
+        """Trainer first (it publishes v1), then reward, rollout workers and the producer; the producer
+        is stopped (SIGTERM) once the run has admitted its prompts."""
+        for name in roles:
+            self.start(name)
+
+    async def stop_producer_at_quota(self) -> None:
+        await self.wait_until("prompts admitted", lambda: self._at_quota(), timeout_s=240)
+        self.signal("prompts", signal.SIGTERM)
+        await self.wait("prompts", 60)
+
+    async def _at_quota(self) -> bool:
+        return await self.admitted() >= self.prompts
+
+    async def expected(self) -> int:
+        prompts = await read_topic(self.bus, PROMPTS.name)
+        return sum(p.group_size for p in prompts if hasattr(p, "group_size"))
+
+    async def drain(self, timeout_s: float) -> bool:
+        total = await self.expected()
+        try:
+            await self.wait_until("every rollout has an outcome", lambda: self._reached(total), timeout_s)
+        except TimeoutError:
+            return False
+        return True
+
+    async def _reached(self, total: int) -> bool:
+        return await self.outcomes() >= total
+
+    async def finish(self, report: ScenarioReport) -> ScenarioReport:
+        found = await audit(bus=self.bus, state=self.state, join=self.join, run_id=None)
+        fill(report, found)
+        failed = [n for n, p in self.procs.items() if p.returncode not in SIGNALLED]
+        for name in failed:
+            report.notes.append(f"{name} exited {self.procs[name].returncode}: {self.log_tail(name, 4)}")
+        report.check("no worker failed on its own", not failed)
+        return report
+
+
+async def _scenario(
+    rig: ChaosRig,
+    name: str,
+    *,
+    seed: int,
+    prompts: int,
+    body: Callable[[Workers, ScenarioReport], Any],
+    max_staleness: int = 1000,
+    roles: tuple[str, ...] = ROLES,
+) -> ScenarioReport:
+    report = ScenarioReport(scenario=name)
+    began = time.monotonic()
+    stop = asyncio.Event()
+    root = rig.home / "runs" / name
+    async with Workers(rig, root, name, seed=seed, prompts=prompts, max_staleness=max_staleness) as workers:
+        sampler = asyncio.create_task(workers.sample(stop))
+        try:
+            await workers.start_run(roles)
+            producer = asyncio.create_task(workers.stop_producer_at_quota())
+            try:
+                await body(workers, report)
+                await producer
+            finally:
+                producer.cancel()
+            report.check("every rollout reached an outcome in time", await workers.drain(timeout_s=240))
+        except (TimeoutError, RuntimeError) as exc:
+            report.check("the scenario ran to its end", False)
+            report.notes.append(str(exc)[:600])
+        finally:
+            stop.set()
+            await sampler
+        await workers.finish(report)
+    report.wall_s = round(time.monotonic() - began, 2)
+    return report.finish()
+
+
+async def rollout_kill(rig: ChaosRig, *, seed: int = 0, quick: bool = False) -> ScenarioReport:
+    async def body(w: Workers, report: ScenarioReport) -> None:
+        await w.wait_until("rollout-a at work", lambda: _produced_by(w, "rollout-a", at_least=8), timeout_s=240)
+        killed_at, killed_wall = time.monotonic(), time.time()
+        w.signal("rollout-a", signal.SIGKILL)
+        report.check("rollout-a died of the SIGKILL", await w.wait("rollout-a", 10) == -signal.SIGKILL)
+        orphans = await _unplayed(w)  # rollout-a held every partition: all of these were its
+        report.faults.append(f"SIGKILL rollout-a, the only rollout worker, with {len(orphans)} prompt(s) unplayed")
+        report.check("the killed worker left prompts behind", bool(orphans))
+        w.start("rollout-b")
+        report.faults.append("start rollout-b")
+        unplayed = orphans
+        ids = [f"{pid}/{i}" for pid, size in unplayed.items() for i in range(size)]
+        await w.wait_until("the prompts unplayed at the kill resolved", lambda: _resolved(w, ids), 240)
+        report.recovery_s = round(time.monotonic() - killed_at, 2)
+        report.notes.append("recovery = kill → every prompt unplayed at the kill has all its rollouts resolved "
+                            "(includes the group's session timeout)")
+        after = {r.prompt_id for r in await _rollouts(w) if r.worker_id == "rollout-b" and r.created_at > killed_wall}
+        report.check("rollout-b played every prompt rollout-a left behind", set(orphans) <= after)
+        report.extra.update(unplayed_at_kill=len(unplayed), left_by_killed_worker=len(orphans))
+
+    return await _scenario(rig, "rollout_kill", seed=seed, prompts=16 if quick else 32, body=body,
+                           roles=("trainer", "reward", "rollout-a", "prompts"))
+
+
+async def trainer_kill(rig: ChaosRig, *, seed: int = 0, quick: bool = False) -> ScenarioReport:
+    rng = random.Random(seed)
+
+    async def body(w: Workers, report: ScenarioReport) -> None:
+        await w.wait_until("three trainer steps", lambda: len(w.recorded_steps()) >= 3, timeout_s=240)
+        step_at = len(w.recorded_steps())
+        await w.wait_until("the next step under way", lambda: len(w.recorded_steps()) > step_at, timeout_s=120)
+        await asyncio.sleep(rng.uniform(0.0, 0.3))  # somewhere inside the following step
+        killed_at = time.monotonic()
+        w.signal("trainer", signal.SIGKILL)
+        report.check("the trainer died of the SIGKILL", await w.wait("trainer", 10) == -signal.SIGKILL)
+        recorded = [s["step"] for s in w.recorded_steps()]
+        checkpoint = await asyncio.to_thread(w.checkpoint_step)
+        report.faults.append(f"SIGKILL trainer after recorded step {max(recorded)} (checkpoint at step {checkpoint})")
+        w.start("trainer")
+        report.faults.append("restart the trainer")
+        await w.wait_until("a step after the restart", lambda: _stepped(w, max(recorded)), timeout_s=180)
+        report.recovery_s = round(time.monotonic() - killed_at, 2)
+        report.notes.append("recovery = kill → the restarted trainer's first recorded step (includes its start-up)")
+        assert checkpoint is not None
+        _effect(report, w, checkpoint, max(recorded))
+
+    return await _scenario(rig, "trainer_kill", seed=seed, prompts=16 if quick else 32, body=body)
+
+
+def _effect(report: ScenarioReport, w: Workers, checkpoint: int, recorded: int) -> None:
+    """Compare what the model holds (the checkpoint it restarted from) with what the ledger says."""
+    steps = {s["step"]: s for s in w.recorded_steps() if s["step"] <= recorded}
+    ahead = max(0, checkpoint - recorded)
+    behind = [rid for step in range(checkpoint + 1, recorded + 1) for g in steps[step]["groups"]
+              for rid in g["rollout_ids"]] if recorded > checkpoint else []
+    report.extra.update(checkpoint_step=checkpoint, recorded_step=recorded)
+    if ahead:
+        report.duplicates_trained += ahead * 4  # a step's group (G = 4) trained, checkpointed, not recorded
+        report.notes.append(f"the checkpoint is {ahead} step(s) ahead of the ledger: those groups train twice")
+    if behind:
+        report.lost += len(behind)
+        report.notes.append(f"{len(behind)} recorded rollouts' update is not in the checkpoint (lost in effect)")
+    report.check("the checkpoint holds exactly the recorded steps", checkpoint == recorded)
+
+
+async def graceful_stop(rig: ChaosRig, *, seed: int = 0, quick: bool = False) -> ScenarioReport:
+    async def body(w: Workers, report: ScenarioReport) -> None:
+        for attempt in range(3):  # an idle worker may finish draining before the second signal lands
+            w.start("rollout-c")
+            await w.wait_until("rollout-c at work", lambda: _produced_by(w, "rollout-c"), timeout_s=240)
+            await w.wait_until("prompts waiting to be played", lambda: _unplayed(w), timeout_s=120)
+            w.signal("rollout-c", signal.SIGTERM)
+            await asyncio.sleep(0.05)
+            second = time.monotonic()
+            w.signal("rollout-c", signal.SIGTERM)
+            rc = await w.wait("rollout-c", 10)
+            report.faults.append(f"SIGTERM rollout-c twice, 50 ms apart (exit {rc})")
+            if rc not in (0, -signal.SIGTERM):
+                break
+            report.notes.append(f"attempt {attempt + 1}: rollout-c had drained before the second SIGTERM")
+        report.check("two SIGTERMs: rollout-c exited at once with 143", rc == 128 + signal.SIGTERM)
+        report.extra["second_sigterm_exit_s"] = round(time.monotonic() - second, 2)
+
+        await w.wait_until("a third of the work", lambda: _fraction(w, 0.33), timeout_s=240)
+        await w.wait_until("prompts waiting to be played", lambda: _unplayed(w), timeout_s=120)
+        began, signalled_wall = time.monotonic(), time.time()
+        w.signal("rollout-a", signal.SIGTERM)
+        report.faults.append("SIGTERM rollout-a (once)")
+        rc = await w.wait("rollout-a", 60)
+        drain_s, exited_wall = time.monotonic() - began, time.time()
+        report.check("one SIGTERM: rollout-a drained and exited 0", rc == 0)
+        report.extra["rollout_drain_s"] = round(drain_s, 2)
+        report.recovery_s = round(drain_s, 2)
+        report.notes.append("recovery = first SIGTERM → rollout-a exited after draining")
+
+        recorded = len(w.recorded_steps())
+        await w.wait_until("a trainer step", lambda: len(w.recorded_steps()) > recorded, timeout_s=120)
+        rollouts = await _rollouts(w)
+        from_a = {r.rollout_id for r in rollouts if r.worker_id == "rollout-a"}
+        again = [r.rollout_id for r in rollouts if r.rollout_id in from_a and r.created_at > exited_wall]
+        report.check("nothing rollout-a finished was played again after it left", not again)
+        report.extra["rollouts_a_finished_after_sigterm"] = sum(
+            1 for r in rollouts if r.worker_id == "rollout-a" and r.created_at > signalled_wall
+        )
+        w.signal("trainer", signal.SIGTERM)
+        report.faults.append("SIGTERM trainer (once), then restart it")
+        report.check("one SIGTERM: the trainer checkpointed and exited 0", await w.wait("trainer", 60) == 0)
+        steps = [s["step"] for s in w.recorded_steps()]
+        checkpoint = await asyncio.to_thread(w.checkpoint_step)
+        report.check("the trainer's checkpoint is its last recorded step", checkpoint == max(steps))
+        report.extra.update(checkpoint_step=checkpoint, recorded_step=max(steps))
+        w.start("trainer")
+        await w.wait_until("a step after the restart", lambda: _stepped(w, max(steps)), timeout_s=180)
+
+    report = await _scenario(rig, "graceful_stop", seed=seed, prompts=24 if quick else 40, body=body, max_staleness=3)
+    report.notes.append("copies on the log (extra.log_copies) are prompts redelivered after rollout-c's hard "
+                        "exit and after rebalances; the join keeps one copy of each")
+    return report
+
+
+async def _fraction(w: Workers, fraction: float) -> bool:
+    total = await w.expected()
+    return total > 0 and await w.outcomes() >= fraction * max(total, w.prompts * 4)
+
+
+def _stepped(w: Workers, after: int) -> bool:
+    return any(s["step"] > after for s in w.recorded_steps())
+
+
+async def _rollouts(w: Workers) -> list[Rollout]:
+    return [r for r in await read_topic(w.bus, ROLLOUTS.name) if isinstance(r, Rollout)]
+
+
+async def _produced_by(w: Workers, worker: str, at_least: int = 1) -> bool:
+    return sum(r.worker_id == worker for r in await _rollouts(w)) >= at_least
+
+
+async def _unplayed(w: Workers) -> dict[str, int]:
+    """Prompts admitted whose group is not yet complete on the rollouts topic (prompt id → group size)."""
+    prompts = {p.prompt_id: p.group_size for p in await read_topic(w.bus, PROMPTS.name) if hasattr(p, "group_size")}
+    have: dict[str, set[int]] = {}
+    for r in await _rollouts(w):
+        have.setdefault(r.prompt_id, set()).add(r.group_index)
+    return {pid: size for pid, size in prompts.items() if len(have.get(pid, ())) < size}
+
+
+async def _resolved(w: Workers, rollout_ids: list[str]) -> bool:
+    for rollout_id in rollout_ids:
+        if not await w.join.outcome_of(rollout_id):
+            return False
+    return True

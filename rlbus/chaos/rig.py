@@ -1,0 +1,169 @@
+"""The infrastructure chaos scenarios run on and break: a three-broker Kafka cluster and a Redis server.
+
+Both are private to the run — their own home directory and free ports — so killing a broker never
+touches a developer's Kafka on 9092 and no other test's messages reach the scenario's consumer groups
+(whose names are fixed: ``rollout``, ``reward-verifier``, ``trainer``). Topics are deleted and created
+again before each scenario (Kafka drops a deleted topic's committed offsets with it), and each scenario
+keeps its state under its own Redis key prefix, so scenarios never see each other's work.
+
+Kafka: RF 3 and ``min.insync.replicas`` 2 on every rlbus topic; producers are idempotent with
+``acks=all`` (:mod:`rlbus.bus.kafka`), so one broker may die without losing an acknowledged write.
+Redis: an append-only file fsynced on every write (``persist=True``), so a SIGKILLed server restarted
+on the same directory holds every write it acknowledged.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import socket
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from rlbus.bus.kafka import KafkaBus, KafkaSettings
+from rlbus.bus.topics import topic_specs
+from rlbus.errors import ServiceError
+from rlbus.services import kafka
+from rlbus.services.redis import RedisServer, start_redis
+from rlbus.state.redis import RedisStateStore
+
+PARTITIONS = 4
+
+
+def free_port_block(count: int, host: str = "127.0.0.1") -> int:
+    """A port p with p .. p+count-1 all free right now."""
+    for _ in range(100):
+        with socket.socket() as probe:
+            probe.bind((host, 0))
+            first: int = probe.getsockname()[1]
+        if first + count > 65535:
+            continue
+        held: list[socket.socket] = []
+        try:
+            for port in range(first, first + count):
+                sock = socket.socket()
+                held.append(sock)
+                sock.bind((host, port))
+            return first
+        except OSError:
+            continue
+        finally:
+            for sock in held:
+                sock.close()
+    raise ServiceError(f"no block of {count} free ports on {host}")
+
+
+@dataclass
+class ChaosRig:
+    """A private Kafka cluster and Redis server under ``home``."""
+
+    home: Path
+    cluster: kafka.KafkaCluster
+    redis: RedisServer
+
+    @classmethod
+    def start(cls, home: Path, *, brokers: int = 3, timeout_s: float = 180.0) -> ChaosRig:
+        """Start both (blocking: call it in a thread from async code)."""
+        home.mkdir(parents=True, exist_ok=True)
+        cluster = kafka.start(
+            brokers=brokers, port=free_port_block(2 * brokers), home=home, timeout_s=timeout_s, fresh=True
+        )
+        try:
+            redis = start_redis(dir=home / "redis", persist=True)
+        except ServiceError:
+            kafka.stop(home, grace_s=10)
+            raise
+        return cls(home=home, cluster=cluster, redis=redis)
+
+    def stop(self) -> None:
+        self.redis.stop()
+        kafka.stop(self.home, grace_s=15)
+
+    @property
+    def bootstrap(self) -> str:
+        return self.cluster.bootstrap
+
+    @property
+    def replication(self) -> int:
+        return self.cluster.replication_factor
+
+    def bus(self, client_id: str = "rlbus-chaos") -> KafkaBus:
+        return KafkaBus(KafkaSettings(bootstrap=self.bootstrap, client_id=client_id, request_timeout_ms=15_000))
+
+    def state(self, prefix: str) -> RedisStateStore:
+        return RedisStateStore.from_url(self.redis.url, key_prefix=prefix, reconnect=True)
+
+    async def fresh_topics(self, bus: KafkaBus) -> None:
+        """Delete every rlbus topic (and with it the groups' offsets) and create them again.
+
+        Each step waits until *every* broker's metadata agrees: a broker that still lists a deleted topic
+        would make ``create_topics`` skip it, and one that does not know a new topic yet would answer a
+        worker with TopicNotFound (auto-create is off) and stop it.
+        """
+        specs = topic_specs(replication=self.replication, partitions=PARTITIONS)
+        names = sorted(s.name for s in specs)
+        doomed = [t for t in await bus.list_topics() if t in names]
+        if doomed:
+            await bus.admin.delete_topics(doomed)
+        await self._wait_metadata(bus, names, present=False)
+        for attempt in range(50):
+            try:
+                await bus.create_topics(specs)
+                break
+            except Exception:  # the controller may still be finishing the deletion
+                if attempt == 49:
+                    raise
+                await asyncio.sleep(0.2)
+        await self._wait_metadata(bus, names, present=True)
+
+    async def _wait_metadata(self, bus: KafkaBus, names: list[str], *, present: bool, timeout_s: float = 30.0) -> None:
+        from aiokafka.protocol.metadata import MetadataRequest
+
+        client = bus.admin._client
+        deadline = time.monotonic() + timeout_s
+        for node in self.cluster.nodes:
+            while True:
+                topics = (await client.send(node.node_id, MetadataRequest(names))).to_object()["topics"]
+                if present:
+                    done = len(topics) == len(names) and all(
+                        t["error_code"] == 0 and t["partitions"] and all(p["leader"] >= 0 for p in t["partitions"])
+                        for t in topics
+                    )
+                else:
+                    done = all(t["error_code"] == 3 for t in topics)  # UNKNOWN_TOPIC_OR_PARTITION
+                if done:
+                    break
+                if time.monotonic() > deadline:
+                    state = "created" if present else "deleted"
+                    raise ServiceError(f"Kafka node {node.node_id}: topics not {state} after {timeout_s:.0f} s")
+                await asyncio.sleep(0.1)
+
+    # --- faults --------------------------------------------------------------------------------
+    def kill_broker(self, node_id: int) -> int:
+        """SIGKILL one broker (no clean shutdown: no leadership hand-off, no log flush). Returns its pid."""
+        node = self.cluster.nodes[node_id - 1]
+        pid = kafka.node_pid(node)
+        if pid is None:
+            raise ServiceError(f"Kafka node {node_id} is not running")
+        os.kill(pid, signal.SIGKILL)
+        deadline = time.monotonic() + 10
+        while kafka.node_pid(node) is not None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        return pid
+
+    def restart_brokers(self, timeout_s: float = 120.0) -> None:
+        """Start every stopped node again on its data directory and wait until all brokers serve."""
+        kafka.start(
+            brokers=len(self.cluster.nodes), port=self.cluster.nodes[0].port, home=self.home, timeout_s=timeout_s
+        )
+
+    def kill_redis(self) -> None:
+        """SIGKILL the Redis server: whatever it acknowledged must be in its append-only file."""
+        self.redis.process.kill()
+        self.redis.process.wait()
+
+    def restart_redis(self) -> None:
+        """Start Redis again on the same port and directory; it reloads the append-only file."""
+        self.redis = start_redis(self.redis.port, dir=self.redis.dir, persist=True)
