@@ -91,7 +91,14 @@ async def _run(quick: bool, names: list[str] | None, seed: int) -> tuple[list[Sc
             for name, scenario in chosen.items():
                 if names and name not in names:
                     continue
-                reports.append(await scenario(rig, seed=seed, quick=quick))
+                began = time.monotonic()
+                try:
+                    reports.append(await scenario(rig, seed=seed, quick=quick))
+                except Exception as exc:  # one broken scenario must not hide the others' figures
+                    failed = ScenarioReport(scenario=name, wall_s=round(time.monotonic() - began, 2))
+                    failed.check("the scenario ran to its end", False)
+                    failed.notes.append(f"{type(exc).__name__}: {str(exc)[:600]}")
+                    reports.append(failed.finish())
         finally:
             await asyncio.to_thread(rig.stop)
     return reports, rig_s

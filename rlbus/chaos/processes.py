@@ -38,11 +38,12 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from rlbus.bus.kafka import KafkaBus
 from rlbus.bus.topics import PROMPTS, ROLLOUTS, topic_specs
 from rlbus.chaos.harness import Progress
 from rlbus.chaos.ledger import ScenarioReport, audit, fill, read_topic
 from rlbus.chaos.rig import PARTITIONS, ChaosRig
-from rlbus.launch.namespace import namespaced
+from rlbus.launch.namespace import NamespacedBus, namespaced
 from rlbus.launch.roles import PROMPT_SEQ
 from rlbus.schemas import Rollout
 from rlbus.state.join import JoinBuffer, Outcome, RewardPolicy
@@ -116,7 +117,11 @@ class Workers:
 
     async def __aenter__(self) -> Workers:
         await self.bus.start()
-        await self.bus.create_topics(topic_specs(replication=self.rig.replication, partitions=PARTITIONS))
+        specs = topic_specs(replication=self.rig.replication, partitions=PARTITIONS)
+        await self.bus.create_topics(specs)
+        inner = self.bus.inner if isinstance(self.bus, NamespacedBus) else self.bus
+        assert isinstance(inner, KafkaBus)
+        await self.rig.wait_metadata(inner, [f"{self.namespace}.{s.name}" for s in specs], present=True)
         return self
 
     async def __aexit__(self, *exc: object) -> None:
@@ -279,9 +284,9 @@ async def _scenario(
             finally:
                 producer.cancel()
             report.check("every rollout reached an outcome in time", await workers.drain(timeout_s=240))
-        except (TimeoutError, RuntimeError) as exc:
+        except Exception as exc:  # a scenario that breaks is a failed row, not a crashed suite
             report.check("the scenario ran to its end", False)
-            report.notes.append(str(exc)[:600])
+            report.notes.append(f"{type(exc).__name__}: {str(exc)[:600]}")
         finally:
             stop.set()
             await sampler

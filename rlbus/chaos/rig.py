@@ -107,7 +107,7 @@ class ChaosRig:
         doomed = [t for t in await bus.list_topics() if t in names]
         if doomed:
             await bus.admin.delete_topics(doomed)
-        await self._wait_metadata(bus, names, present=False)
+        await self.wait_metadata(bus, names, present=False)
         for attempt in range(50):
             try:
                 await bus.create_topics(specs)
@@ -116,9 +116,10 @@ class ChaosRig:
                 if attempt == 49:
                     raise
                 await asyncio.sleep(0.2)
-        await self._wait_metadata(bus, names, present=True)
+        await self.wait_metadata(bus, names, present=True)
 
-    async def _wait_metadata(self, bus: KafkaBus, names: list[str], *, present: bool, timeout_s: float = 30.0) -> None:
+    async def wait_metadata(self, bus: KafkaBus, names: list[str], *, present: bool, timeout_s: float = 30.0) -> None:
+        """Until every broker's metadata shows ``names`` created (with leaders) or deleted."""
         from aiokafka.protocol.metadata import MetadataRequest
 
         client = bus.admin._client

@@ -37,7 +37,7 @@ from rlbus.observe.metrics import LagProbe, observe_processing, record_step
 from rlbus.producers.prompts import GROUPS_DONE_COUNTER, VERSION_COUNTER
 from rlbus.schemas import Rollout
 from rlbus.state.base import StateStore
-from rlbus.state.join import JoinBuffer, Outcome, ScoredGroup, ScoredRollout
+from rlbus.state.join import FINAL, JoinBuffer, Outcome, ScoredGroup, ScoredRollout
 from rlbus.training.batch import Group, Sample, sample_from_rollout
 from rlbus.training.checkpoint import (
     TrainerState,
@@ -257,7 +257,7 @@ class TrainerWorker:
         else:
             group = await self.join.add_reward(message)
         if group is not None:
-            self._ready.append(group)
+            await self._queue([group])
         observe_processing("trainer", started)
 
     async def run(self, stop: asyncio.Event) -> None:
@@ -271,11 +271,26 @@ class TrainerWorker:
                     await handle_batch(consumer, batch, self._handle, self.dead_letters)
                     await consumer.commit()
                 if time.monotonic() - last_expire > self._expire_every_s:
-                    self._ready += await self.join.expire()
+                    await self._queue(await self.join.expire())
                     last_expire = time.monotonic()
                 while len(self._ready) >= self.groups_per_step and not stop.is_set():
                     take, self._ready = self._ready[: self.groups_per_step], self._ready[self.groups_per_step :]
                     await self.train(take)
+
+    async def _queue(self, groups: list[ScoredGroup]) -> None:
+        """Queue released groups for training, minus rollouts already queued or with an outcome: a
+        redelivery (rebalance, restart) can rebuild a group the join released earlier, and training
+        both copies would train its rollouts twice (the chaos suite saw it under a rebalance)."""
+        queued = {s.rollout.rollout_id for g in self._ready for s in g.rollouts}
+        for group in groups:
+            fresh = [s for s in group.rollouts
+                     if s.rollout.rollout_id not in queued and not await self._state.seen(FINAL, s.rollout.rollout_id)]
+            if len(fresh) < len(group.rollouts):
+                await self._state.incr(f"outcome:{Outcome.DUPLICATE}", len(group.rollouts) - len(fresh))
+                group = ScoredGroup(group.prompt_id, fresh, group.unscored)
+            if fresh:
+                queued.update(s.rollout.rollout_id for s in fresh)
+                self._ready.append(group)
 
     async def train(self, scored: list[ScoredGroup]) -> dict[str, Any] | None:
         """Drop stale rollouts (recorded), train on the rest, record them as trained."""
