@@ -425,22 +425,17 @@ def feedback_serve(
 ) -> None:
     """Serve POST /v1/feedback and /v1/feedback:batch: user signals become rewards (source "user") on
     rl.rewards.v1. API and value mapping: rlbus/producers/feedback.py."""
+    from rlbus.launch.signals import GracefulStop
     from rlbus.producers.feedback import FeedbackServer, load_token
 
     async def go() -> None:
-        import signal
-
         token = load_token(file=token_file)
-        stop = asyncio.Event()
-        asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)  # docker stop: drain, then exit
-        async with _bus(bootstrap, config) as bus:
-            console.print(f"feedback API on http://{host}:{port}; Ctrl-C stops")
-            await FeedbackServer(bus=bus, token=token).run(stop, host, port)
+        with GracefulStop() as stopping:  # docker stop / Ctrl-C: finish requests in flight, then exit
+            async with _bus(bootstrap, config) as bus:
+                console.print(f"feedback API on http://{host}:{port}; Ctrl-C stops")
+                await FeedbackServer(bus=bus, token=token).run(stopping.stop, host, port)
 
-    try:
-        _run(go)
-    except KeyboardInterrupt:
-        pass
+    _run(go)
 
 
 @feedback_app.command("send")

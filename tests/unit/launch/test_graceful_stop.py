@@ -11,7 +11,7 @@ import time
 import pytest
 
 SCRIPT = """
-import asyncio, sys, time
+import asyncio, signal, sys, threading, time
 from rlbus.launch.signals import GracefulStop
 
 async def main():
@@ -21,6 +21,14 @@ async def main():
         print("draining", flush=True)
         if sys.argv[1] == "block":
             time.sleep(30)  # a synchronous call holding the loop
+        elif sys.argv[1] == "other-thread":
+            # The second signal lands on another thread while the main thread sleeps in C: a Python-level
+            # handler would wait the full 30 s for the main thread; the wakeup-fd watcher must not.
+            def kill_me():
+                time.sleep(0.3)
+                signal.pthread_kill(threading.get_ident(), signal.SIGTERM)
+            threading.Thread(target=kill_me).start()
+            time.sleep(30)
         else:
             await asyncio.sleep(float(sys.argv[1]))
         print("drained", flush=True)
@@ -72,6 +80,16 @@ def test_the_second_signal_works_while_the_loop_is_blocked() -> None:
     wait_for(process, "draining")
     started = time.monotonic()
     process.send_signal(signal.SIGTERM)
+    process.communicate(timeout=10)
+    assert process.returncode == 143
+    assert time.monotonic() - started < 5
+
+
+def test_a_signal_caught_by_another_thread_still_exits_at_once() -> None:
+    process = start("other-thread")
+    process.send_signal(signal.SIGTERM)
+    wait_for(process, "draining")
+    started = time.monotonic()
     process.communicate(timeout=10)
     assert process.returncode == 143
     assert time.monotonic() - started < 5
