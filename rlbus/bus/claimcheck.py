@@ -58,7 +58,8 @@ import xxhash
 import zstandard
 
 from rlbus.bus.base import Bus, Consumer, TopicLike
-from rlbus.bus.types import Headers, Record, RecordMetadata, TopicInfo, TopicPartition, TopicSpec
+from rlbus.bus.forward import ForwardingBus, ForwardingConsumer
+from rlbus.bus.types import Headers, Record, RecordMetadata
 from rlbus.errors import BusError, ClaimCorrupt, ClaimError, ClaimMissing, ClaimUnavailable, RlbusError
 from rlbus.schemas import BlobRef
 from rlbus.weights.store import BlobNotFound, BlobStore, check_key
@@ -156,7 +157,7 @@ def payload(record: Record[Any]) -> bytes:
     return record.raw
 
 
-class ClaimCheckBus(Bus):
+class ClaimCheckBus(ForwardingBus):
     """A bus that moves values over ``threshold_bytes`` into ``store`` (see the module docstring).
 
     It owns ``inner``'s lifecycle when used as ``async with``; wrapping a bus that is already started
@@ -181,22 +182,15 @@ class ClaimCheckBus(Bus):
             raise ValueError("threshold_bytes must be ≥ 1")
         if attempts < 1:
             raise ValueError("attempts must be ≥ 1")
-        self.inner = inner
+        super().__init__(inner)
         self.store = store
         self.threshold_bytes = threshold_bytes
-        self.kind = inner.kind
         self._level = level
         self._attempts = attempts
         self._backoff_s = backoff_s
         self._concurrency = concurrency
         self._clock = clock
         self.claims_written = 0
-
-    async def start(self) -> None:
-        await self.inner.start()
-
-    async def close(self) -> None:
-        await self.inner.close()
 
     # --- produce -----------------------------------------------------------------------------------
     async def send_raw(
@@ -265,33 +259,8 @@ class ClaimCheckBus(Bus):
             log.warning("%s: unresolved claim: %s", record.where, exc)
         return replace(record, decoder=_Claimed(record.decoder, data, error), _value=None, _decoded=False)
 
-    # --- admin: passed through ---------------------------------------------------------------------
-    async def create_topics(self, specs: Sequence[TopicSpec]) -> list[str]:
-        return await self.inner.create_topics(specs)
 
-    async def list_topics(self) -> list[str]:
-        return await self.inner.list_topics()
-
-    async def describe(self, topic: str) -> TopicInfo:
-        return await self.inner.describe(topic)
-
-    async def partitions(self, topic: str) -> list[int]:
-        return await self.inner.partitions(topic)
-
-    async def end_offsets(self, topic: str) -> dict[int, int]:
-        return await self.inner.end_offsets(topic)
-
-    async def beginning_offsets(self, topic: str) -> dict[int, int]:
-        return await self.inner.beginning_offsets(topic)
-
-    async def offsets_for_time(self, topic: str, timestamp_ms: int) -> dict[int, int]:
-        return await self.inner.offsets_for_time(topic, timestamp_ms)
-
-    async def committed(self, group: str, topic: str) -> dict[int, int | None]:
-        return await self.inner.committed(group, topic)
-
-
-class ClaimCheckConsumer(Consumer):
+class ClaimCheckConsumer(ForwardingConsumer):
     """Wraps a consumer of the inner bus; resolves each batch's claims before handing it out. Marks,
     commits and seeks go to the inner consumer, so its rebalance listener commits what was marked."""
 
@@ -303,16 +272,9 @@ class ClaimCheckConsumer(Consumer):
         resolve: Callable[[Record[Any]], Awaitable[Record[Any]]],
         concurrency: int = 8,
     ) -> None:
-        super().__init__(topics, inner.group)
-        self.inner = inner
+        super().__init__(inner, topics, inner.group)
         self._resolve = resolve
         self._slots = asyncio.Semaphore(concurrency)
-
-    async def start(self) -> None:
-        await self.inner.start()
-
-    async def close(self) -> None:
-        await self.inner.close()
 
     async def getmany(self, *, timeout_s: float = 1.0, max_records: int = 500) -> list[Record[Any]]:
         records = await self.inner.getmany(timeout_s=timeout_s, max_records=max_records)
@@ -325,38 +287,6 @@ class ClaimCheckConsumer(Consumer):
                 return resolved
 
         return list(await asyncio.gather(*(one(r) for r in records)))
-
-    def mark(self, record: Record[Any]) -> None:
-        self.inner.mark(record)
-
-    async def commit(self) -> dict[TopicPartition, int]:
-        return await self.inner.commit()
-
-    async def _commit(self, offsets: dict[TopicPartition, int]) -> None:
-        await self.inner._commit(offsets)
-
-    def assignment(self) -> set[TopicPartition]:
-        return self.inner.assignment()
-
-    async def committed(self, tp: TopicPartition) -> int | None:
-        return await self.inner.committed(tp)
-
-    async def position(self, tp: TopicPartition) -> int:
-        return await self.inner.position(tp)
-
-    async def lag(self) -> dict[TopicPartition, int]:
-        return await self.inner.lag()
-
-    async def seek(self, tp: TopicPartition, offset: int) -> None:
-        await self.inner.seek(tp, offset)
-
-    async def seek_to_time(self, timestamp_ms: int) -> None:
-        await self.inner.seek_to_time(timestamp_ms)
-
-    async def _offsets_for_time(
-        self, tps: Sequence[TopicPartition], timestamp_ms: int
-    ) -> dict[TopicPartition, int]:
-        return await self.inner._offsets_for_time(tps, timestamp_ms)
 
 
 async def collect_claims(

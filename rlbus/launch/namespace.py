@@ -22,6 +22,7 @@ from typing import Any
 
 from rlbus.bus.base import Bus, Consumer, TopicLike
 from rlbus.bus.dlq import H_TOPIC
+from rlbus.bus.forward import ForwardingBus, ForwardingConsumer
 from rlbus.bus.topic import Topic
 from rlbus.bus.types import Headers, Record, RecordMetadata, TopicInfo, TopicPartition, TopicSpec
 
@@ -36,14 +37,13 @@ def check_prefix(prefix: str) -> str:
     return prefix
 
 
-class NamespacedBus(Bus):
-    """``inner`` with every topic and group name prefixed (see the module docstring). Owns ``inner``'s
-    lifecycle when used as ``async with``."""
+class NamespacedBus(ForwardingBus):
+    """``inner`` with every topic and group name prefixed (see the module docstring): every call that names
+    a topic, group or partition is mapped; lifecycle is forwarded (:class:`ForwardingBus`)."""
 
     def __init__(self, inner: Bus, prefix: str) -> None:
-        self.inner = inner
+        super().__init__(inner)
         self.prefix = check_prefix(prefix)
-        self.kind = inner.kind
         self._topics: dict[str, Topic[Any]] = {}
 
     # --- names -------------------------------------------------------------------------------------
@@ -75,13 +75,6 @@ class NamespacedBus(Bus):
     def record_in(self, record: Record[Any]) -> Record[Any]:
         headers = _map_header(record.headers, H_TOPIC, self.canonical)
         return dataclasses.replace(record, topic=self.canonical(record.topic), headers=headers)
-
-    # --- lifecycle ---------------------------------------------------------------------------------
-    async def start(self) -> None:
-        await self.inner.start()
-
-    async def close(self) -> None:
-        await self.inner.close()
 
     # --- produce -----------------------------------------------------------------------------------
     async def send_raw(
@@ -143,20 +136,13 @@ class NamespacedBus(Bus):
         return await self.inner.committed(self.outer(group), self.outer(topic))
 
 
-class NamespacedConsumer(Consumer):
+class NamespacedConsumer(ForwardingConsumer):
     """A consumer of the inner bus under outer names; hands out records under canonical names. Marks and
     commits go to the inner consumer, so its rebalance listener commits what was marked."""
 
     def __init__(self, inner: Consumer, topics: Sequence[TopicLike], *, group: str | None, bus: NamespacedBus) -> None:
-        super().__init__(topics, group)
-        self.inner = inner
+        super().__init__(inner, topics, group)
         self._ns = bus
-
-    async def start(self) -> None:
-        await self.inner.start()
-
-    async def close(self) -> None:
-        await self.inner.close()
 
     async def getmany(self, *, timeout_s: float = 1.0, max_records: int = 500) -> list[Record[Any]]:
         records = await self.inner.getmany(timeout_s=timeout_s, max_records=max_records)
@@ -185,9 +171,6 @@ class NamespacedConsumer(Consumer):
 
     async def seek(self, tp: TopicPartition, offset: int) -> None:
         await self.inner.seek(self._ns.tp_out(tp), offset)
-
-    async def seek_to_time(self, timestamp_ms: int) -> None:
-        await self.inner.seek_to_time(timestamp_ms)
 
     async def _offsets_for_time(
         self, tps: Sequence[TopicPartition], timestamp_ms: int
