@@ -40,9 +40,11 @@ import numpy as np
 
 from rlbus.bus.base import Bus, Consumer
 from rlbus.bus.replay import Bound, plan_window
-from rlbus.bus.topics import PROMPTS, REWARDS, ROLLOUTS, WEIGHTS
+from rlbus.bus.topics import REWARDS, ROLLOUTS, WEIGHTS
 from rlbus.bus.types import Record, TopicPartition
 from rlbus.errors import RlbusError
+from rlbus.observe.lag import DEFAULT_GROUPS as GROUP_TOPICS
+from rlbus.observe.lag import group_lag
 from rlbus.producers.prompts import VERSION_COUNTER
 from rlbus.schemas import Reward, Rollout, WeightVersion
 from rlbus.state.base import StateStore, WorkerRecord
@@ -51,9 +53,8 @@ log = logging.getLogger("rlbus.observe.collector")
 
 #: Consumer groups whose lag the dashboard shows, per topic (the groups the workers join).
 DEFAULT_GROUPS: dict[str, tuple[str, ...]] = {
-    PROMPTS.name: ("rollout",),
-    ROLLOUTS.name: ("reward-verifier", "trainer"),
-    REWARDS.name: ("trainer",),
+    topic: tuple(group for group, topics in GROUP_TOPICS.items() if topic in topics)
+    for topic in dict.fromkeys(t for topics in GROUP_TOPICS.values() for t in topics)
 }
 
 #: Trainer step metrics the mismatch chart draws (DESIGN §5), in the order the snapshot lists them.
@@ -171,11 +172,9 @@ class Collector:
             ends = await self._bus.end_offsets(topic)
             begins = await self._bus.beginning_offsets(topic)
             for group in groups:
-                committed = await self._bus.committed(group, topic)
-                if all(c is None for c in committed.values()):
-                    continue  # the group has not consumed this topic (yet)
-                lag = sum(max(0, end - _or(committed.get(p), begins[p])) for p, end in ends.items())
-                self._append(self.lag, f"{topic} ← {group}", (now, lag))
+                lag = await group_lag(self._bus, group, topic, ends=ends, starts=begins)
+                if lag.ever_committed:  # else the group has not consumed this topic (yet)
+                    self._append(self.lag, f"{topic} ← {group}", (now, lag.total))
 
     # --- ingesting ---------------------------------------------------------------------------------
     def ingest(self, records: Iterable[Record[Any]]) -> None:
@@ -359,10 +358,6 @@ def _worker_row(worker: WorkerRecord, regions: Mapping[str, str]) -> dict[str, A
         "last_seen": worker["last_seen"],
         "info": scalars,
     }
-
-
-def _or(value: int | None, default: int) -> int:
-    return default if value is None else value
 
 
 def _finite(value: Any) -> float | None:

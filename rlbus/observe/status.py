@@ -15,7 +15,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from typing import Any
 
 from rich.console import Console, Group, RenderableType
@@ -23,46 +23,12 @@ from rich.table import Table
 from rich.text import Text
 
 from rlbus.bus.base import Bus
-from rlbus.bus.topics import PROMPTS, REWARDS, ROLLOUTS, topic_specs
+from rlbus.bus.topics import topic_specs
 from rlbus.errors import TopicNotFound
 from rlbus.observe.heartbeat import jsonable
+from rlbus.observe.lag import DEFAULT_GROUPS, GroupLag, group_lag
 from rlbus.producers.prompts import GROUPS_DONE_COUNTER, VERSION_COUNTER
 from rlbus.state.base import StateStore, WorkerRecord
-
-#: rlbus's consumer groups and the topics each reads (reward groups are ``reward-<kind>``).
-DEFAULT_GROUPS: dict[str, tuple[str, ...]] = {
-    "rollout": (PROMPTS.name,),
-    "reward-verifier": (ROLLOUTS.name,),
-    "trainer": (ROLLOUTS.name, REWARDS.name),
-}
-
-
-@dataclass(frozen=True)
-class PartitionLag:
-    partition: int
-    committed: int | None
-    """Next offset the group will read; None when it never committed on this partition."""
-    end: int
-    lag: int
-
-
-@dataclass(frozen=True)
-class GroupLag:
-    """One consumer group on one topic."""
-
-    group: str
-    topic: str
-    members: int
-    """Live workers whose heartbeat names this group."""
-    partitions: list[PartitionLag]
-    total: int = field(init=False)
-
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "total", sum(p.lag for p in self.partitions))
-
-    @property
-    def worst(self) -> PartitionLag | None:
-        return max(self.partitions, key=lambda p: p.lag, default=None)
 
 
 @dataclass(frozen=True)
@@ -134,12 +100,7 @@ async def take_snapshot(
         for topic in topics:
             if topic not in ends:
                 continue
-            committed = await bus.committed(group, topic)
-            partitions = [
-                PartitionLag(p, c, ends[topic][p], max(0, ends[topic][p] - (starts[topic][p] if c is None else c)))
-                for p, c in sorted(committed.items())
-            ]
-            lag.append(GroupLag(group, topic, members, partitions))
+            lag.append(await group_lag(bus, group, topic, members=members, ends=ends[topic], starts=starts[topic]))
 
     trainer: dict[str, Any] = {
         "version": await state.get_counter(VERSION_COUNTER),
