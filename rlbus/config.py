@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import re
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
 
@@ -80,24 +81,36 @@ def _masked(name: str, value: Any) -> Any:
     return SECRET_MASK if value is not None and name in ("sasl_password",) else value
 
 
-def secret_from(value: str | None, file: str | Path | None, env: str, *, field: str) -> str | None:
-    """A secret from, in order: the value given, the file named, the environment variable ``env``.
+def secret_from(
+    value: str | None,
+    file: str | Path | None,
+    env: str,
+    *,
+    field: str,
+    file_env: str | None = None,
+    environ: Mapping[str, str] = os.environ,
+) -> str | None:
+    """A secret from, in order: the value given, the file named (or named by ``$file_env``), the
+    environment variable ``env``; None when none is set.
 
     Secrets come from files or the environment so they never sit on a command line (visible to
-    every local user in ``ps``) or in a config file that gets copied around. A named file that cannot
+    every local user in ``ps``) or in a config file that gets copied around. Whitespace around a file's
+    contents (the newline ``echo`` adds, an editor's) is not part of the secret. A named file that cannot
     be read, or is empty, is a ConfigError naming ``field`` (and the file, never its contents).
     """
     if value:
         return value
+    if file is None and file_env is not None and environ.get(file_env):
+        file = environ[file_env]
     if file is not None:
         try:
-            text = Path(file).expanduser().read_text().rstrip("\r\n")
+            text = Path(file).expanduser().read_text().strip()
         except OSError as exc:
             raise ConfigError(field, f"cannot read secret file {file}: {exc.strerror or exc}") from None
         if not text:
             raise ConfigError(field, f"secret file {file} is empty")
         return text
-    return os.environ.get(env) or None
+    return environ.get(env) or None
 
 
 def parse(config_type: Any, data: Any, *, prefix: str) -> Any:

@@ -62,6 +62,7 @@ from rlbus.bus.base import Bus
 from rlbus.bus.topic import Topic
 from rlbus.bus.topics import REWARDS
 from rlbus.bus.types import RecordMetadata
+from rlbus.config import secret_from
 from rlbus.errors import BusError, ConfigError, FeedbackError
 from rlbus.schemas import Reward
 
@@ -177,17 +178,10 @@ def to_reward(item: Feedback, *, now: float) -> Reward:
 
 def load_token(*, file: Path | None = None, env: Mapping[str, str] = os.environ) -> str:
     """The bearer token: from ``file`` (or ``$RLBUS_FEEDBACK_TOKEN_FILE``), else ``$RLBUS_FEEDBACK_TOKEN``."""
-    path = file or (Path(env[TOKEN_FILE_ENV]) if env.get(TOKEN_FILE_ENV) else None)
-    if path is not None:
-        try:
-            token = path.read_text().strip()
-        except OSError as exc:
-            raise ConfigError("feedback.token_file", f"cannot read {path}: {exc.strerror}") from None
-    else:
-        token = env.get(TOKEN_ENV, "").strip()
-    if not token:
+    token = secret_from(None, file, TOKEN_ENV, field="feedback.token", file_env=TOKEN_FILE_ENV, environ=env)
+    if not token or not token.strip():
         raise ConfigError("feedback.token", f"set {TOKEN_ENV} or give a token file ({TOKEN_FILE_ENV})")
-    return token
+    return token.strip()
 
 
 def _json(status: int, body: Any, **headers: str) -> web.Response:

@@ -206,8 +206,8 @@ def test_token_from_env_or_file_never_empty_or_short(tmp_path: Path) -> None:
     assert load_token(env={"RLBUS_FEEDBACK_TOKEN_FILE": str(secret)}) == TOKEN
     with pytest.raises(ConfigError, match=r"feedback\.token\b"):
         load_token(env={})
-    with pytest.raises(ConfigError, match=r"feedback\.token_file"):
-        load_token(file=tmp_path / "missing", env={})
+    with pytest.raises(ConfigError, match=r"'feedback\.token': cannot read secret file .*missing"):
+        load_token(file=tmp_path / "missing", env={})  # the error names the file
     with pytest.raises(ConfigError, match="at least 16"):
         FeedbackServer(bus=MemoryBus(), token="short")
 
