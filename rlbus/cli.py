@@ -730,6 +730,7 @@ BENCHMARKS = {
     "train": "rlbus.bench.train",
     "pipeline": "rlbus.bench.pipeline",
     "chaos": "rlbus.bench.chaos",
+    "window": "rlbus.bench.window",
 }
 
 

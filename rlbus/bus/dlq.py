@@ -133,21 +133,7 @@ async def handle_batch(
 
     async def one(record: Record[Any]) -> None:
         async with slots:
-            attempt = 0
-            while True:
-                attempt += 1
-                try:
-                    await handler(record)
-                    break
-                except Exception as exc:  # every failure must end in the DLQ, not a crash
-                    retriable = isinstance(exc, RlbusError) and exc.retriable
-                    if retriable and attempt < max_attempts:
-                        await asyncio.sleep(backoff_s * 2 ** (attempt - 1))
-                        continue
-                    if is_outage(exc):
-                        raise
-                    await dead_letters.send(record, exc, attempts=attempt)
-                    break
+            await handle_record(record, handler, dead_letters, max_attempts=max_attempts, backoff_s=backoff_s)
 
     if concurrency <= 1:
         for record in records:
@@ -157,6 +143,35 @@ async def handle_batch(
     await asyncio.gather(*(one(r) for r in records))
     for record in records:
         consumer.mark(record)
+
+
+async def handle_record(
+    record: Record[Any],
+    handler: Handler,
+    dead_letters: DeadLetters,
+    *,
+    max_attempts: int = 3,
+    backoff_s: float = 0.2,
+) -> None:
+    """One record's fate, as :func:`handle_batch` describes it: the handler's effect (retriable errors
+    retried) or its dead letter, acknowledged when this returns; an outage is raised. Marking is left to
+    the caller — :func:`handle_batch` marks after its batch, a windowed worker through
+    :class:`rlbus.bus.inflight.InFlight`."""
+    attempt = 0
+    while True:
+        attempt += 1
+        try:
+            await handler(record)
+            return
+        except Exception as exc:  # every failure must end in the DLQ, not a crash
+            retriable = isinstance(exc, RlbusError) and exc.retriable
+            if retriable and attempt < max_attempts:
+                await asyncio.sleep(backoff_s * 2 ** (attempt - 1))
+                continue
+            if is_outage(exc):
+                raise
+            await dead_letters.send(record, exc, attempts=attempt)
+            return
 
 
 def is_outage(error: BaseException) -> bool:

@@ -13,6 +13,13 @@ episodes: :func:`episode_threads`), so the event loop keeps serving group heartb
 (:class:`rlbus.weights.sync.WeightSync`), which stages new versions meanwhile and swaps them in at the
 engine's next step boundary. A prompt that cannot be played (unknown environment, bad config) goes to
 the DLQ with the reason.
+
+Prompts play in a sliding window: up to ``prompts_in_flight`` at once, and the moment one is published
+(or dead-lettered) the next is taken, so one long episode (tool calls, a long answer) holds up one slot
+rather than a whole batch. Prompts finish out of order but commits stay in order
+(:class:`rlbus.bus.inflight.InFlight`): the committed offset never passes a prompt still playing, so a
+crash redelivers every unfinished prompt (and possibly some finished ones, whose rollout ids repeat).
+On ``stop`` the worker takes no new prompt, lets the ones in play finish, commits and returns.
 """
 
 from __future__ import annotations
@@ -24,7 +31,8 @@ from collections.abc import Callable
 from typing import Any
 
 from rlbus.bus.base import Bus
-from rlbus.bus.dlq import DeadLetters, handle_batch
+from rlbus.bus.dlq import DeadLetters, handle_record
+from rlbus.bus.inflight import InFlight
 from rlbus.bus.topics import PROMPTS, ROLLOUTS
 from rlbus.bus.types import Record
 from rlbus.engines.base import Engine
@@ -32,8 +40,9 @@ from rlbus.envs.agent import run_episode
 from rlbus.envs.base import env_for
 from rlbus.envs.chat import ChatFormat
 from rlbus.envs.episode import episode_to_rollout
+from rlbus.errors import ConfigError
 from rlbus.observe.logs import record_fields
-from rlbus.observe.metrics import POLICY_VERSION, LagProbe, observe_processing
+from rlbus.observe.metrics import POLICY_VERSION, LagProbe, count_in, observe_processing
 from rlbus.schemas import Prompt, Rollout, SamplingInfo
 
 log = logging.getLogger("rlbus.consumers.rollout")
@@ -65,9 +74,12 @@ class RolloutWorker:
         on_rollout: Callable[[Rollout], None] | None = None,
         on_policy: bool = False,
         clock: Callable[[], float] = time.time,
+        commit_interval_s: float = 1.0,
     ) -> None:
         """``on_policy``: before playing a prompt, wait until the engine serves the policy version the
-        prompt was admitted at (synchronous RL, the baseline of ``rlbus bench pipeline``)."""
+        prompt was admitted at (synchronous RL, the baseline of ``rlbus bench pipeline``).
+        ``commit_interval_s``: commit the finished prefix at most this often while running (and always
+        on stop); a crash replays at most that much finished work, and the broker sees few commits."""
         self._bus = bus
         self.engine = engine
         self._chat = chat
@@ -75,7 +87,10 @@ class RolloutWorker:
         self.region = region
         self.model_id = model_id
         self.sampling = sampling or SamplingInfo(temperature=1.0)
+        if prompts_in_flight < 1:
+            raise ConfigError("prompts_in_flight", f"must be at least 1, got {prompts_in_flight}")
         self._prompts_in_flight = prompts_in_flight
+        self._commit_interval_s = commit_interval_s
         self._instance_id = worker_id if static_membership else None
         self._on_rollout = on_rollout
         self._clock = clock
@@ -156,10 +171,49 @@ class RolloutWorker:
 
     async def run(self, stop: asyncio.Event) -> None:
         async with self._bus.consumer([PROMPTS], group=GROUP, instance_id=self._instance_id) as consumer:
-            while not stop.is_set():
-                await self.lag_probe.refresh(consumer)
-                batch = await consumer.getmany(timeout_s=0.2, max_records=self._prompts_in_flight)
-                if not batch:
-                    continue
-                await handle_batch(consumer, batch, self._handle, self.dead_letters, concurrency=len(batch))
+            window = InFlight(consumer)
+            playing: dict[asyncio.Task[None], Record[Any]] = {}
+            committed_at = time.monotonic()
+            try:
+                while not stop.is_set():
+                    await self.lag_probe.refresh(consumer)
+                    window.forget_revoked()
+                    free = self._prompts_in_flight - len(playing)
+                    if free > 0:
+                        records = await consumer.getmany(timeout_s=0.2, max_records=free)
+                        if not stop.is_set():  # fetched but never taken: redelivered, the commit stops short
+                            self._take(records, playing, window)
+                    else:
+                        await asyncio.wait(playing, timeout=0.2, return_when=asyncio.FIRST_COMPLETED)
+                    self._reap(playing, window)
+                    if time.monotonic() - committed_at >= self._commit_interval_s:
+                        await consumer.commit()
+                        committed_at = time.monotonic()
+                while playing:  # graceful drain: no new prompts, the ones in play finish
+                    await asyncio.wait(playing, return_when=asyncio.FIRST_COMPLETED)
+                    window.forget_revoked()
+                    self._reap(playing, window)
                 await consumer.commit()
+            finally:
+                for task in playing:
+                    task.cancel()
+                await asyncio.gather(*playing, return_exceptions=True)
+
+    def _take(
+        self, records: list[Record[Any]], playing: dict[asyncio.Task[None], Record[Any]], window: InFlight
+    ) -> None:
+        """Start playing each record; the same per-record handling as every worker (retries, the DLQ)."""
+        count_in(records)
+        for record in records:
+            window.take(record)
+            task = asyncio.create_task(handle_record(record, self._handle, self.dead_letters))
+            playing[task] = record
+
+    @staticmethod
+    def _reap(playing: dict[asyncio.Task[None], Record[Any]], window: InFlight) -> None:
+        """Retire the finished prompts. An outage one of them raised (:func:`rlbus.bus.dlq.is_outage`)
+        stops the worker: ``run`` cancels the rest, and nothing unfinished is ever marked."""
+        for task in [t for t in playing if t.done()]:
+            record = playing.pop(task)
+            task.result()
+            window.finish(record)
