@@ -15,10 +15,11 @@ find work — and rollouts more than 3 versions behind are dropped as stale, an 
   prompt produces the same rollout ids, so copies on the log collapse in the join and every prompt
   completes exactly once.
 * ``trainer_kill``: the trainer SIGKILLed at a seeded moment inside a step and started again. It restores
-  its newest checkpoint and resumes from the committed offsets and the join buffer. Beyond the ledger,
-  the scenario compares the checkpoint's step with the last step the run log recorded: equal means the
-  model holds exactly the trained rollouts; a checkpoint ahead of the record means a step trained twice
-  in effect, one behind means a recorded step's update lost (each counted, never hidden).
+  its newest checkpoint, settles or releases again the rollouts it held (rlbus/state/join.py, "Trained
+  with the checkpoint") and resumes from the committed offsets and the join buffer. Beyond the ledger, once
+  everything has an outcome the trainer stops gracefully and the scenario compares the checkpoint's count
+  of rollouts in the model's updates with the ledger's "trained": more means an update applied twice,
+  fewer an update lost (each counted, never hidden).
 * ``graceful_stop``: a rollout worker stopped with one SIGTERM finishes the prompts it holds, commits and
   exits 0 (nothing redelivered); the trainer stopped with one SIGTERM checkpoints exactly the recorded
   step and a restart continues; a worker sent two SIGTERMs exits at once with 143.
@@ -36,7 +37,7 @@ import time
 import uuid
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rlbus.bus.kafka import KafkaBus
 from rlbus.bus.topics import PROMPTS, ROLLOUTS, topic_specs
@@ -46,8 +47,11 @@ from rlbus.chaos.rig import PARTITIONS, ChaosRig
 from rlbus.launch.namespace import NamespacedBus, namespaced
 from rlbus.launch.roles import PROMPT_SEQ
 from rlbus.schemas import Rollout
-from rlbus.state.join import JoinBuffer, Outcome, RewardPolicy
+from rlbus.state.join import ROLLED_BACK, JoinBuffer, Outcome, RewardPolicy
 from rlbus.state.redis import RedisStateStore
+
+if TYPE_CHECKING:
+    from rlbus.training.checkpoint import TrainerState
 
 ROLES = ("trainer", "reward", "rollout-a", "rollout-b", "prompts")
 #: Exit statuses a scenario's own signals explain: running, drained, SIGKILLed, SIGTERM's default
@@ -190,10 +194,13 @@ class Workers:
             return []
         return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
-    def checkpoint_step(self) -> int | None:
+    def checkpoint_state(self) -> TrainerState | None:
         from rlbus.training.checkpoint import load_checkpoint
 
-        saved = load_checkpoint(self.root / "checkpoints") if (self.root / "checkpoints").is_dir() else None
+        return load_checkpoint(self.root / "checkpoints") if (self.root / "checkpoints").is_dir() else None
+
+    def checkpoint_step(self) -> int | None:
+        saved = self.checkpoint_state()
         return None if saved is None else saved.step
 
     async def sample(self, stop: asyncio.Event) -> None:
@@ -339,26 +346,36 @@ async def trainer_kill(rig: ChaosRig, *, seed: int = 0, quick: bool = False) -> 
         await w.wait_until("a step after the restart", lambda: _stepped(w, max(recorded)), timeout_s=180)
         report.recovery_s = round(time.monotonic() - killed_at, 2)
         report.notes.append("recovery = kill → the restarted trainer's first recorded step (includes its start-up)")
-        assert checkpoint is not None
-        _effect(report, w, checkpoint, max(recorded))
+        report.extra.update(checkpoint_step_at_kill=checkpoint, recorded_step_at_kill=max(recorded))
+        await _effect(report, w)
 
     return await _scenario(rig, "trainer_kill", seed=seed, prompts=16 if quick else 32, body=body)
 
 
-def _effect(report: ScenarioReport, w: Workers, checkpoint: int, recorded: int) -> None:
-    """Compare what the model holds (the checkpoint it restarted from) with what the ledger says."""
-    steps = {s["step"]: s for s in w.recorded_steps() if s["step"] <= recorded}
-    ahead = max(0, checkpoint - recorded)
-    behind = [rid for step in range(checkpoint + 1, recorded + 1) for g in steps[step]["groups"]
-              for rid in g["rollout_ids"]] if recorded > checkpoint else []
-    report.extra.update(checkpoint_step=checkpoint, recorded_step=recorded)
-    if ahead:
-        report.duplicates_trained += ahead * 4  # a step's group (G = 4) trained, checkpointed, not recorded
-        report.notes.append(f"the checkpoint is {ahead} step(s) ahead of the ledger: those groups train twice")
-    if behind:
-        report.lost += len(behind)
-        report.notes.append(f"{len(behind)} recorded rollouts' update is not in the checkpoint (lost in effect)")
-    report.check("the checkpoint holds exactly the recorded steps", checkpoint == recorded)
+async def _effect(report: ScenarioReport, w: Workers) -> None:
+    """Compare what the model holds with what the ledger says, once every rollout has an outcome: the
+    trainer stops gracefully (a checkpoint, and its held rollouts settled), and the checkpoint's count of
+    rollouts in the model's updates must equal the ledger's "trained" count — more means an update applied
+    twice, fewer an update the ledger counts but the model lost."""
+    if not report.check("every rollout reached an outcome before the final check", await w.drain(timeout_s=240)):
+        return
+    w.signal("trainer", signal.SIGTERM)
+    report.check("the restarted trainer stopped cleanly", await w.wait("trainer", 60) == 0)
+    saved = await asyncio.to_thread(w.checkpoint_state)
+    in_model = 0 if saved is None else saved.rollouts_trained
+    in_ledger = (await w.join.counts())[Outcome.TRAINED.value]
+    rolled_back = await w.state.get_counter(ROLLED_BACK)
+    report.extra.update(rollouts_in_model=in_model, rollouts_trained_in_ledger=in_ledger,
+                        rolled_back_after_kill=rolled_back)
+    if in_model > in_ledger:
+        report.duplicates_trained += in_model - in_ledger
+        report.notes.append(f"the model holds {in_model - in_ledger} rollout update(s) more than the ledger")
+    if in_model < in_ledger:
+        report.lost += in_ledger - in_model
+        report.notes.append(f"{in_ledger - in_model} rollouts the ledger calls trained are not in the model")
+    if rolled_back:
+        report.notes.append(f"{rolled_back} rollouts trained after the last checkpoint were trained again")
+    report.check("the model holds exactly the rollouts the ledger calls trained", in_model == in_ledger)
 
 
 async def graceful_stop(rig: ChaosRig, *, seed: int = 0, quick: bool = False) -> ScenarioReport:

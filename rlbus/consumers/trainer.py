@@ -88,15 +88,20 @@ class Trainer:
         self.step = 0
         self.version = 0 if publisher is None else publisher.version
         self.offsets: dict[str, int] = {}
+        #: Rollouts in the updates the model holds (saved with checkpoints).
+        self.rollouts_trained = 0
         self._lock = asyncio.Lock()
 
-    async def train_on(self, groups: Sequence[Group], *, offsets: Mapping[str, int] | None = None) -> dict[str, Any]:
+    async def train_on(
+        self, groups: Sequence[Group], *, offsets: Mapping[str, int] | None = None, rollouts: int | None = None
+    ) -> dict[str, Any]:
         """One GRPO step on ``groups``; then publish and checkpoint when their cadence says so.
 
         ``offsets`` are the bus positions the caller has consumed up to and including these groups; they
         go into the next checkpoint. A batch in which nothing is fresh enough to train on still advances
         the offsets but is not a step (no update, nothing to publish). Returns the step metrics plus
-        ``step``, ``version``, ``published``, ``checkpointed`` and the seconds of each phase.
+        ``step``, ``version``, ``published``, ``checkpointed`` and the seconds of each phase. ``rollouts``
+        (default: every sample of ``groups``) is added to ``rollouts_trained`` when the step updates.
         """
         async with self._lock:
             t0 = self.clock()
@@ -109,6 +114,7 @@ class Trainer:
             updated = metrics.optimizer_steps > 0
             if updated:
                 self.step += 1
+                self.rollouts_trained += sum(len(g.samples) for g in groups) if rollouts is None else rollouts
             published = updated and self.step % self.publish_every == 0
             if published:
                 published = await self._publish()
@@ -154,6 +160,7 @@ class Trainer:
                 self.optimizer.load_state_dict(state.optimizer)
             restore_rng(state.rng)
             self.step, self.version, self.offsets = state.step, state.version, dict(state.offsets)
+            self.rollouts_trained = state.rollouts_trained
             if self.publisher is not None and self.publisher.version < state.version:
                 self.publisher.version = state.version
             return dict(self.offsets)
@@ -181,6 +188,7 @@ class Trainer:
             rng=capture_rng(),
             offsets=dict(self.offsets),
             policy_config=policy_config_dict(self.model.config),
+            rollouts_trained=self.rollouts_trained,
         )
         return await asyncio.to_thread(save_checkpoint, self.checkpoint_dir, state, keep=self.keep_checkpoints)
 
@@ -193,7 +201,10 @@ class TrainerWorker:
     loses nothing. Ready groups (and groups released by the join timeout) queue until ``groups_per_step``
     are there; rollouts older than ``max_staleness`` versions are dropped with that reason, the rest are
     trained in one GRPO step, and every rollout id is entered in the ledger so a redelivery is never
-    trained twice. A rollout that cannot be trained (inconsistent arrays) is dead-lettered on arrival.
+    trained twice. When the trainer checkpoints and the join keeps released groups (:attr:`holds`), the
+    ledger calls a rollout trained only once a checkpoint holds its step, so a crash between checkpoints
+    neither loses an update the ledger counts nor applies one twice (:mod:`rlbus.state.join`). A rollout
+    that cannot be trained (inconsistent arrays) is dead-lettered on arrival.
     The trainer's version and finished-group count go to the state store, where the prompt producer's
     admission control reads them.
     """
@@ -260,7 +271,22 @@ class TrainerWorker:
             await self._queue([group])
         observe_processing("trainer", started)
 
+    @property
+    def holds(self) -> bool:
+        """Whether trained rollouts wait for a checkpoint before the ledger calls them trained: the
+        trainer checkpoints every few steps and the join keeps released groups until then."""
+        return self.trainer.checkpoint_every > 0 and self.join.keeps_released
+
+    async def checkpoint(self) -> Path:
+        """Checkpoint now (a graceful stop) and settle the rollouts it holds; returns the file."""
+        path = await self.trainer.save()
+        if self.holds:
+            await self.join.settle(self.trainer.step)
+        return path
+
     async def run(self, stop: asyncio.Event) -> None:
+        if self.holds:  # the model was restored (or not) before run: its step decides what was trained
+            await self.join.recover(self.trainer.step)
         await self._publish_progress()
         last_expire = time.monotonic()
         async with self._bus.consumer([ROLLOUTS, REWARDS], group="trainer") as consumer:
@@ -283,8 +309,10 @@ class TrainerWorker:
         both copies would train its rollouts twice (the chaos suite saw it under a rebalance)."""
         queued = {s.rollout.rollout_id for g in self._ready for s in g.rollouts}
         for group in groups:
+            held = await self.join.held() if self.holds else {}
             fresh = [s for s in group.rollouts
-                     if s.rollout.rollout_id not in queued and not await self._state.seen(FINAL, s.rollout.rollout_id)]
+                     if s.rollout.rollout_id not in queued and s.rollout.rollout_id not in held
+                     and not await self._state.seen(FINAL, s.rollout.rollout_id)]
             if len(fresh) < len(group.rollouts):
                 await self._state.incr(f"outcome:{Outcome.DUPLICATE}", len(group.rollouts) - len(fresh))
                 group = ScoredGroup(group.prompt_id, fresh, group.unscored)
@@ -322,10 +350,18 @@ class TrainerWorker:
         metrics = None
         if groups:
             before = self.trainer.version
-            metrics = await self.trainer.train_on(groups)
+            step = self.trainer.step + 1
+            if self.holds:  # trained in the ledger once a checkpoint holds the step (join.settle)
+                await self.join.hold(step, trained)
+            metrics = await self.trainer.train_on(groups, rollouts=len(trained))
             metrics["rollouts"] = len(trained)
             metrics["reward_mean"] = float(torch.cat([g.rewards for g in groups]).mean())
-            await self.join.record(Outcome.TRAINED, trained)
+            if not self.holds:
+                await self.join.record(Outcome.TRAINED, trained)
+            elif self.trainer.step < step:  # no update: the model does not depend on them, nothing to wait for
+                await self.join.settle(step, only=set(trained))
+            elif metrics["checkpointed"]:
+                await self.join.settle(self.trainer.step)
             if self.trainer.version > before:
                 await self._state.incr(VERSION_COUNTER, self.trainer.version - before)
             self.steps.append(metrics)

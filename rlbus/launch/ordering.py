@@ -78,6 +78,8 @@ class OrderedJoin(JoinBuffer):
     at a time, from :meth:`expire` (see the module docstring). :meth:`add_rollout` and
     :meth:`add_reward` buffer and always return None."""
 
+    keeps_released = True  # a released group stays in the store until every rollout has an outcome
+
     def __init__(
         self,
         *,

@@ -17,29 +17,44 @@ buffer (later copies are counted in ``join:redelivered``), and each reward names
 (``Reward.rollout_created_at``), so a rollout is only ever paired with its own reward. Rewards that do
 not name a copy (user feedback) match any.
 
+Trained with the checkpoint. A trainer that checkpoints (``checkpoint_every`` steps) holds the rollouts of
+each step in ``ns:held`` (rollout id → step) *before* the step runs, and enters them in the ledger as
+trained only once a checkpoint containing that step is written (:meth:`JoinBuffer.settle`). At start-up
+(:meth:`JoinBuffer.recover`) the restored checkpoint's step decides: held at or before it → trained (the
+checkpoint was written, the settle was not); after it → released again, because their update died with
+the process. So the ledger's "trained" is exactly the model's: no update lost, none applied twice. Only a
+join that keeps a released group's data until its rollouts have outcomes can hold
+(:attr:`JoinBuffer.keeps_released`, the ordered join); the plain join drops the data on release, so its
+trainer records at once.
+
 Store layout (``ns`` = namespace)::
 
     ns:group:<prompt_id>   meta → {"group_size", "first_seen"}; r:<rollout_id> → Rollout bytes;
                            w:<rollout_id>:<source>:<copy> → Reward bytes (copy: the scored rollout's
                            created_at, "" when the reward names none)
     ns:open                <prompt_id> → first-seen time (the groups the sweeper looks at)
+    ns:held                <rollout_id> → step: trained, waiting for the checkpoint that holds the step
     ledger "outcome"       every rollout id that reached an outcome (SET NX): the exactly-once gate
     ledger <outcome>       the ids per outcome ("trained", "dropped_stale" …), for audits
-    counters outcome:<name>, ledger:trained_again (a training the gate caught only afterwards)
+    counters outcome:<name>, ledger:trained_again (a training the gate caught only afterwards),
+             ledger:rolled_back (held rollouts released again after a crash)
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import math
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass, field
 from enum import StrEnum
 
 from rlbus.errors import MalformedMessage
 from rlbus.schemas import Reward, Rollout, decode, encode
 from rlbus.state.base import StateStore
+
+log = logging.getLogger("rlbus.state.join")
 
 
 class Outcome(StrEnum):
@@ -55,6 +70,8 @@ class Outcome(StrEnum):
 FINAL = "outcome"
 #: Counter of rollouts passed to the optimizer although they already had an outcome; must stay 0.
 TRAINED_AGAIN = "ledger:trained_again"
+#: Held rollouts released again at a restart because the checkpoint did not hold their step.
+ROLLED_BACK = "ledger:rolled_back"
 #: Second copies of buffered rollouts (a prompt redelivered after a crash, played again under the same ids).
 REDELIVERED_COUNTER = "join:redelivered"
 
@@ -96,6 +113,10 @@ class ScoredGroup:
 
 
 class JoinBuffer:
+    #: Whether a released group's data stays in the store until each of its rollouts has an outcome — the
+    #: precondition for holding trained rollouts until a checkpoint (see the module docstring).
+    keeps_released = False
+
     def __init__(
         self,
         *,
@@ -109,6 +130,7 @@ class JoinBuffer:
         self._ns = namespace
         self._clock = clock
         self._ttl = max(policy.timeout_s * 4, 60.0)
+        self._holding: dict[str, int] | None = None
 
     def _group_key(self, prompt_id: str) -> str:
         return f"{self._ns}:group:{prompt_id}"
@@ -222,6 +244,55 @@ class JoinBuffer:
             await self._state.incr(f"outcome:{outcome}")
             counted += 1
         return counted
+
+    # --- trained with the checkpoint ----------------------------------------------------------------------
+    @property
+    def held_key(self) -> str:
+        return f"{self._ns}:held"
+
+    async def held(self) -> dict[str, int]:
+        """Rollouts trained but not yet in a checkpoint: rollout id → the step that trains them."""
+        if self._holding is None:  # one trainer writes these; read the store once, then mirror it
+            self._holding = {rid: int(step) for rid, step in (await self._state.get_fields(self.held_key)).items()}
+        return self._holding
+
+    async def hold(self, step: int, rollout_ids: Iterable[str]) -> None:
+        """``rollout_ids`` go into step ``step``; written *before* the step runs, so a checkpoint that
+        contains the step always finds them here."""
+        holding = await self.held()
+        for rollout_id in rollout_ids:
+            await self._state.put_field(self.held_key, rollout_id, str(step).encode(), None)
+            holding[rollout_id] = step
+
+    async def settle(self, step: int, *, only: Collection[str] | None = None) -> int:
+        """A checkpoint at ``step`` is written: rollouts held at steps ≤ ``step`` (and in ``only``, when
+        given) become trained in the ledger. Safe to repeat (a crash between the ledger and the cleanup).
+        Returns how many were new."""
+        holding = await self.held()
+        done = [rid for rid, at in holding.items() if at <= step and (only is None or rid in only)]
+        fresh = [r for r in done if not await self._state.seen(Outcome.TRAINED, r)]
+        counted = await self.record(Outcome.TRAINED, fresh)
+        for rollout_id in done:
+            await self._state.delete_field(self.held_key, rollout_id)
+            holding.pop(rollout_id, None)
+        return counted
+
+    async def recover(self, step: int) -> list[str]:
+        """At start-up, with the model restored at ``step`` (0: no checkpoint): settle what it holds and
+        release the rest to be trained again — its update died with the previous process. Returns the
+        rollout ids released again."""
+        self._holding = None
+        await self.settle(step)
+        holding = await self.held()
+        again = sorted(holding)
+        for rollout_id in again:
+            await self._state.delete_field(self.held_key, rollout_id)
+        holding.clear()
+        if again:
+            await self._state.incr(ROLLED_BACK, len(again))
+            log.warning("%d rollout(s) trained after the checkpoint at step %d lost their update with the "
+                        "previous trainer; they will be trained again", len(again), step)
+        return again
 
     async def outcome_of(self, rollout_id: str) -> list[Outcome]:
         """Every outcome the ledger holds for ``rollout_id`` (one, when the exactly-once gate held)."""

@@ -53,6 +53,9 @@ class TrainerState:
     """Consumed bus offsets as the caller names them (e.g. ``"rl.rollouts.v1:3" → 1042``)."""
     policy_config: dict[str, Any] | None = None
     """The `PolicyConfig` fields, so the model can be rebuilt from the checkpoint alone."""
+    rollouts_trained: int = 0
+    """Rollouts in the updates this model holds (cumulative): equal to the ledger's "trained" count
+    when the trainer settles outcomes with its checkpoints (what the chaos suite checks)."""
 
 
 def capture_rng() -> dict[str, Any]:
@@ -88,6 +91,7 @@ def save_checkpoint(directory: Path, state: TrainerState, *, keep: int = 2) -> P
         "rng": state.rng,
         "offsets": dict(state.offsets),
         "policy_config": state.policy_config,
+        "rollouts_trained": state.rollouts_trained,
     }
     _atomic_write(directory / name, lambda f: torch.save(payload, f))
     _atomic_write(directory / LATEST, lambda f: f.write(name.encode()))
@@ -123,6 +127,7 @@ def load_checkpoint(path: Path) -> TrainerState | None:
         rng=data["rng"],
         offsets={str(k): int(v) for k, v in data["offsets"].items()},
         policy_config=data["policy_config"],
+        rollouts_trained=int(data.get("rollouts_trained", 0)),  # absent in checkpoints before it existed
     )
 
 

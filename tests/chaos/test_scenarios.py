@@ -67,10 +67,11 @@ async def test_a_rollout_worker_process_is_killed(rig: ChaosRig) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(480)  # ends with a graceful stop and a final checkpoint; ~275 s seen on a loaded machine
 async def test_the_trainer_process_is_killed_and_restarted(rig: ChaosRig) -> None:
     report = await scenarios()["trainer_kill"](rig, seed=0, quick=True)
     verdict(report)
-    assert report.extra["checkpoint_step"] == report.extra["recorded_step"]
+    assert report.extra["rollouts_in_model"] == report.extra["rollouts_trained_in_ledger"] > 0
 
 
 @pytest.mark.slow

@@ -1,0 +1,141 @@
+"""Trained with the checkpoint: the ledger calls a rollout trained only once a checkpoint holds its step,
+so a trainer that crashes between checkpoints trains those rollouts again (their update died with it)
+and one that crashes right after a checkpoint does not (rlbus/state/join.py, "Trained with the
+checkpoint")."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import uuid
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from rlbus.bus import MemoryBus
+from rlbus.bus.topics import REWARDS, ROLLOUTS, topic_specs
+from rlbus.consumers.trainer import Trainer, TrainerWorker
+from rlbus.launch.ordering import OrderedJoin
+from rlbus.models.policy import Policy, PolicyConfig
+from rlbus.schemas import Reward, Rollout, TensorData
+from rlbus.state import MemoryStateStore
+from rlbus.state.join import ROLLED_BACK, TRAINED_AGAIN, JoinBuffer, Outcome, RewardPolicy
+from rlbus.training.step import GRPOConfig, OptimConfig
+
+CFG = PolicyConfig(vocab=272, d_model=32, n_layer=2, n_head=2, max_seq=64, n_experts=4, top_k=2, d_ff=32)
+
+
+async def test_held_rollouts_become_trained_only_with_their_checkpoint() -> None:
+    state = MemoryStateStore()
+    join = JoinBuffer(state=state, policy=RewardPolicy())
+    await join.hold(1, ["a/0", "a/1"])
+    await join.hold(2, ["b/0", "b/1"])
+    assert await join.outcome_of("a/0") == []  # held: no outcome yet
+    assert await join.settle(1) == 2
+    assert await join.outcome_of("a/0") == [Outcome.TRAINED]
+    assert await join.outcome_of("b/0") == []
+
+    # The process dies; its successor restored the checkpoint of step 1: b's update is gone.
+    again = await JoinBuffer(state=state, policy=RewardPolicy()).recover(1)
+    assert again == ["b/0", "b/1"]
+    assert await state.get_fields(join.held_key) == {}
+    assert await join.outcome_of("b/0") == []
+    assert await state.get_counter(ROLLED_BACK) == 2
+
+
+async def test_a_checkpoint_written_before_the_settle_still_counts() -> None:
+    state = MemoryStateStore()
+    join = JoinBuffer(state=state, policy=RewardPolicy())
+    await join.hold(3, ["c/0"])
+    # Died after writing the checkpoint of step 3, before settling; and once more in the middle of a
+    # settle (outcome recorded, held entry not yet removed): recovery settles, never twice.
+    await join.hold(3, ["d/0"])
+    await join.record(Outcome.TRAINED, ["d/0"])
+    successor = JoinBuffer(state=state, policy=RewardPolicy())
+    assert await successor.recover(3) == []
+    assert await successor.outcome_of("c/0") == [Outcome.TRAINED]
+    assert await successor.outcome_of("d/0") == [Outcome.TRAINED]
+    counts = await successor.counts()
+    assert counts["trained"] == 2 and counts["duplicate"] == 0
+    assert await state.get_counter(TRAINED_AGAIN) == 0
+
+
+def rollout(prompt: str, i: int) -> Rollout:
+    mask = np.zeros(8, dtype=np.uint8)
+    mask[2:] = 1
+    return Rollout(
+        rollout_id=f"{prompt}/{i}", prompt_id=prompt, group_index=i, group_size=2,
+        token_ids=TensorData.from_numpy(np.full(8, 65 + i, dtype=np.int32)), loss_mask=TensorData.from_numpy(mask),
+        logprobs=TensorData.from_numpy(np.where(mask == 1, -1.0, 0.0).astype(np.float32)),
+        token_versions=TensorData.from_numpy(np.where(mask == 1, 0, -1).astype(np.int32)),
+    )
+
+
+def reward(rollout_id: str, value: float) -> Reward:
+    return Reward(reward_id=uuid.uuid4().hex, rollout_id=rollout_id, prompt_id=rollout_id.split("/")[0],
+                  source="verifier", value=value)
+
+
+def trainer(directory: Path) -> Trainer:
+    torch.manual_seed(0)
+    return Trainer(model=Policy(CFG), optim=OptimConfig(lr=1e-3), grpo=GRPOConfig(max_staleness=100),
+                   checkpoint_dir=directory, checkpoint_every=2)
+
+
+async def until(condition: Callable[[], Awaitable[bool]], what: str) -> None:
+    for _ in range(500):
+        if await condition():
+            return
+        await asyncio.sleep(0.02)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+async def test_a_crash_between_checkpoints_trains_those_rollouts_again(tmp_path: Path) -> None:
+    bus = MemoryBus(topic_specs())
+    await bus.start()
+    state = MemoryStateStore()
+    policy = RewardPolicy(sources=("verifier",))
+    for prompt in ("p1", "p2", "p3"):
+        for i in range(2):
+            await bus.send(ROLLOUTS, rollout(prompt, i))
+            await bus.send(REWARDS, reward(f"{prompt}/{i}", float(i)))
+
+    first = TrainerWorker(bus=bus, trainer=trainer(tmp_path), join=OrderedJoin(state=state, policy=policy, batch=1),
+                          state=state, groups_per_step=1, expire_every_s=0.05)
+    assert first.holds
+    stop = asyncio.Event()
+    task = asyncio.create_task(first.run(stop))
+    await until(lambda: _true(first.trainer.step >= 3), "three steps")
+    task.cancel()  # a crash: no graceful checkpoint after step 3
+    with contextlib.suppress(asyncio.CancelledError):
+        await task
+    counts = await first.join.counts()
+    assert counts["trained"] == 4  # steps 1 and 2, checkpointed at step 2
+    assert len(await state.get_fields(first.join.held_key)) == 2  # step 3's group, not in any checkpoint
+
+    restarted = trainer(tmp_path)
+    await restarted.restore()
+    assert (restarted.step, restarted.rollouts_trained) == (2, 4)
+    second = TrainerWorker(bus=bus, trainer=restarted, join=OrderedJoin(state=state, policy=policy, batch=1),
+                           state=state, groups_per_step=1, expire_every_s=0.05)
+    stop = asyncio.Event()
+    task = asyncio.create_task(second.run(stop))
+    await until(lambda: _true(restarted.step >= 3), "the lost step trained again")
+    stop.set()
+    await task
+    await second.checkpoint()  # a graceful stop: checkpoint and settle
+    counts = await second.join.counts()
+    assert counts["trained"] == 6 and counts["duplicate"] == 0
+    assert await state.get_counter(ROLLED_BACK) == 2
+    assert await state.get_counter(TRAINED_AGAIN) == 0
+    for prompt in ("p1", "p2", "p3"):
+        for i in range(2):
+            assert await second.join.outcome_of(f"{prompt}/{i}") == [Outcome.TRAINED]
+    assert (restarted.step, restarted.rollouts_trained) == (3, 6)  # each group's update exactly once
+    await bus.close()
+
+
+async def _true(value: bool) -> bool:
+    return value
