@@ -8,7 +8,7 @@ Tables (each optional; defaults equal ``rlbus demo``'s, so a file with only ``[b
     [store]    dir = "/shared/blobs"  or  url = "http://blobs:8470" (+ the HMAC secret, see below)
     [task]     env, env_config, group_size, seed
     [model]    the PolicyConfig fields, or checkpoint = "DIR" written by `rlbus pretrain`
-    [trainer]  lr, groups_per_step, max_staleness, publish_every, checkpoint_dir, checkpoint_every,
+    [trainer]  lr, groups_per_step, max_staleness, admission, publish_every, checkpoint_dir, checkpoint_every,
                reward_sources, join_timeout_s, warm_steps (when starting without a checkpoint) …
     [rollout]  temperature, prompts_in_flight, max_batch …
     [reward]   kind, concurrency
@@ -134,13 +134,22 @@ class TrainerSection(msgspec.Struct, **_STRUCT):
     groups_per_step: int = 8
     #: Versions a rollout may lag; older ones are dropped (also the admission-control bound).
     max_staleness: int = 2
+    #: The version admission control counts from (rlbus.producers.prompts): ``served`` — the lowest
+    #: version the live rollout workers hold, so a worker still staging a delta holds new prompts back
+    #: instead of generating rollouts the trainer will drop; ``published`` — the trainer's newest version
+    #: (AReaL's rule as published; budget the weight-sync lag with admission_slack then).
+    admission: Literal["served", "published"] = "served"
+    #: Versions of weight-sync lag admission budgets beyond what it observes (0..max_staleness).
+    admission_slack: int = 0
     #: Steps per published weight version.
     publish_every: int = 1
     #: Divide advantages by the group's reward std.
     normalize_std: bool = True
     #: Directory of the trainer's checkpoints; a restart restores the newest. None: no checkpoints.
     checkpoint_dir: str | None = None
-    #: Steps per checkpoint (with checkpoint_dir); a graceful stop always writes one.
+    #: Steps per checkpoint (with checkpoint_dir); a graceful stop always writes one. With the ordered join,
+    #: a step's rollouts count as trained once a checkpoint holds the step (their groups stay in the state
+    #: store until then), so a crash never loses or repeats an update (rlbus/state/join.py).
     checkpoint_every: int = 10
     #: Checkpoint files kept.
     keep_checkpoints: int = 2
@@ -171,6 +180,8 @@ class TrainerSection(msgspec.Struct, **_STRUCT):
                 raise ValueError(f"{name} must be > 0")
         if self.max_staleness < 0 or self.warm_steps < 0:
             raise ValueError(f"{'max_staleness' if self.max_staleness < 0 else 'warm_steps'} must be ≥ 0")
+        if not 0 <= self.admission_slack <= self.max_staleness:
+            raise ValueError(f"admission_slack must be in 0..max_staleness ({self.max_staleness})")
         if not 0.0 <= self.teacher_error <= 1.0:
             raise ValueError("teacher_error must be in [0, 1]")
         if not self.reward_sources:

@@ -24,7 +24,12 @@ it starts from ``model.checkpoint`` (`rlbus pretrain`) or a fresh policy warm-st
 Prompt numbering. The producer stamps every prompt with the run's sequence number (what the trainer
 orders groups by) and keeps the count in the state store (``prompts:seq``), so a restarted producer
 continues the numbering and the task stream where they were (its admission bound counts from the
-trainer's version at its start, see :class:`~rlbus.producers.prompts.PromptProducer`).
+trainer's version at its start, at least v1, see :class:`~rlbus.producers.prompts.PromptProducer`).
+
+Admission. With ``trainer.admission = "served"`` (the default) the producer counts from the lowest version
+the live rollout workers serve, read from the worker registry; each rollout worker beats as soon as it has
+swapped a version in (:func:`beat_on_swap`), so the bound follows the fleet within ~50 ms, not a
+heartbeat interval. :mod:`rlbus.producers.prompts` says why.
 """
 
 from __future__ import annotations
@@ -44,7 +49,7 @@ from typing import TYPE_CHECKING, Any
 from rlbus.bus.base import Bus
 from rlbus.errors import RlbusError
 from rlbus.launch.build import bus_for, initial_policy, policy_config, state_for, store_for
-from rlbus.launch.config import RunConfig
+from rlbus.launch.config import RunConfig, TrainerSection
 from rlbus.launch.observed import Observed
 from rlbus.launch.signals import GracefulStop
 from rlbus.observe.runlog import RunLog
@@ -55,6 +60,8 @@ from rlbus.weights.store import BlobStore
 if TYPE_CHECKING:
     from rlbus.engines.torch_engine import TorchEngine
     from rlbus.models.policy import Policy
+    from rlbus.observe.heartbeat import Heartbeat
+    from rlbus.weights.sync import WeightSync
 
 log = logging.getLogger("rlbus.launch.roles")
 
@@ -109,8 +116,9 @@ async def prompts_main(
             producer = PromptProducer(
                 bus=bus,
                 prompts=stamp(itertools.islice(source, start, None), start),
-                admission=Admission(max_staleness=trainer.max_staleness, groups_per_step=trainer.groups_per_step),
-                progress=progress_from_state(state),
+                admission=admission_for(trainer),
+                progress=progress_from_state(state, served_by="rollout" if trainer.admission == "served" else None),
+                first_version=1,  # trainer_main publishes its initial weights as v1 before its first step
             )
             log.info("%s: producing %s prompts (G=%d) from seq %d", worker_id, task.env, task.group_size, start)
             done = asyncio.Event()
@@ -126,6 +134,13 @@ async def prompts_main(
                 tasks.create_task(produce())
                 tasks.create_task(_persist_count(state, lambda: start + producer.admitted, start, done))
                 tasks.create_task(watch.run(done))
+
+
+def admission_for(trainer: TrainerSection) -> Admission:
+    """The producer's bound from the trainer's: a version is ``publish_every`` steps of ``groups_per_step``
+    groups (counting steps as versions would stall the run once publish_every > max_staleness + 1)."""
+    per_version = trainer.groups_per_step * trainer.publish_every
+    return Admission(max_staleness=trainer.max_staleness, groups_per_step=per_version, slack=trainer.admission_slack)
 
 
 async def _persist_count(state: StateStore, count: Callable[[], int], start: int, done: asyncio.Event) -> None:
@@ -210,6 +225,7 @@ async def rollout_main(
                 async with asyncio.TaskGroup() as tasks:
                     tasks.create_task(watch.run(stop))
                     tasks.create_task(sync.run(stop))
+                    tasks.create_task(beat_on_swap(sync, watch.heartbeat, stop))
                     if runlog is not None:
                         tasks.create_task(follow_syncs(sync, runlog, worker_id, stop))
                     log.info("%s (%s): waiting for the first weight version", worker_id, region or "no region")
@@ -221,6 +237,21 @@ async def rollout_main(
             finally:
                 if runlog is not None:
                     runlog.close()
+
+
+async def beat_on_swap(sync: WeightSync, heartbeat: Heartbeat, stop: asyncio.Event, every_s: float = 0.05) -> None:
+    """Send a registry heartbeat as soon as ``sync`` holds a new version, not at the next periodic beat:
+    the prompt producer's admission counts from the lowest version the rollout workers serve
+    (:mod:`rlbus.producers.prompts`), and each second it sees a swap late holds prompts back for nothing."""
+    announced: int | None = None
+    while not stop.is_set():
+        if sync.version != announced:
+            announced = sync.version
+            await heartbeat.beat()
+        try:
+            await asyncio.wait_for(stop.wait(), every_s)
+        except TimeoutError:
+            pass
 
 
 def _version_setter(engine: TorchEngine) -> Callable[[int], None]:
@@ -300,12 +331,13 @@ async def trainer_main(
                     tasks.create_task(worker.run(stop))
                     tasks.create_task(watch.run(stop))
                 if checkpoints is not None:
-                    path = await trainer.save()
+                    path = await worker.checkpoint()  # and settles the rollouts it holds
                     log.info("%s: stopped at step %d; checkpoint %s", worker_id, trainer.step, path)
                 if runlog is not None:
+                    outcomes = await join.counts()
                     runlog.summary({"worker": worker_id, "steps": trainer.step, "version": trainer.version,
-                                    "outcomes": await join.counts(), "join": _join_stats(join),
-                                    "wall_s": time.monotonic() - started})
+                                    "outcomes": outcomes, "stale_fraction": stale_fraction(outcomes),
+                                    "join": _join_stats(join), "wall_s": time.monotonic() - started})
             finally:
                 if runlog is not None:
                     runlog.close()
@@ -326,6 +358,15 @@ async def published_version(bus: Bus, model_id: str) -> int:
         if manifest.model_id == model_id:
             newest = max(newest, manifest.version)
     return newest
+
+
+def stale_fraction(outcomes: dict[str, int]) -> float:
+    """Rollouts dropped as stale over rollouts with an outcome (duplicates are copies, not rollouts): the
+    generation a run threw away because it arrived too many versions late."""
+    from rlbus.state.join import Outcome
+
+    settled = sum(n for name, n in outcomes.items() if name != Outcome.DUPLICATE)
+    return round(outcomes.get(Outcome.STALE, 0) / settled, 4) if settled else 0.0
 
 
 def _join_stats(join: Any) -> dict[str, Any]:

@@ -3,25 +3,60 @@
 Asynchronous RL keeps generating while the trainer trains, so without a bound the rollout workers would
 run arbitrarily far ahead and the trainer would see ever staler data. Admission control bounds it the
 way AReaL does (Fu et al., 2025, "AReaL: a large-scale asynchronous RL system", §5): the producer admits
-prompt number n only while ``n < (versions + max_staleness + 1) × groups_per_step`` — ``versions`` being
-the versions published since this producer started, so a trainer resumed at version 57 or one that
-published its initial weights as version 1 does not open the gate wider — at most
-``max_staleness`` trainer versions' worth of prompts ahead of the trainer — and while fewer than
-``max_in_flight`` groups are admitted but not yet finished. Nobody stops: generation continues on what is
-admitted, and new prompts flow as the trainer publishes versions.
+its n-th prompt (from 0) only while
+
+    n < (reference − base + max_staleness − slack + 1) × groups_per_version
+
+and while fewer than ``max_in_flight`` groups are admitted but not yet finished. Nobody stops: generation
+continues on what is admitted, and new prompts flow as versions arrive. Why exactly this bound:
+
+* The trainer takes groups in prompt order (:mod:`rlbus.launch.ordering`), ``groups_per_version`` of
+  them per version (groups per step × steps per version), so prompt n is trained at version
+  ``t(n) = base + n // groups_per_version``. ``base`` is the version the trainer trains this producer's
+  first prompt at: its version when the producer started (a trainer resumed at version 57 does not open
+  the gate 57 versions wide), but at least ``first_version`` — the distributed trainer publishes its
+  initial weights as v1 *before* its first step, and a producer that starts before that publish and
+  counts from 0 admits a version's worth of prompts too many, each trained ``max_staleness`` + 1
+  versions after the v1 it was generated with, and dropped (``rlbus up`` starts every role at once).
+* The trainer drops a rollout whose oldest token is more than ``max_staleness`` versions older than
+  ``t(n)``. The oldest token comes from the weights the worker held when it *started* the prompt, which
+  are at least the version every live rollout worker held when the prompt was admitted: workers only
+  move forward. So the bound counts from the version the rollout fleet **serves**, not the one the
+  trainer **published**: ``reference = min(published, lowest version a live rollout worker serves)``.
+  AReaL may count from the trainer's version because there the weight update has reached the inference
+  servers before the version counts; here workers stage each delta while they generate (download,
+  decode, digest check: seconds on a CPU, more for a large model in a far region). Counting from the
+  published version lets them start prompts on weights up to three versions older than the bound
+  assumes: in a short distributed run 15–25 % of the rollouts are then dropped as stale (the first delta
+  takes 2.5–3.4 s to stage on 2 busy cores while the trainer, catching up on waiting groups, publishes
+  three versions in about 1.5 s).
+* ``slack`` budgets versions of lag the reference cannot see: with ``served`` unknown (no worker reports
+  a version, or the run counts from the published version on purpose) it is the expected weight-sync lag
+  in versions. It stays within ``max_staleness``, or nothing would ever be admitted.
+
+Under the bound an admitted prompt's rollouts are within ``max_staleness`` when trained — unless the
+trainer's order or pace differs from the above (the plain join releases groups as they complete), which
+the trainer's own check still catches: its ``max_staleness`` is the hard bound. The fleet's lag costs
+admission — prompts wait in the producer, mostly while the workers are busy with earlier ones, otherwise
+for as long as a swap takes — instead of generation that is thrown away. A worker that stays behind (its
+blob store unreachable) holds admission back until it catches up or leaves the registry (five heartbeats
+after its last).
 
 The trainer's progress is read from the state store (counters ``trainer:version`` and
-``trainer:groups_done``), so producers in other processes or regions see the same bound.
+``trainer:groups_done``) and the versions the rollout workers serve from the worker registry (each
+rollout worker's heartbeat carries its ``version``, and it beats as soon as it swaps a new one in), so
+producers in other processes or regions see the same bound.
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import itertools
 import logging
 import time
 import uuid
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -32,7 +67,7 @@ from rlbus.bus.base import Bus
 from rlbus.bus.topics import PROMPTS
 from rlbus.observe.metrics import ADMISSION_WAITS
 from rlbus.schemas import Prompt
-from rlbus.state.base import StateStore
+from rlbus.state.base import StateStore, WorkerRecord
 
 log = logging.getLogger("rlbus.producers.prompts")
 
@@ -42,31 +77,68 @@ GROUPS_DONE_COUNTER = "trainer:groups_done"
 
 @dataclass(frozen=True)
 class Progress:
+    """What admission reads: the trainer's newest published version, the groups it has finished, and the
+    lowest version the live rollout workers serve (None: unknown, so the published version counts)."""
+
     version: int
     groups_done: int
+    served: int | None = None
 
 
 @dataclass(frozen=True)
 class Admission:
-    """The staleness bound the producer enforces."""
+    """The staleness bound the producer enforces (the module docstring derives it)."""
 
-    #: Trainer versions a prompt may wait before its group is trained.
+    #: Trainer versions a prompt may wait before its group is trained (the trainer's max_staleness).
     max_staleness: int = 2
-    #: Groups the trainer consumes per version (its batch size in groups).
+    #: Groups the trainer consumes per version: groups per step × steps per published version.
     groups_per_step: int = 4
     #: Cap on admitted-but-unfinished groups (None: only the staleness bound).
     max_in_flight: int | None = None
+    #: Versions of weight-sync lag budgeted beyond what ``Progress.served`` shows (0..max_staleness).
+    slack: int = 0
+
+    def __post_init__(self) -> None:
+        if self.groups_per_step < 1 or self.max_staleness < 0:
+            raise ValueError("groups_per_step must be >= 1 and max_staleness >= 0")
+        if not 0 <= self.slack <= self.max_staleness:
+            raise ValueError(f"slack must be in 0..max_staleness ({self.max_staleness}), got {self.slack}")
+
+    @staticmethod
+    def reference(progress: Progress) -> int:
+        """The version every prompt admitted now will be started with, at the least."""
+        return progress.version if progress.served is None else min(progress.version, progress.served)
+
+    def window(self, progress: Progress, *, base_version: int = 0) -> int:
+        """How many prompts may be admitted in all, counting from ``base_version`` (``admitted`` = 0)."""
+        ahead = self.reference(progress) - base_version + self.max_staleness - self.slack + 1
+        return max(0, ahead * self.groups_per_step)
 
     def allows(self, admitted: int, progress: Progress, *, base_version: int = 0) -> bool:
-        """``base_version``: the trainer's version when counting started (``admitted`` = 0)."""
-        if admitted >= (progress.version - base_version + self.max_staleness + 1) * self.groups_per_step:
+        """``base_version``: the version the trainer trains the first admitted prompt at."""
+        if admitted >= self.window(progress, base_version=base_version):
             return False
         return self.max_in_flight is None or admitted - progress.groups_done < self.max_in_flight
 
 
-def progress_from_state(state: StateStore) -> Callable[[], Awaitable[Progress]]:
+def lowest_served(workers: Iterable[WorkerRecord]) -> int | None:
+    """The lowest ``version`` among registry entries still running (a stopping worker takes no new
+    prompts; one still loading its first version reports none and joins at the newest)."""
+    versions = [
+        version for w in workers
+        if w["info"].get("status") != "stopping"
+        and isinstance(version := w["info"].get("version"), int) and not isinstance(version, bool)
+    ]
+    return min(versions, default=None)
+
+
+def progress_from_state(state: StateStore, *, served_by: str | None = None) -> Callable[[], Awaitable[Progress]]:
+    """Progress from the state store; ``served_by`` names the registry role whose live workers' versions
+    bound admission (``"rollout"``), None leaves ``served`` unknown."""
+
     async def read() -> Progress:
-        return Progress(await state.get_counter(VERSION_COUNTER), await state.get_counter(GROUPS_DONE_COUNTER))
+        served = None if served_by is None else lowest_served(await state.workers(served_by))
+        return Progress(await state.get_counter(VERSION_COUNTER), await state.get_counter(GROUPS_DONE_COUNTER), served)
 
     return read
 
@@ -92,7 +164,12 @@ def file_prompts(path: Path, *, repeat: bool = True) -> Iterator[Prompt]:
 
 
 class PromptProducer:
-    """Publishes prompts as fast as admission allows; ``limit`` stops after that many."""
+    """Publishes prompts as fast as admission allows; ``limit`` stops after that many.
+
+    ``first_version``: the lowest version the trainer can train this producer's first prompt at — the
+    distributed trainer publishes its initial weights as v1 before training, so a producer that starts
+    before that publish counts from 1, not from the 0 it reads (see the module docstring).
+    """
 
     def __init__(
         self,
@@ -103,6 +180,7 @@ class PromptProducer:
         progress: Callable[[], Awaitable[Progress]],
         run_id: str | None = None,
         limit: int | None = None,
+        first_version: int = 0,
         poll_s: float = 0.05,
         clock: Callable[[], float] = time.time,
     ) -> None:
@@ -112,24 +190,34 @@ class PromptProducer:
         self._progress = progress
         self.run_id = run_id or uuid.uuid4().hex[:8]
         self.limit = limit
+        self.first_version = first_version
         self._poll_s = poll_s
         self._clock = clock
         self.admitted = 0
         self.waits = 0
+        #: Waits the published version alone would have allowed: rollout workers still syncing held them.
+        self.sync_waits = 0
+        self.reference: int | None = None
         self._base_version: int | None = None
 
     def stats(self) -> dict[str, Any]:
         """What the producer's heartbeat carries (``processed`` = prompts admitted)."""
         return {"topics": [PROMPTS.name], "processed": self.admitted, "admitted": self.admitted,
-                "waits": self.waits, "run_id": self.run_id}
+                "waits": self.waits, "sync_waits": self.sync_waits, "reference_version": self.reference,
+                "base_version": self._base_version, "run_id": self.run_id}
 
     async def run(self, stop: asyncio.Event) -> None:
         while not stop.is_set() and (self.limit is None or self.admitted < self.limit):
             progress = await self._progress()
             if self._base_version is None:
-                self._base_version = progress.version
+                self._base_version = max(progress.version, self.first_version)
+            self.reference = self.admission.reference(progress)
             if not self.admission.allows(self.admitted, progress, base_version=self._base_version):
                 self.waits += 1
+                if progress.served is not None and self.admission.allows(
+                    self.admitted, dataclasses.replace(progress, served=None), base_version=self._base_version
+                ):
+                    self.sync_waits += 1
                 ADMISSION_WAITS.inc()
                 try:
                     await asyncio.wait_for(stop.wait(), self._poll_s)

@@ -9,7 +9,10 @@ beyond the first and both regions have generated with them, stops everything wit
 * every rollout carries a policy version for each token it sampled (−1 elsewhere);
 * nothing was trained twice: the trained rollout ids are unique and the ledger caught no second training;
 * every rollout produced is accounted for: trained + dropped (per reason) + dead-lettered + still in the
-  join buffer = the distinct rollouts on the topic.
+  join buffer = the distinct rollouts on the topic;
+* the stale fraction is reported: the trainer's summary.json carries the outcome counts and the fraction
+  dropped as stale, and the producer's heartbeat the version its admission counts from (the lowest one the
+  rollout workers serve).
 """
 
 from __future__ import annotations
@@ -193,6 +196,7 @@ namespace = "{namespace}"
         assert {g["group"] for g in snapshot["lag"]} >= {"rollout", "trainer", "reward-verifier"}
         beats = {w["worker_id"]: w["info"] for w in snapshot["workers"]}
         assert beats["rollout-eu-west"]["version"] >= 2 and "swap_pause_ms" in beats["rollout-eu-west"]
+        assert beats["prompts"]["reference_version"] >= 1 and beats["prompts"]["sync_waits"] >= 0
 
         # Stop upstream first, let reward and trainer consume everything, then stop them.
         assert await prompts.stopped() == 0
@@ -249,10 +253,13 @@ namespace = "{namespace}"
         settled = counts[Outcome.TRAINED] + counts[Outcome.STALE] + counts[Outcome.TIMED_OUT] + counts[
             Outcome.INCOMPLETE] + counts[Outcome.DEAD_LETTERED]
         assert settled + len(pending) == len(ids), (counts, len(pending), len(ids))
+        summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+        assert summary["outcomes"] == counts and summary["stale_fraction"] == round(counts[Outcome.STALE] / settled, 4)
         prompts_made = sum((await bus.end_offsets(PROMPTS.name)).values())
         assert await state.get_counter("prompts:seq") == prompts_made
         print(f"\n{len(ids)} rollouts ({len(produced) - len(ids)} redelivered copies) from {prompts_made} prompts: "
-              f"{counts}, {len(pending)} pending; {final['step']} steps → v{final['version']}; "
+              f"{counts} ({summary['stale_fraction']:.1%} stale), {len(pending)} pending; "
+              f"{final['step']} steps → v{final['version']}; "
               f"{time.monotonic() - started:.0f} s")
     finally:
         for proc in procs:
