@@ -3,7 +3,8 @@
 ``config`` is the run config (msgspec tables, env overrides for the connection settings);
 ``build`` turns it into a bus, a state store and a blob store; ``roles`` holds one ``async`` main per
 role (``rlbus worker prompts|rollout|reward|trainer``); ``signals`` the graceful-stop helper every role
-uses; ``namespace`` the bus wrapper that gives a run its own topics and consumer groups; ``ordering``
-the trainer's in-order release of complete groups (what makes a replay reproduce a run's inputs);
-``recording`` what the trainer and the workers write into the run log; ``up`` the local process set.
+uses; ``namespace`` the bus wrapper that gives a run its own topics and consumer groups; ``recording``
+what the trainer and the workers write into the run log; ``up`` the local process set. The trainer's
+in-order join, which makes a replay reproduce a run's inputs, lives with the other joins in
+:mod:`rlbus.state.ordered`.
 """

@@ -3,7 +3,7 @@
 The trainer writes, per GRPO step, ``steps`` (the step's metrics), ``inputs`` (the groups trained:
 prompt id, sequence number, rollout ids, rewards, the policy versions each rollout's tokens came from),
 ``rewards`` (one line per trained rollout and reward source) and, per published version, ``weights``.
-``inputs`` is what a replay must reproduce (:mod:`rlbus.launch.ordering`). Each rollout worker writes its
+``inputs`` is what a replay must reproduce (:mod:`rlbus.state.ordered`). Each rollout worker writes its
 weight swaps to ``syncs-<worker>``. Nothing here imports torch.
 """
 
@@ -15,10 +15,10 @@ from typing import Any
 
 import numpy as np
 
-from rlbus.launch.ordering import prompt_seq
 from rlbus.observe.runlog import INPUTS, REWARDS, STEPS, WEIGHTS, RunLog, syncs_name
 from rlbus.schemas import Rollout
 from rlbus.state.join import ScoredGroup
+from rlbus.state.ordered import prompt_seq
 
 
 def token_versions(rollout: Rollout) -> list[int]:

@@ -8,7 +8,7 @@ trainer mains: the prompt producer and the reward worker never load it.
 Trainer start and restart. With ``trainer.checkpoint_dir`` holding a checkpoint, the trainer restores it
 (weights, optimizer, step, RNG) and *relies on the committed offsets and the state store*, not on the
 checkpoint's offsets: the trainer commits a message only after it is in the join buffer (Redis), groups
-stay there until every rollout of them has an outcome (:mod:`rlbus.launch.ordering`), and the outcome
+stay there until every rollout of them has an outcome (:mod:`rlbus.state.ordered`), and the outcome
 ledger refuses a second outcome for a rollout — so resuming from the committed offsets loses nothing and
 trains nothing twice. What a checkpoint older than the crash costs is the *model's* progress since it
 (those rollouts are in the ledger as trained; their update is gone): checkpoint every step where that
@@ -106,7 +106,7 @@ def default_worker_id(role: str, region: str | None) -> str:
 async def prompts_main(
     config: RunConfig, *, worker_id: str, region: str | None = None, stop: asyncio.Event | None = None
 ) -> None:
-    from rlbus.launch.ordering import stamp
+    from rlbus.state.ordered import stamp
 
     task, trainer = config.task, config.trainer
     with stopping(stop) as stop:
@@ -268,10 +268,10 @@ async def trainer_main(
     import torch
 
     from rlbus.consumers.trainer import Trainer, TrainerWorker
-    from rlbus.launch.ordering import OrderedJoin
     from rlbus.launch.recording import TrainerRecorder
     from rlbus.models.policy import Policy
     from rlbus.state.join import JoinBuffer, RewardPolicy
+    from rlbus.state.ordered import OrderedJoin
     from rlbus.training.checkpoint import load_checkpoint, policy_from_state
     from rlbus.training.step import GRPOConfig, OptimConfig
     from rlbus.weights.publish import WeightPublisher

@@ -36,12 +36,12 @@ from rlbus.bus.base import Bus
 from rlbus.bus.replay import read_window
 from rlbus.bus.topics import PROMPTS, REWARDS, ROLLOUTS, topic_specs
 from rlbus.launch.namespace import NamespacedBus
-from rlbus.launch.ordering import buffered_rollouts
 from rlbus.observe.runlog import INPUTS, STEPS, read, syncs_name
 from rlbus.schemas import Rollout
 from rlbus.services import free_port
 from rlbus.state import RedisStateStore
 from rlbus.state.join import Outcome
+from rlbus.state.ordered import buffered_rollouts
 from rlbus.training.checkpoint import load_checkpoint
 from tests.conftest import KAFKA_BOOTSTRAP, kafka_bus
 

@@ -10,10 +10,10 @@ from collections.abc import AsyncIterator, Callable
 import numpy as np
 import pytest
 
-from rlbus.launch.ordering import OrderedJoin, buffered_rollouts, prompt_seq, stamp
 from rlbus.schemas import Prompt, Reward, Rollout, TensorData
 from rlbus.state import MemoryStateStore, RedisStateStore, StateStore
 from rlbus.state.join import Outcome, RewardPolicy, ScoredGroup
+from rlbus.state.ordered import OrderedJoin, buffered_rollouts, prompt_seq, stamp
 
 
 class Clock:

@@ -53,7 +53,7 @@ from rlbus.schemas import Prompt, Rollout
 from rlbus.state.base import StateStore
 from rlbus.state.join import FINAL, JoinBuffer, Outcome, RewardPolicy, ScoredGroup
 
-log = logging.getLogger("rlbus.launch.ordering")
+log = logging.getLogger("rlbus.state.ordered")
 
 #: The ``Prompt.metadata`` key holding the producer's sequence number.
 SEQ = "seq"
@@ -76,7 +76,8 @@ def prompt_seq(rollout: Rollout) -> int | None:
 class OrderedJoin(JoinBuffer):
     """A :class:`~rlbus.state.join.JoinBuffer` that releases complete groups in prompt order, ``batch``
     at a time, from :meth:`expire` (see the module docstring). :meth:`add_rollout` and
-    :meth:`add_reward` buffer and always return None."""
+    :meth:`add_reward` buffer and always return None. It builds on the base class's store layout and
+    hooks (``_group_key``, ``_assemble``, ``_ready``, ``_close``), which exist for this subclass."""
 
     keeps_released = True  # a released group stays in the store until every rollout has an outcome
 
