@@ -343,6 +343,7 @@ def blobs_serve(
 ) -> None:
     """Serve a blob directory over signed HTTP with range reads; with --upstream, relay an origin."""
     from rlbus.config import secret_from
+    from rlbus.launch.signals import GracefulStop
     from rlbus.weights.http_store import BlobServer, HttpStore, serve
     from rlbus.weights.store import LocalStore
 
@@ -362,16 +363,15 @@ def blobs_serve(
         role = f"relay of {upstream}" if upstream else "origin"
         console.print(f"serving {root} on http://{host}:{port} ({role}); Ctrl-C stops")
         try:
-            await asyncio.Event().wait()
+            # SIGTERM or SIGINT stops it cleanly, also where the parent shell ignores SIGINT (a background job)
+            with GracefulStop() as stopping:
+                await stopping.stop.wait()
         finally:
             await runner.cleanup()
             if origin is not None:
                 await origin.close()
 
-    try:
-        _run(go)
-    except KeyboardInterrupt:
-        pass
+    _run(go)
 
 
 @blobs_app.command("collect-claims")
@@ -673,6 +673,7 @@ def dashboard(
 ) -> None:
     """A web page with live charts of the run: reward by source, versions per worker, lag, staleness,
     delta bytes vs full size, swap pauses, mismatch KL. Reads the topics without joining any group."""
+    from rlbus.launch.signals import GracefulStop
     from rlbus.observe.dashboard import Dashboard, parse_since
     from rlbus.state import open_state_store
 
@@ -689,15 +690,14 @@ def dashboard(
             async with _bus(bootstrap, config) as bus:
                 board = Dashboard(bus=bus, state=state, start=start, model_id=model_id, host=host, port=port,
                                   on_ready=lambda url: console.print(f"dashboard on [bold]{url}[/bold]; Ctrl-C stops"))
-                await board.run(asyncio.Event())
+                with GracefulStop() as stopping:  # SIGTERM or Ctrl-C: stop serving, close cleanly
+                    await board.run(stopping.stop)
         finally:
             if state is not None:
                 await state.close()
 
     try:
         _run(go)
-    except KeyboardInterrupt:
-        pass
     except OSError as exc:
         err.print(f"[red]error:[/red] cannot serve on {host}:{port}: {exc}")
         raise typer.Exit(1) from None
@@ -743,6 +743,9 @@ def bench(
     mode: Annotated[
         str | None, typer.Option(help="pipeline only: sync or async (default: both, and the speedup).")
     ] = None,
+    seed: Annotated[
+        int | None, typer.Option(help="pipeline and chaos: the seed (default 0); repeat runs to see the spread.")
+    ] = None,
 ) -> None:
     """Run a benchmark: prints a short table (with its same-run baseline) and optionally writes JSON."""
     if name not in BENCHMARKS:
@@ -753,6 +756,10 @@ def bench(
         if name != "pipeline" or mode not in ("sync", "async"):
             raise typer.BadParameter("--mode is sync or async, for the pipeline benchmark only")
         kwargs["modes"] = (mode,)
+    if seed is not None:
+        if name not in ("pipeline", "chaos"):
+            raise typer.BadParameter("--seed is for the pipeline and chaos benchmarks")
+        kwargs["seed"] = seed
     try:
         result = module.run(quick=quick, json_path=json_path, **kwargs)
     except RlbusError as exc:
