@@ -86,10 +86,11 @@ def run_mode(config: DemoConfig, warm: Policy, run_dir: Path, target: float) -> 
 
 def run(
     *, quick: bool = False, json_path: Path | None = None, modes: tuple[str, ...] = ("sync", "async"),
-    target: float = 0.8,
+    target: float = 0.8, seed: int = 0,
 ) -> dict[str, Any]:
+    """``seed`` seeds the warm start, the task stream and sampling (both modes share it)."""
     base = DemoConfig.quick() if quick else DemoConfig()
-    base = dataclasses.replace(base, snapshot_every=2 if quick else 5, time_budget_s=1e9)
+    base = dataclasses.replace(base, snapshot_every=2 if quick else 5, time_budget_s=1e9, seed=seed)
     torch.manual_seed(base.seed)
     torch.set_num_threads(1)
     warm = Policy(base.model)

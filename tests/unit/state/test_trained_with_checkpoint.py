@@ -85,7 +85,7 @@ def trainer(directory: Path) -> Trainer:
 
 
 async def until(condition: Callable[[], Awaitable[bool]], what: str) -> None:
-    for _ in range(500):
+    for _ in range(3000):  # up to a minute on a loaded machine; a few seconds normally
         if await condition():
             return
         await asyncio.sleep(0.02)
