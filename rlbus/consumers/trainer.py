@@ -308,8 +308,8 @@ class TrainerWorker:
         redelivery (rebalance, restart) can rebuild a group the join released earlier, and training
         both copies would train its rollouts twice (the chaos suite saw it under a rebalance)."""
         queued = {s.rollout.rollout_id for g in self._ready for s in g.rollouts}
+        held = await self.join.held() if self.holds else {}
         for group in groups:
-            held = await self.join.held() if self.holds else {}
             fresh = [s for s in group.rollouts
                      if s.rollout.rollout_id not in queued and s.rollout.rollout_id not in held
                      and not await self._state.seen(FINAL, s.rollout.rollout_id)]
