@@ -291,6 +291,7 @@ class Demo:
             prompts=task_prompts(c.env, seed=c.seed + 1000, group_size=c.group_size, config=c.env_config),
             admission=Admission(max_staleness=staleness, groups_per_step=c.groups_per_step),
             progress=progress_from_state(state),
+            run_id=f"demo-s{c.seed}",  # prompt ids, hence partitions, follow the seed: runs repeat
         )
         reward_worker = RewardWorker(bus=bus, concurrency=8)
         stop = asyncio.Event()
@@ -304,6 +305,8 @@ class Demo:
             tasks.create_task(reward_worker.run(stop))
             for worker in self.rollout_workers:
                 tasks.create_task(worker.run(stop))
+            for worker in self.rollout_workers:  # every worker in the group before the first prompt
+                await worker.joined.wait()
             tasks.create_task(producer.run(stop))
             while self.trainer.step < c.rl_steps and time.monotonic() - rl_started < c.time_budget_s:
                 await asyncio.sleep(0.25)

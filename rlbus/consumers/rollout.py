@@ -103,6 +103,9 @@ class RolloutWorker:
         self._in_play = 0
         self._active_since = 0.0
         self.lag_probe = LagProbe()
+        #: Set once the group has given this worker partitions. A driver that starts the prompt producer
+        #: before every worker has joined lets the first one take every partition's prompts.
+        self.joined = asyncio.Event()
 
     def stats(self) -> dict[str, Any]:
         """What this worker's heartbeat carries (``processed`` = rollouts published)."""
@@ -176,6 +179,8 @@ class RolloutWorker:
             committed_at = time.monotonic()
             try:
                 while not stop.is_set():
+                    if consumer.assignment():
+                        self.joined.set()
                     await self.lag_probe.refresh(consumer)
                     window.forget_revoked()
                     free = self._prompts_in_flight - len(playing)
