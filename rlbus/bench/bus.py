@@ -57,7 +57,8 @@ async def throughput(bus: Bus, topic: str, n: int, in_flight: int = 256) -> floa
     group = f"bench-tput-{uuid.uuid4().hex[:6]}"
     joined = asyncio.Event()
     consumer = asyncio.create_task(_consume(bus, topic, group, n, None, joined))
-    await asyncio.wait_for(joined.wait(), 60)
+    async with asyncio.timeout(60):
+        await joined.wait()
     start = time.perf_counter()
     window = asyncio.Semaphore(in_flight)
 
@@ -77,7 +78,8 @@ async def latency(bus: Bus, topic: str, rate: float, seconds: float) -> list[flo
     latencies: list[float] = []
     joined = asyncio.Event()
     consumer = asyncio.create_task(_consume(bus, topic, group, n, latencies, joined))
-    await asyncio.wait_for(joined.wait(), 60)
+    async with asyncio.timeout(60):
+        await joined.wait()
     pending: set[asyncio.Task[Any]] = set()
     start = time.perf_counter()
     for i in range(n):

@@ -147,7 +147,8 @@ async def run_scenario(
                 sampling_stop.set()
                 await sampler
                 with contextlib.suppress(Exception):
-                    await asyncio.wait_for(pipeline_task, 60)
+                    async with asyncio.timeout(60):
+                        await pipeline_task
             found = await audit(bus=bus, state=state, join=pipeline.join, run_id=run_id, injected=run.injected)
             fill(report, found, trained_twice_seen=pipeline.join.trained_twice)
             report.extra["steps"] = pipeline.trainer.step

@@ -15,6 +15,7 @@ from typing import Any
 
 import numpy as np
 
+from rlbus.aio import wait_event
 from rlbus.observe.runlog import INPUTS, REWARDS, STEPS, WEIGHTS, RunLog, syncs_name
 from rlbus.schemas import Rollout
 from rlbus.state.join import ScoredGroup
@@ -90,10 +91,7 @@ async def follow_syncs(sync: Any, log: RunLog, worker_id: str, stop: asyncio.Eve
         written = len(history)
         if stop.is_set():
             return
-        try:
-            await asyncio.wait_for(stop.wait(), every_s)
-        except TimeoutError:
-            pass
+        await wait_event(stop, every_s)
 
 
 def _fields(stats: Any) -> dict[str, Any]:

@@ -46,6 +46,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from rlbus.aio import wait_event
 from rlbus.bus.base import Bus
 from rlbus.errors import RlbusError
 from rlbus.launch.build import bus_for, initial_policy, policy_config, state_for, store_for
@@ -156,10 +157,7 @@ async def _persist_count(state: StateStore, count: Callable[[], int], start: int
             stored = now
         if finished:
             return
-        try:
-            await asyncio.wait_for(done.wait(), 0.2)
-        except TimeoutError:
-            pass
+        await wait_event(done, 0.2)
 
 
 # --- reward ---------------------------------------------------------------------------------------------
@@ -248,10 +246,7 @@ async def beat_on_swap(sync: WeightSync, heartbeat: Heartbeat, stop: asyncio.Eve
         if sync.version != announced:
             announced = sync.version
             await heartbeat.beat()
-        try:
-            await asyncio.wait_for(stop.wait(), every_s)
-        except TimeoutError:
-            pass
+        await wait_event(stop, every_s)
 
 
 def _version_setter(engine: TorchEngine) -> Callable[[int], None]:

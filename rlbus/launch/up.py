@@ -34,6 +34,7 @@ from urllib.parse import urlparse
 from rich.console import Console
 from rich.text import Text
 
+from rlbus.aio import wait_event
 from rlbus.errors import ConfigError, ServiceError
 from rlbus.launch.config import (
     ENV_BLOB_SECRET,
@@ -312,9 +313,7 @@ async def _wait(
 ) -> int:
     earlier = len(_steps_logged(run_dir))
     while not stopping.stop.is_set():
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(supervisor.exited.wait(), 1.0)
-        if supervisor.exited.is_set():
+        if await wait_event(supervisor.exited, 1.0):
             gone = [c.name for c in supervisor.children if c.returncode is not None]
             say(f"{', '.join(gone)} exited; stopping the rest")
             return 1

@@ -38,6 +38,7 @@ from typing import Any
 
 import numpy as np
 
+from rlbus.aio import wait_event
 from rlbus.bus.base import Bus, Consumer
 from rlbus.bus.replay import Bound, plan_window
 from rlbus.bus.topics import REWARDS, ROLLOUTS, WEIGHTS
@@ -143,7 +144,7 @@ class Collector:
             except RlbusError as exc:  # broker down, topics not created yet: show it and retry
                 self.error = f"reading topics: {exc}"
                 log.warning("%s; retrying", self.error)
-                await _sleep_unless(stop, 2.0)
+                await wait_event(stop, 2.0)
 
     async def _seek(self, consumer: Consumer) -> None:
         for topic in (REWARDS.name, WEIGHTS.name, ROLLOUTS.name):
@@ -158,7 +159,7 @@ class Collector:
             except RlbusError as exc:
                 self.error = f"polling state and lag: {exc}"
                 log.warning("%s", self.error)
-            await _sleep_unless(stop, self._poll_s)
+            await wait_event(stop, self._poll_s)
 
     async def poll_once(self) -> None:
         """One look at the registry, the trainer's version counter and every known group's lag."""
@@ -364,10 +365,3 @@ def _finite(value: Any) -> float | None:
     if isinstance(value, int | float) and math.isfinite(value):
         return float(value)
     return None
-
-
-async def _sleep_unless(stop: asyncio.Event, seconds: float) -> None:
-    try:
-        await asyncio.wait_for(stop.wait(), seconds)
-    except TimeoutError:
-        pass

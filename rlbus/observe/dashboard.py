@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
+from rlbus.aio import wait_event
 from rlbus.bus.base import Bus
 from rlbus.bus.replay import Bound
 from rlbus.observe.collector import Collector
@@ -120,8 +121,7 @@ class DemoFeed:
             tasks.create_task(self.collector.run(stop))
             while not stop.is_set():
                 self.copy()
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(stop.wait(), self._every_s)
+                await wait_event(stop, self._every_s)
             self.copy()
 
     def copy(self) -> None:

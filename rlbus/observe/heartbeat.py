@@ -23,6 +23,7 @@ from collections.abc import Callable
 from importlib import metadata
 from typing import Any
 
+from rlbus.aio import wait_event
 from rlbus.errors import RlbusError
 from rlbus.state.base import StateStore
 
@@ -142,8 +143,5 @@ class Heartbeat:
     async def run(self, stop: asyncio.Event) -> None:
         while not stop.is_set():
             await self.beat()
-            try:
-                await asyncio.wait_for(stop.wait(), self.every_s)
-            except TimeoutError:
-                continue
+            await wait_event(stop, self.every_s)
         await self.beat(status="stopping", ttl_s=self.every_s)

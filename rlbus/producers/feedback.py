@@ -262,7 +262,8 @@ class FeedbackServer:
         for item in items:  # one by one, so signals on one rollout keep their order on the log
             reward = to_reward(item, now=self._clock())
             try:
-                meta = await asyncio.wait_for(self._bus.send(self._topic, reward), self._publish_timeout_s)
+                async with asyncio.timeout(self._publish_timeout_s):
+                    meta = await self._bus.send(self._topic, reward)
             except (BusError, TimeoutError) as exc:
                 log.warning("feedback for %s not published: %s", item.rollout_id, exc or type(exc).__name__)
                 body = {"error": f"bus unavailable: {exc or 'no acknowledgement in time'}", "published": results}

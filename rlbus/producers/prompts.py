@@ -63,6 +63,7 @@ from typing import Any
 
 from msgspec.structs import replace
 
+from rlbus.aio import wait_event
 from rlbus.bus.base import Bus
 from rlbus.bus.topics import PROMPTS
 from rlbus.observe.metrics import ADMISSION_WAITS
@@ -219,10 +220,7 @@ class PromptProducer:
                 ):
                     self.sync_waits += 1
                 ADMISSION_WAITS.inc()
-                try:
-                    await asyncio.wait_for(stop.wait(), self._poll_s)
-                except TimeoutError:
-                    pass
+                await wait_event(stop, self._poll_s)
                 continue
             prompt = next(self._prompts, None)
             if prompt is None:

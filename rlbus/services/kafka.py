@@ -417,8 +417,10 @@ def log_tail(node: KafkaNode) -> str:
 async def _registered_brokers(bootstrap: str) -> int:
     admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, request_timeout_ms=5000)
     try:
-        await asyncio.wait_for(admin.start(), 10)
-        cluster = await asyncio.wait_for(admin.describe_cluster(), 10)
+        async with asyncio.timeout(10):
+            await admin.start()
+        async with asyncio.timeout(10):
+            cluster = await admin.describe_cluster()
         return len(cluster["brokers"])
     except (KafkaError, OSError, TimeoutError):
         return 0

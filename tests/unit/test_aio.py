@@ -1,0 +1,36 @@
+"""Timed waits: the helper's contract, and no ``asyncio.wait_for`` left in the package (CPython gh-86296)."""
+
+import asyncio
+import re
+from pathlib import Path
+
+import pytest
+
+import rlbus
+from rlbus.aio import wait_event
+
+
+async def test_wait_event_says_whether_the_event_was_set() -> None:
+    event = asyncio.Event()
+    assert await wait_event(event, 0.01) is False
+    asyncio.get_running_loop().call_later(0.01, event.set)
+    assert await wait_event(event, 5.0) is True
+
+
+async def test_a_cancel_reaches_the_waiter_even_as_the_event_is_set() -> None:
+    """The gh-86296 shape: the event is set and the waiter cancelled in the same loop turn."""
+    for _ in range(50):
+        event = asyncio.Event()
+        waiter = asyncio.create_task(wait_event(event, 5.0))
+        await asyncio.sleep(0)
+        event.set()
+        waiter.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await waiter
+
+
+def test_the_package_has_no_asyncio_wait_for() -> None:
+    package = Path(rlbus.__file__).parent
+    users = [str(path.relative_to(package)) for path in package.rglob("*.py")
+             if re.search(r"asyncio\.wait_for\(", path.read_text())]
+    assert users == [], f"use asyncio.timeout or rlbus.aio.wait_event instead of asyncio.wait_for in {users}"
