@@ -265,7 +265,7 @@ class Demo:
         self.join = JoinBuffer(state=state, policy=RewardPolicy(sources=("verifier",), timeout_s=60))
         trainer_worker = TrainerWorker(
             bus=bus, trainer=self.trainer, join=self.join, state=state, groups_per_step=c.groups_per_step,
-            on_step=self._on_step,
+            max_steps=c.rl_steps, on_step=self._on_step,
         )
         engines = []
         for i in range(c.workers):

@@ -217,16 +217,21 @@ class TrainerWorker:
         join: JoinBuffer,
         state: StateStore,
         groups_per_step: int = 4,
+        max_steps: int | None = None,
         expire_every_s: float = 1.0,
         on_step: Callable[[dict[str, Any]], None] | None = None,
         on_train: Callable[[list[ScoredGroup], dict[str, Any]], None] | None = None,
     ) -> None:
-        """``on_train(groups, metrics)`` gets each step's trained groups (stale rollouts removed)."""
+        """``on_train(groups, metrics)`` gets each step's trained groups (stale rollouts removed).
+        ``max_steps`` stops training at that step (the worker keeps joining, so nothing it reads is lost):
+        a driver that polls ``trainer.step`` would otherwise see a step or two more, from groups queued
+        while it slept."""
         self._bus = bus
         self.trainer = trainer
         self.join = join
         self._state = state
         self.groups_per_step = groups_per_step
+        self.max_steps = max_steps
         self._expire_every_s = expire_every_s
         self._on_step = on_step
         self._on_train = on_train
@@ -272,6 +277,11 @@ class TrainerWorker:
         observe_processing("trainer", started)
 
     @property
+    def finished(self) -> bool:
+        """Whether the trainer has taken ``max_steps`` steps."""
+        return self.max_steps is not None and self.trainer.step >= self.max_steps
+
+    @property
     def holds(self) -> bool:
         """Whether trained rollouts wait for a checkpoint before the ledger calls them trained: the
         trainer checkpoints every few steps and the join keeps released groups until then."""
@@ -299,7 +309,7 @@ class TrainerWorker:
                 if time.monotonic() - last_expire > self._expire_every_s:
                     await self._queue(await self.join.expire())
                     last_expire = time.monotonic()
-                while len(self._ready) >= self.groups_per_step and not stop.is_set():
+                while len(self._ready) >= self.groups_per_step and not stop.is_set() and not self.finished:
                     take, self._ready = self._ready[: self.groups_per_step], self._ready[self.groups_per_step :]
                     await self.train(take)
 

@@ -139,3 +139,24 @@ async def test_a_crash_between_checkpoints_trains_those_rollouts_again(tmp_path:
 
 async def _true(value: bool) -> bool:
     return value
+
+
+async def test_the_trainer_stops_at_max_steps_and_keeps_joining(tmp_path: Path) -> None:
+    """Three groups queued, ``max_steps=2``: two steps, never a third, and the third group stays ready."""
+    bus = MemoryBus(topic_specs())
+    await bus.start()
+    state = MemoryStateStore()
+    for prompt in ("p1", "p2", "p3"):
+        for i in range(2):
+            await bus.send(ROLLOUTS, rollout(prompt, i))
+            await bus.send(REWARDS, reward(f"{prompt}/{i}", float(i)))
+    worker = TrainerWorker(bus=bus, trainer=trainer(tmp_path), join=JoinBuffer(state=state, policy=RewardPolicy()),
+                           state=state, groups_per_step=1, max_steps=2, expire_every_s=0.05)
+    stop = asyncio.Event()
+    task = asyncio.create_task(worker.run(stop))
+    await until(lambda: _true(worker.finished and worker.stats()["groups_ready"] == 1), "two steps, one group left")
+    await asyncio.sleep(0.3)
+    stop.set()
+    await task
+    assert worker.trainer.step == 2 and worker.stats()["groups_ready"] == 1
+    await bus.close()
