@@ -17,3 +17,17 @@ def free_port(host: str = "127.0.0.1") -> int:
         sock.bind((host, 0))
         port: int = sock.getsockname()[1]
         return port
+
+
+def free_port_pair(host: str = "127.0.0.1") -> int:
+    """A port p with p and p + 1 both free right now (a Kafka node's client and controller listeners)."""
+    for _ in range(50):
+        with socket.socket() as first, socket.socket() as second:
+            first.bind((host, 0))
+            port: int = first.getsockname()[1]
+            try:
+                second.bind((host, port + 1))
+            except OSError:
+                continue
+            return port
+    raise RuntimeError("no two adjacent free ports")

@@ -31,6 +31,7 @@ from rlbus.training.step import OptimConfig
 from rlbus.weights.publish import WeightPublisher
 from rlbus.weights.store import BlobStoreError, LocalStore
 from rlbus.weights.sync import WeightSync
+from tests.fixtures.waiting import until
 
 CFG = PolicyConfig(vocab=272, d_model=32, n_layer=2, n_head=2, max_seq=64, n_experts=4, top_k=2, d_ff=32)
 
@@ -104,10 +105,7 @@ async def test_the_reward_worker_never_publishes_a_nan() -> None:
     worker = RewardWorker(bus=bus, kind="judge", judge=NanJudge())  # type: ignore[arg-type]
     stop = asyncio.Event()
     task = asyncio.create_task(worker.run(stop))
-    for _ in range(100):
-        if await read_dead_letters(bus, ROLLOUTS.name):
-            break
-        await asyncio.sleep(0.02)
+    await until(lambda: read_dead_letters(bus, ROLLOUTS.name), "the NaN reward dead-lettered")
     stop.set()
     await task
     (letter,) = await read_dead_letters(bus, ROLLOUTS.name)
@@ -130,10 +128,7 @@ async def test_an_over_long_rollout_is_dead_lettered_on_arrival_with_its_id() ->
     await bus.send(ROLLOUTS, rollout("ok", 0, tokens=CFG.max_seq))
     stop = asyncio.Event()
     task = asyncio.create_task(worker.run(stop))
-    for _ in range(200):
-        if await join.outcome_of("long/0"):
-            break
-        await asyncio.sleep(0.02)
+    await until(lambda: join.outcome_of("long/0"), "an outcome for the over-long rollout")
     stop.set()
     await task
     assert await join.outcome_of("long/0") == [Outcome.DEAD_LETTERED]
@@ -158,12 +153,6 @@ async def test_a_redelivered_group_is_not_trained_twice() -> None:
             await bus.send(ROLLOUTS, rollout(prompt, i))
             await bus.send(REWARDS, reward(f"{prompt}/{i}", float(i)))
 
-    async def until(condition: Any) -> None:
-        for _ in range(300):
-            if await condition():
-                return
-            await asyncio.sleep(0.02)
-
     async def queued() -> bool:
         return len(worker._ready) == 1
 
@@ -176,11 +165,11 @@ async def test_a_redelivered_group_is_not_trained_twice() -> None:
     stop = asyncio.Event()
     task = asyncio.create_task(worker.run(stop))
     await deliver("a")
-    await until(queued)  # "a" is released and waits for a second group to fill the step ...
+    await until(queued, "group a queued")  # "a" is released and waits for a second group to fill the step ...
     await deliver("a")  # ... when a rebalance redelivers it: the join builds the group again
-    await until(filtered)
+    await until(filtered, "the redelivered copy filtered")
     await deliver("b")
-    await until(trained)
+    await until(trained, "four rollouts trained")
     await asyncio.sleep(0.2)
     stop.set()
     await task
@@ -278,25 +267,16 @@ async def test_weight_sync_rides_out_a_store_outage(tmp_path: Path) -> None:
     sync.retry_s = 0.1
     stop = asyncio.Event()
     task = asyncio.create_task(sync.run(stop))
-    for _ in range(200):
-        if sync.version == 1:
-            break
-        await asyncio.sleep(0.02)
+    await until(lambda: sync.version == 1, "v1 applied")
     with torch.no_grad():
         for p in model.parameters():
             p.add_(0.01)
     store.down = True  # the worker loses the store ...
     manifest = await publisher.publish(model.state_dict())  # ... and v2 is announced
-    for _ in range(200):
-        if sync.refused:
-            break
-        await asyncio.sleep(0.02)
+    await until(lambda: bool(sync.refused), "v2 refused while the store is down")
     assert sync.version == 1 and sync.behind == 1 and "BlobStoreError" in sync.refused[-1][1]
     store.down = False
-    for _ in range(200):  # no new manifest arrives: the worker's own retry must fetch v2
-        if sync.version == 2:
-            break
-        await asyncio.sleep(0.02)
+    await until(lambda: sync.version == 2, "v2 fetched by the worker's own retry (no new manifest arrives)")
     stop.set()
     await task
     assert sync.version == 2 and sync.digest == manifest.model_digest and sync.behind == 0

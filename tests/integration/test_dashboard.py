@@ -30,6 +30,7 @@ from rlbus.observe.dashboard import DemoFeed, parse_since, serving
 from rlbus.schemas import Reward, Rollout, TensorData, WeightVersion
 from rlbus.state import open_state_store
 from tests.conftest import kafka_bus
+from tests.fixtures.waiting import until
 
 CHARTS = ("reward", "versions", "staleness", "lag", "bytes", "swaps", "mismatch", "workers")
 BROWSERS = ("chromium", "chromium-browser")
@@ -200,10 +201,8 @@ async def test_collector_follows_kafka_and_redis(redis_url: str) -> None:
         stop = asyncio.Event()
         async with asyncio.TaskGroup() as tasks:
             tasks.create_task(collector.run(stop))
-            for _ in range(150):
-                if len(collector.rewards.get(source, ())) == 3 and collector.counts["rollouts"] and collector.lag:
-                    break
-                await asyncio.sleep(0.1)
+            await until(lambda: len(collector.rewards.get(source, ())) == 3 and collector.counts["rollouts"]
+                        and collector.lag, "three rewards, the rollouts and lag collected", every_s=0.1)
             stop.set()
     snap = collector.snapshot()
     assert snap["error"] is None

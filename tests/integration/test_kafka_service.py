@@ -8,7 +8,6 @@ developer's broker. About 20-30 s on two cores; fails, never skips, when Kafka c
 from __future__ import annotations
 
 import asyncio
-import socket
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -16,23 +15,10 @@ import pytest
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
 from rlbus.errors import ConfigError
-from rlbus.services import kafka
+from rlbus.services import free_port_pair, kafka
 
 TOPIC = "rlbus.service-test.v1"
 
-
-def _free_port_pair() -> int:
-    """A port p with p and p+1 both free on loopback (client and controller listeners)."""
-    for _ in range(50):
-        with socket.socket() as first, socket.socket() as second:
-            first.bind(("127.0.0.1", 0))
-            port: int = first.getsockname()[1]
-            try:
-                second.bind(("127.0.0.1", port + 1))
-            except OSError:
-                continue
-            return port
-    raise RuntimeError("no two adjacent free ports")
 
 
 @pytest.fixture
@@ -61,7 +47,7 @@ async def _topics(bootstrap: str) -> list[str]:
 
 @pytest.mark.timeout(180)
 def test_cluster_restarts_with_its_data(home: Path) -> None:
-    port = _free_port_pair()
+    port = free_port_pair()
     cluster = kafka.start(brokers=1, port=port, home=home, timeout_s=90)
     assert cluster.bootstrap == f"127.0.0.1:{port}"
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import socket
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -22,22 +21,10 @@ from rlbus.bus.kafka import KafkaSettings
 from rlbus.bus.types import TopicSpec
 from rlbus.config import KafkaBusConfig, build_bus, parse, secret_from
 from rlbus.errors import BusAuthError, ConfigError
-from rlbus.services import free_port, kafka
+from rlbus.services import free_port, free_port_pair, kafka
 
 USER = "rlbus-worker"
 
-
-def _free_port_pair() -> int:
-    for _ in range(50):
-        with socket.socket() as first, socket.socket() as second:
-            first.bind(("127.0.0.1", 0))
-            port: int = first.getsockname()[1]
-            try:
-                second.bind(("127.0.0.1", port + 1))
-            except OSError:
-                continue
-            return port
-    raise RuntimeError("no two adjacent free ports")
 
 
 @pytest.fixture(scope="module")
@@ -46,7 +33,7 @@ def sasl_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[kaf
     password = uuid.uuid4().hex
     try:
         cluster = kafka.start(
-            brokers=1, port=_free_port_pair(), home=home, timeout_s=120, sasl_port=free_port(),
+            brokers=1, port=free_port_pair(), home=home, timeout_s=120, sasl_port=free_port(),
             scram_users={USER: password},
         )
         yield cluster, password

@@ -100,8 +100,12 @@ async def test_status_lists_a_live_reward_worker_and_its_group_lag(redis_url: st
                 if all((committed[m.partition] or 0) > m.offset for m in sent):
                     break
                 await asyncio.sleep(0.2)
-            await asyncio.sleep(0.3)  # one more beat, carrying the scored count
-            done = await asyncio.to_thread(status_json, redis_url, prefix)
+            while True:  # a beat after the commit carries the scored count (every 0.2 s; a loaded CI may lag)
+                done = await asyncio.to_thread(status_json, redis_url, prefix)
+                mine = [w for w in done["workers"] if w["worker_id"] == worker_id]
+                if (mine and mine[0]["info"]["scored"] >= 3) or time.monotonic() > deadline:
+                    break
+                await asyncio.sleep(0.2)
             stop.set()
     finally:
         await bus.close()

@@ -8,7 +8,6 @@ the test controls, not a duration.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -25,6 +24,7 @@ from rlbus.envs.tasks import generate_prompts
 from rlbus.errors import StateError
 from rlbus.models.tokenizer import ByteTokenizer
 from rlbus.schemas import Prompt, Rollout
+from tests.fixtures.waiting import until
 
 TOK = ByteTokenizer()
 
@@ -72,14 +72,6 @@ async def setup(n: int, **changes: Any) -> tuple[MemoryBus, list[Prompt]]:
     for prompt in prompts:
         await bus.send(PROMPTS, prompt)
     return bus, prompts
-
-
-async def until(condition: Callable[[], bool], what: str, timeout_s: float = 5.0) -> None:
-    for _ in range(int(timeout_s / 0.01)):
-        if condition():
-            return
-        await asyncio.sleep(0.01)
-    pytest.fail(f"timed out waiting for {what}")
 
 
 async def committed(bus: MemoryBus) -> int | None:

@@ -17,6 +17,7 @@ from rlbus.observe.collector import Collector, Limits
 from rlbus.producers.prompts import VERSION_COUNTER
 from rlbus.schemas import Reward, Rollout, TensorData, WeightVersion
 from rlbus.state.memory import MemoryStateStore
+from tests.fixtures.waiting import until
 
 
 def rollout(rid: str, versions: list[int], *, worker: str = "rollout-0", region: str = "eu-west",
@@ -194,10 +195,7 @@ async def test_run_follows_the_topics_live_from_the_start_bound() -> None:
         tasks.create_task(collector.run(stop))
         await bus.send(WEIGHTS, manifest(1, "keyframe"))
         await bus.send(ROLLOUTS, rollout("live", [1, 1]))
-        for _ in range(100):
-            if collector.counts["rollouts"] and collector.counts["weights"]:
-                break
-            await asyncio.sleep(0.02)
+        await until(lambda: collector.counts["rollouts"] and collector.counts["weights"], "the rollout and manifest")
         stop.set()
     assert collector.counts == {"rewards": 1, "rollouts": 1, "weights": 1, "unreadable": 0, "claimed": 0}
     assert [p[1] for p in collector.snapshot()["rewards"]["verifier"]] == [1.0]
@@ -211,9 +209,6 @@ async def test_a_missing_topic_is_reported_not_raised() -> None:
     stop = asyncio.Event()
     async with asyncio.TaskGroup() as tasks:
         tasks.create_task(collector.run(stop))
-        for _ in range(100):
-            if collector.error:
-                break
-            await asyncio.sleep(0.02)
+        await until(lambda: collector.error, "the missing topic reported")
         stop.set()
     assert collector.error is not None and "does not exist" in collector.error

@@ -25,6 +25,7 @@ from rlbus.observe import metrics as m
 from rlbus.weights.publish import WeightPublisher
 from rlbus.weights.store import LocalStore
 from rlbus.weights.sync import WeightSync
+from tests.fixtures.waiting import until
 
 README = Path(__file__).resolve().parents[3] / "README.md"
 
@@ -138,10 +139,8 @@ async def test_reward_worker_counts_messages_dead_letters_latency_and_rewards() 
     stop = asyncio.Event()
     async with asyncio.TaskGroup() as tasks:
         tasks.create_task(worker.run(stop))
-        for _ in range(100):
-            if worker.scored == 2 and sum(worker.dead_letters.counts.values()) == 1:
-                break
-            await asyncio.sleep(0.05)
+        await until(lambda: worker.scored == 2 and sum(worker.dead_letters.counts.values()) == 1,
+                    "two rollouts scored and one dead-lettered")
         stop.set()
     assert len(await read_dead_letters(bus, ROLLOUTS.name)) == 1
     assert value("rlbus_messages_in_total", topic=ROLLOUTS.name) - before["in"] == 3

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 
 from rlbus.bus import MemoryBus
 from rlbus.bus.topics import PROMPTS, topic_specs
@@ -16,6 +17,7 @@ from rlbus.producers.prompts import (
     task_prompts,
 )
 from rlbus.state import MemoryStateStore
+from tests.fixtures.waiting import until
 
 
 def test_admission_rule() -> None:
@@ -39,11 +41,11 @@ async def test_producer_waits_for_the_trainer_then_resumes() -> None:
     )
     stop = asyncio.Event()
     task = asyncio.create_task(producer.run(stop))
-    await asyncio.sleep(0.2)
-    assert producer.admitted == 6 and producer.waits > 0  # (0 + 1 + 1) × 3
+    await settled(lambda: producer.admitted >= 6 and producer.waits > 0)
+    assert producer.admitted == 6  # (0 + 1 + 1) × 3
     await state.incr(VERSION_COUNTER)
     await state.incr(GROUPS_DONE_COUNTER, 3)
-    await asyncio.sleep(0.2)
+    await settled(lambda: producer.admitted >= 9)
     assert producer.admitted == 9
     stop.set()
     await task
@@ -69,10 +71,17 @@ async def test_the_bound_counts_versions_since_the_producer_started() -> None:
     )
     stop = asyncio.Event()
     task = asyncio.create_task(producer.run(stop))
-    await asyncio.sleep(0.2)
+    await settled(lambda: producer.admitted >= 2 and producer.waits > 0)
     assert producer.admitted == 2  # one batch for the current version: synchronous RL
     await state.incr(VERSION_COUNTER)
-    await asyncio.sleep(0.2)
+    await settled(lambda: producer.admitted >= 4)
     assert producer.admitted == 4
     stop.set()
     await task
+
+
+async def settled(condition: Callable[[], bool]) -> None:
+    """Wait until ``condition`` holds (up to 30 s on a loaded machine), then 0.2 s more, in which a
+    producer that admits too much would go past the count the caller asserts."""
+    await until(condition, "the producer's admissions")
+    await asyncio.sleep(0.2)

@@ -119,12 +119,13 @@ async def test_delete_field_removes_only_that_field(store: StateStore) -> None:
 
 
 async def test_fields_expire_after_the_latest_put(store: StateStore) -> None:
-    await store.put_field("k", "a", b"1", ttl_s=TTL)
-    await asyncio.sleep(TTL / 2)
-    await store.put_field("k", "b", b"2", ttl_s=TTL)
-    await asyncio.sleep(TTL / 2 + 0.05)
+    ttl = 1.0  # the check in between has 0.4 s of margin either way: enough for a loaded CI machine
+    await store.put_field("k", "a", b"1", ttl_s=ttl)
+    await asyncio.sleep(ttl / 2)
+    await store.put_field("k", "b", b"2", ttl_s=ttl)
+    await asyncio.sleep(ttl / 2 + 0.1)  # past a's own TTL, within the latest put's
     assert await store.get_fields("k") == {"a": b"1", "b": b"2"}
-    await asyncio.sleep(PAST_TTL)
+    await asyncio.sleep(ttl)
     assert await store.get_fields("k") == {}
 
 

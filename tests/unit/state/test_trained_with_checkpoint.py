@@ -8,7 +8,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import uuid
-from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 import numpy as np
@@ -23,6 +22,7 @@ from rlbus.state import MemoryStateStore
 from rlbus.state.join import ROLLED_BACK, TRAINED_AGAIN, JoinBuffer, Outcome, RewardPolicy
 from rlbus.state.ordered import OrderedJoin
 from rlbus.training.step import GRPOConfig, OptimConfig
+from tests.fixtures.waiting import until
 
 CFG = PolicyConfig(vocab=272, d_model=32, n_layer=2, n_head=2, max_seq=64, n_experts=4, top_k=2, d_ff=32)
 
@@ -84,14 +84,6 @@ def trainer(directory: Path) -> Trainer:
                    checkpoint_dir=directory, checkpoint_every=2)
 
 
-async def until(condition: Callable[[], Awaitable[bool]], what: str) -> None:
-    for _ in range(3000):  # up to a minute on a loaded machine; a few seconds normally
-        if await condition():
-            return
-        await asyncio.sleep(0.02)
-    raise AssertionError(f"timed out waiting for {what}")
-
-
 async def test_a_crash_between_checkpoints_trains_those_rollouts_again(tmp_path: Path) -> None:
     bus = MemoryBus(topic_specs())
     await bus.start()
@@ -107,7 +99,7 @@ async def test_a_crash_between_checkpoints_trains_those_rollouts_again(tmp_path:
     assert first.holds
     stop = asyncio.Event()
     task = asyncio.create_task(first.run(stop))
-    await until(lambda: _true(first.trainer.step >= 3), "three steps")
+    await until(lambda: first.trainer.step >= 3, "three steps", timeout_s=60)
     task.cancel()  # a crash: no graceful checkpoint after step 3
     with contextlib.suppress(asyncio.CancelledError):
         await task
@@ -122,7 +114,7 @@ async def test_a_crash_between_checkpoints_trains_those_rollouts_again(tmp_path:
                            state=state, groups_per_step=1, expire_every_s=0.05)
     stop = asyncio.Event()
     task = asyncio.create_task(second.run(stop))
-    await until(lambda: _true(restarted.step >= 3), "the lost step trained again")
+    await until(lambda: restarted.step >= 3, "the lost step trained again", timeout_s=60)
     stop.set()
     await task
     await second.checkpoint()  # a graceful stop: checkpoint and settle
@@ -136,9 +128,6 @@ async def test_a_crash_between_checkpoints_trains_those_rollouts_again(tmp_path:
     assert (restarted.step, restarted.rollouts_trained) == (3, 6)  # each group's update exactly once
     await bus.close()
 
-
-async def _true(value: bool) -> bool:
-    return value
 
 
 async def test_the_trainer_stops_at_max_steps_and_keeps_joining(tmp_path: Path) -> None:
@@ -154,7 +143,7 @@ async def test_the_trainer_stops_at_max_steps_and_keeps_joining(tmp_path: Path) 
                            state=state, groups_per_step=1, max_steps=2, expire_every_s=0.05)
     stop = asyncio.Event()
     task = asyncio.create_task(worker.run(stop))
-    await until(lambda: _true(worker.finished and worker.stats()["groups_ready"] == 1), "two steps, one group left")
+    await until(lambda: worker.finished and worker.stats()["groups_ready"] == 1, "two steps, one group left")
     await asyncio.sleep(0.3)
     stop.set()
     await task

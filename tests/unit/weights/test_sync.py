@@ -19,6 +19,7 @@ from rlbus.weights.codec import state_digest
 from rlbus.weights.publish import WeightPublisher
 from rlbus.weights.store import LocalStore
 from rlbus.weights.sync import WeightSync
+from tests.fixtures.waiting import until
 
 
 class Trainer:
@@ -73,10 +74,7 @@ async def test_following_worker_is_bit_exact_every_version(setup: tuple[MemoryBu
     digests = []
     for _ in range(7):
         digests += await publish(publisher, trainer, 1)
-        for _ in range(200):
-            if sync.version == publisher.version:
-                break
-            await asyncio.sleep(0.01)
+        await until(lambda: sync.version == publisher.version, f"v{publisher.version} applied", every_s=0.01)
         assert sync.version == publisher.version and sync.digest == digests[-1]
     stop.set()
     await follower
