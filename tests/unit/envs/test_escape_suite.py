@@ -42,7 +42,7 @@ async def test_every_escape_is_contained() -> None:
         assert escape.status in {"ok", "error", "killed", "timeout"}, escape  # a result came back every time
         assert escape.evidence and not any(line.startswith("NOT CONTAINED") for line in escape.evidence)
     assert bench._SECRET_ENV not in os.environ  # the planted secret is removed again
-    assert elapsed < 30, f"the escape suite took {elapsed:.1f}s"
+    assert elapsed < 120, f"the escape suite took {elapsed:.1f}s"  # a hang, not speed: that is benched
 
 
 async def test_the_judge_can_say_not_contained() -> None:
