@@ -28,6 +28,7 @@ from pathlib import Path
 
 import msgspec
 
+from rlbus.aio import until
 from rlbus.bus.topics import PROMPTS
 from rlbus.chaos.harness import Run, run_scenario
 from rlbus.chaos.ledger import ScenarioReport
@@ -132,16 +133,16 @@ async def corrupt_chunk(rig: ChaosRig, *, seed: int = 0, quick: bool = False) ->
         run = running[0]
         p = run.pipeline
         try:
-            await _wait_for(lambda: all(any(v == refused and "ChunkCorrupt" in why for v, why in s.refused)
-                                        for s in p.syncs), timeout_s=120)
+            await until(lambda: all(any(v == refused and "ChunkCorrupt" in why for v, why in s.refused)
+                                    for s in p.syncs), f"every worker refusing v{refused}", timeout_s=120, every_s=0.1)
             since = time.monotonic()
             extra = generate_prompts(config.env, seed=seed + 5000 + refused, n=1, config=config.env_config)[0]
             extra = msgspec.structs.replace(extra, prompt_id=f"{p.run_id}-during-v{refused}-refusal",
                                             group_size=config.group_size)
             await p.bus.send(PROMPTS, extra)
             run.extra_outcomes += config.group_size
-            await _wait_for(lambda: sum(1 for t, *_ in p.rollouts_made if t > since) >= config.group_size,
-                            timeout_s=120)
+            await until(lambda: sum(1 for t, *_ in p.rollouts_made if t > since) >= config.group_size,
+                        "a prompt played on the version held", timeout_s=120, every_s=0.1)
         except TimeoutError:
             pass  # let the trainer go on: the scenario's checks will say what did not happen
 
@@ -159,7 +160,8 @@ async def corrupt_chunk(rig: ChaosRig, *, seed: int = 0, quick: bool = False) ->
         running.append(run)
         report.faults += ["bit flipped at rest: delta v4", "bit flipped in flight (first read): delta v7",
                           "truncated at rest: delta v8"]
-        await _wait_for(lambda: min((s.version or 0) for s in p.syncs) >= 10, timeout_s=240)
+        await until(lambda: min((s.version or 0) for s in p.syncs) >= 10, "every worker on v10", timeout_s=240,
+                    every_s=0.1)
         report.check("all three faults fired", len(store.fired) == 3)
         refused = {v for s in p.syncs for v, why in s.refused if "ChunkCorrupt" in why}
         report.check("damage at rest detected by hash (v4, v8)", {4, 8} <= refused)
@@ -178,14 +180,6 @@ async def corrupt_chunk(rig: ChaosRig, *, seed: int = 0, quick: bool = False) ->
         report.notes.append("recovery = corrupt v4 announced → every worker serving a verified version ≥ 4")
 
     return await run_scenario(rig, "corrupt_chunk", config=config, fault=fault, store=store, truth=store.truth)
-
-
-async def _wait_for(condition: Callable[[], bool], timeout_s: float) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"condition not met after {timeout_s:.0f} s")
-        await asyncio.sleep(0.1)
 
 
 class _Server:
@@ -243,8 +237,8 @@ async def blob_store_down(rig: ChaosRig, *, seed: int = 0, quick: bool = False) 
                             fetch_refusals=sum(len(s.refused) for s in p.syncs))
         # The trainer may have finished its steps during the outage: then v4 is its newest version, and the
         # workers must reach it by their own retries.
-        await _wait_for(lambda: p.trainer.version >= 4 and all(s.version == p.trainer.version for s in p.syncs),
-                        timeout_s=120)
+        await until(lambda: p.trainer.version >= 4 and all(s.version == p.trainer.version for s in p.syncs),
+                    "every worker on the trainer's newest version", timeout_s=120, every_s=0.1)
         report.recovery_s = time.monotonic() - up_at
         report.check("every worker caught up with the trainer", True)
         report.notes.append("recovery = blob server back → every worker on the trainer's newest version")

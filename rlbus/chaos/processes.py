@@ -39,6 +39,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from rlbus.aio import until
 from rlbus.bus.kafka import KafkaBus
 from rlbus.bus.topics import PROMPTS, ROLLOUTS, topic_specs
 from rlbus.chaos.harness import Progress
@@ -212,20 +213,13 @@ class Workers:
             await asyncio.sleep(0.2)
 
     async def wait_until(self, what: str, condition: Callable[[], Any], timeout_s: float) -> None:
-        deadline = time.monotonic() + timeout_s
-        while True:
-            value = condition()
-            if asyncio.iscoroutine(value):
-                value = await value
-            if value:
-                return
+        def alive() -> None:
             dead = [n for n, p in self.procs.items() if p.poll() not in SIGNALLED]
             if dead:
                 raise RuntimeError(f"{dead[0]} exited with {self.procs[dead[0]].returncode} while waiting for "
                                    f"{what}:\n{self.log_tail(dead[0])}")
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"{what}: not within {timeout_s:.0f} s")
-            await asyncio.sleep(0.2)
+
+        await until(condition, what, timeout_s=timeout_s, every_s=0.2, check=alive)
 
     async def start_run(self, roles: tuple[str, ...] = ROLES) -> None:
         """Trainer first (it publishes v1), then reward, rollout workers and the producer; the producer

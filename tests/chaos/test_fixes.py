@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 import torch
 
+from rlbus.aio import until
 from rlbus.bus import MemoryBus
 from rlbus.bus.dlq import DeadLetters, handle_batch, read_dead_letters
 from rlbus.bus.topics import REWARDS, ROLLOUTS, topic_specs
@@ -31,7 +32,6 @@ from rlbus.training.step import OptimConfig
 from rlbus.weights.publish import WeightPublisher
 from rlbus.weights.store import BlobStoreError, LocalStore
 from rlbus.weights.sync import WeightSync
-from tests.fixtures.waiting import until
 
 CFG = PolicyConfig(vocab=272, d_model=32, n_layer=2, n_head=2, max_seq=64, n_experts=4, top_k=2, d_ff=32)
 

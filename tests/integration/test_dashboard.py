@@ -21,6 +21,7 @@ import aiohttp
 import numpy as np
 import pytest
 
+from rlbus.aio import until
 from rlbus.bus.replay import Bound
 from rlbus.bus.topics import REWARDS, ROLLOUTS, WEIGHTS, topic_specs
 from rlbus.bus.types import TopicSpec
@@ -30,7 +31,6 @@ from rlbus.observe.dashboard import DemoFeed, parse_since, serving
 from rlbus.schemas import Reward, Rollout, TensorData, WeightVersion
 from rlbus.state import open_state_store
 from tests.conftest import kafka_bus
-from tests.fixtures.waiting import until
 
 CHARTS = ("reward", "versions", "staleness", "lag", "bytes", "swaps", "mismatch", "workers")
 BROWSERS = ("chromium", "chromium-browser")

@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 from msgspec.structs import replace
 
+from rlbus.aio import until
 from rlbus.bus import MemoryBus, TopicPartition
 from rlbus.bus.dlq import read_dead_letters
 from rlbus.bus.memory import MemoryConsumer
@@ -24,7 +25,6 @@ from rlbus.envs.tasks import generate_prompts
 from rlbus.errors import StateError
 from rlbus.models.tokenizer import ByteTokenizer
 from rlbus.schemas import Prompt, Rollout
-from tests.fixtures.waiting import until
 
 TOK = ByteTokenizer()
 

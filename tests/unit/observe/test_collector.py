@@ -8,6 +8,7 @@ from typing import Any
 
 import numpy as np
 
+from rlbus.aio import until
 from rlbus.bus import MemoryBus
 from rlbus.bus.replay import Bound
 from rlbus.bus.topic import Topic
@@ -17,7 +18,6 @@ from rlbus.observe.collector import Collector, Limits
 from rlbus.producers.prompts import VERSION_COUNTER
 from rlbus.schemas import Reward, Rollout, TensorData, WeightVersion
 from rlbus.state.memory import MemoryStateStore
-from tests.fixtures.waiting import until
 
 
 def rollout(rid: str, versions: list[int], *, worker: str = "rollout-0", region: str = "eu-west",

@@ -12,6 +12,7 @@ import aiohttp
 import msgspec
 import torch
 
+from rlbus.aio import until
 from rlbus.bus import MemoryBus, TopicPartition, TopicSpec
 from rlbus.bus.dlq import read_dead_letters
 from rlbus.bus.topics import ROLLOUTS, topic_specs
@@ -25,7 +26,6 @@ from rlbus.observe import metrics as m
 from rlbus.weights.publish import WeightPublisher
 from rlbus.weights.store import LocalStore
 from rlbus.weights.sync import WeightSync
-from tests.fixtures.waiting import until
 
 README = Path(__file__).resolve().parents[3] / "README.md"
 

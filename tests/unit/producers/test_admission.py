@@ -12,6 +12,7 @@ from typing import Any, cast
 
 import pytest
 
+from rlbus.aio import until
 from rlbus.bus import MemoryBus
 from rlbus.bus.topics import topic_specs
 from rlbus.errors import ConfigError
@@ -29,7 +30,6 @@ from rlbus.producers.prompts import (
 )
 from rlbus.state import MemoryStateStore
 from rlbus.state.base import WorkerRecord
-from tests.fixtures.waiting import until
 
 
 def test_the_window_counts_from_the_lowest_version_served() -> None:

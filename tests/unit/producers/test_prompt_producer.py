@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable
 
+from rlbus.aio import until
 from rlbus.bus import MemoryBus
 from rlbus.bus.topics import PROMPTS, topic_specs
 from rlbus.producers.prompts import (
@@ -17,7 +18,6 @@ from rlbus.producers.prompts import (
     task_prompts,
 )
 from rlbus.state import MemoryStateStore
-from tests.fixtures.waiting import until
 
 
 def test_admission_rule() -> None:

@@ -13,6 +13,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from rlbus.aio import until
 from rlbus.bus import MemoryBus
 from rlbus.bus.topics import REWARDS, ROLLOUTS, topic_specs
 from rlbus.consumers.trainer import Trainer, TrainerWorker
@@ -22,7 +23,6 @@ from rlbus.state import MemoryStateStore
 from rlbus.state.join import ROLLED_BACK, TRAINED_AGAIN, JoinBuffer, Outcome, RewardPolicy
 from rlbus.state.ordered import OrderedJoin
 from rlbus.training.step import GRPOConfig, OptimConfig
-from tests.fixtures.waiting import until
 
 CFG = PolicyConfig(vocab=272, d_model=32, n_layer=2, n_head=2, max_seq=64, n_experts=4, top_k=2, d_ff=32)
 
