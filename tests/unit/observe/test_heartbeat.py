@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 
+from rlbus.aio import until
 from rlbus.bus import MemoryBus
 from rlbus.bus.topics import PROMPTS, topic_specs
 from rlbus.consumers.reward import RewardWorker
@@ -55,7 +56,7 @@ async def test_run_beats_until_stopped_then_says_it_is_stopping() -> None:
     stop = asyncio.Event()
     async with asyncio.TaskGroup() as tasks:
         tasks.create_task(beat.run(stop))
-        await asyncio.sleep(0.15)
+        await until(lambda: beat.beats >= 3, "three beats")
         stop.set()
     assert beat.beats >= 3
     (record,) = await state.workers()
@@ -114,7 +115,7 @@ async def test_worker_stats_are_what_a_heartbeat_needs() -> None:
     stop = asyncio.Event()
     async with asyncio.TaskGroup() as tasks:
         run = tasks.create_task(producer.run(stop))
-        await asyncio.sleep(0.1)
+        await until(lambda: producer.waits >= 1, "the producer held back by admission")
         stop.set()
     assert run.done()
     stats = producer.stats()
