@@ -308,7 +308,7 @@ class Demo:
             for worker in self.rollout_workers:  # every worker in the group before the first prompt
                 await worker.joined.wait()
             tasks.create_task(producer.run(stop))
-            while self.trainer.step < c.rl_steps and time.monotonic() - rl_started < c.time_budget_s:
+            while not trainer_worker.finished and time.monotonic() - rl_started < c.time_budget_s:
                 await asyncio.sleep(0.25)
                 self._update()
             self.rl_wall_s = time.monotonic() - rl_started

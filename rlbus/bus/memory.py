@@ -154,8 +154,7 @@ class MemoryBus(Bus):
     async def _wait(self, timeout_s: float) -> None:
         assert self._changed is not None, "MemoryBus used before start()"
         async with self._changed:
-            # asyncio.timeout, not wait_for: on Python 3.11 wait_for can swallow a cancellation that lands as
-            # its timeout fires (CPython gh-86296), and a cancelled worker would then poll on forever.
+            # asyncio.timeout, not wait_for, which can swallow a cancellation on 3.11 (rlbus.aio says more).
             try:
                 async with asyncio.timeout(timeout_s):
                     await self._changed.wait()

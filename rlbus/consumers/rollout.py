@@ -179,7 +179,7 @@ class RolloutWorker:
             committed_at = time.monotonic()
             try:
                 while not stop.is_set():
-                    if consumer.assignment():
+                    if not self.joined.is_set() and consumer.assignment():
                         self.joined.set()
                     await self.lag_probe.refresh(consumer)
                     window.forget_revoked()

@@ -20,7 +20,6 @@ from rlbus.services import free_port_pair, kafka
 TOPIC = "rlbus.service-test.v1"
 
 
-
 @pytest.fixture
 def home(tmp_path: Path) -> Iterator[Path]:
     yield tmp_path

@@ -26,7 +26,6 @@ from rlbus.services import free_port, free_port_pair, kafka
 USER = "rlbus-worker"
 
 
-
 @pytest.fixture(scope="module")
 def sasl_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[kafka.KafkaCluster, str]]:
     home = tmp_path_factory.mktemp("sasl-kafka")

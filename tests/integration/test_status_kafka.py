@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import time
 import uuid
 from typing import Any
 
@@ -14,6 +13,7 @@ from aiokafka import AIOKafkaConsumer
 from aiokafka import TopicPartition as KafkaTP
 from typer.testing import CliRunner
 
+from rlbus.aio import until
 from rlbus.bus.topics import ROLLOUTS, topic_specs
 from rlbus.cli import app
 from rlbus.consumers.reward import RewardWorker
@@ -94,18 +94,18 @@ async def test_status_lists_a_live_reward_worker_and_its_group_lag(redis_url: st
         async with asyncio.TaskGroup() as tasks:
             tasks.create_task(worker.run(stop))
             tasks.create_task(beat.run(stop))
-            deadline = time.monotonic() + 30
-            while time.monotonic() < deadline:
+            done: dict[str, Any] = {}
+
+            async def all_committed() -> bool:
                 committed = await bus.committed(group, ROLLOUTS.name)
-                if all((committed[m.partition] or 0) > m.offset for m in sent):
-                    break
-                await asyncio.sleep(0.2)
-            while True:  # a beat after the commit carries the scored count (every 0.2 s; a loaded CI may lag)
-                done = await asyncio.to_thread(status_json, redis_url, prefix)
-                mine = [w for w in done["workers"] if w["worker_id"] == worker_id]
-                if (mine and mine[0]["info"]["scored"] >= 3) or time.monotonic() > deadline:
-                    break
-                await asyncio.sleep(0.2)
+                return all((committed[m.partition] or 0) > m.offset for m in sent)
+
+            async def scored_beat() -> bool:  # a beat after the commit carries the scored count
+                done.update(await asyncio.to_thread(status_json, redis_url, prefix))
+                return any(w["worker_id"] == worker_id and w["info"]["scored"] >= 3 for w in done["workers"])
+
+            await until(all_committed, "the three rollouts committed", every_s=0.2)
+            await until(scored_beat, "a heartbeat carrying the scored count", every_s=0.2)
             stop.set()
     finally:
         await bus.close()

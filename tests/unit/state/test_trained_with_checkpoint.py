@@ -129,7 +129,6 @@ async def test_a_crash_between_checkpoints_trains_those_rollouts_again(tmp_path:
     await bus.close()
 
 
-
 async def test_the_trainer_stops_at_max_steps_and_keeps_joining(tmp_path: Path) -> None:
     """Three groups queued, ``max_steps=2``: two steps, never a third, and the third group stays ready."""
     bus = MemoryBus(topic_specs())
