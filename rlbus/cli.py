@@ -122,14 +122,13 @@ def demo(
     config = DemoConfig.quick() if quick else DemoConfig()
     config = dataclasses.replace(
         config,
-        seed=seed,
         rl_steps=config.rl_steps if steps is None else steps,
         workers=config.workers if workers is None else workers,
-        teacher_error=config.teacher_error if teacher_error is None else teacher_error,
-    )
+    ).tuned(task={"seed": seed}, trainer={} if teacher_error is None else {"teacher_error": teacher_error})
     run_dir.mkdir(parents=True, exist_ok=True)
-    console.print(f"[bold]rlbus demo[/bold]: {config.env} {config.env_config}, {config.workers} rollout workers, "
-                  f"G={config.group_size}, {config.groups_per_step} groups/step, run dir {run_dir}")
+    task, trainer = config.run.task, config.run.trainer
+    console.print(f"[bold]rlbus demo[/bold]: {task.env} {task.env_config}, {config.workers} rollout workers, "
+                  f"G={task.group_size}, {trainer.groups_per_step} groups/step, run dir {run_dir}")
     with Live(console=console, refresh_per_second=4) as live:
         runner = Demo(config, run_dir, on_update=lambda d: live.update(live_table(d)))
         if dashboard is None:
@@ -237,8 +236,8 @@ def topics_create(
     namespace: Annotated[str, typer.Option(help="A run's namespace: create <namespace>.rl.prompts.v1 …")] = "",
 ) -> None:
     """Create every rlbus topic and its dead-letter topic (existing ones are left alone)."""
+    from rlbus.bus.namespace import namespaced
     from rlbus.bus.topics import topic_specs
-    from rlbus.launch.namespace import namespaced
 
     async def go() -> list[str]:
         prefix = f"{namespace}." if namespace else ""
@@ -624,7 +623,7 @@ def status(
     """Workers by role and region, consumer-group lag, trainer step and version, recent swap pauses."""
     from redis.asyncio import Redis
 
-    from rlbus.launch.namespace import namespaced
+    from rlbus.bus.namespace import namespaced
     from rlbus.observe.status import show
     from rlbus.state.redis import RedisStateStore
 

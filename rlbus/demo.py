@@ -37,74 +37,61 @@ import asyncio
 import copy
 import dataclasses
 import logging
-import random
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+import msgspec
 import torch
-from msgspec.structs import replace
 
 from rlbus.bench.common import percentile
-from rlbus.bus.memory import MemoryBus
-from rlbus.bus.topics import topic_specs
+from rlbus.build.infra import open_blob_store, open_bus, open_state
+from rlbus.build.producer import prompt_producer
+from rlbus.build.rollout import RolloutStack, rollout_stack
+from rlbus.build.trainer import trainer_stack
+from rlbus.bus.base import Bus
 from rlbus.consumers.reward import RewardWorker
 from rlbus.consumers.rollout import RolloutWorker, episode_threads
-from rlbus.consumers.trainer import Trainer, TrainerWorker
+from rlbus.consumers.trainer import Trainer
 from rlbus.engines.base import GenerationRequest
-from rlbus.engines.batching import BatchingEngine
 from rlbus.engines.torch_engine import TorchEngine
-from rlbus.envs.agent import reference_episode
-from rlbus.envs.base import Task, env_for
 from rlbus.envs.chat import ChatFormat, parse_action
 from rlbus.envs.tasks import generate_prompts
-from rlbus.models.policy import Policy, PolicyConfig
+from rlbus.launch.build import policy_shape, producer_args, rollout_args, trainer_args, warm_start_args
+from rlbus.launch.config import RunConfig, StateSection, TrainerSection, config_from_dict, to_tables
+from rlbus.models.policy import Policy
 from rlbus.models.tokenizer import ByteTokenizer
 from rlbus.observe.runlog import STEPS, WEIGHTS, RunLog, syncs_name
-from rlbus.producers.prompts import Admission, PromptProducer, progress_from_state, task_prompts
-from rlbus.schemas import Prompt, SamplingInfo
-from rlbus.state.join import JoinBuffer, Outcome, RewardPolicy
-from rlbus.state.memory import MemoryStateStore
-from rlbus.training.sft import SFTExample, pretrain
-from rlbus.training.step import GRPOConfig, OptimConfig
+from rlbus.schemas import Prompt
+from rlbus.state.base import StateStore
+from rlbus.state.join import JoinBuffer, Outcome
+from rlbus.training.warm import warm_start
 from rlbus.weights.publish import WeightPublisher
-from rlbus.weights.store import LocalStore
-from rlbus.weights.sync import WeightSync, bind_module, live_state
+from rlbus.weights.sync import WeightSync
 
 log = logging.getLogger("rlbus.demo")
+
+#: The demo's run: the run config's defaults, in memory, with a sloppy teacher (so RL has a habit to
+#: unlearn) and the trainer's join in arrival order.
+DEMO_RUN = RunConfig(state=StateSection(url="memory://"), trainer=TrainerSection(teacher_error=0.55, ordered=False))
 
 
 @dataclass(frozen=True)
 class DemoConfig:
-    """What the demo runs; the defaults are tuned to learn visibly on a 2-core CPU in a few minutes."""
+    """What the demo runs: a run config (task, model, trainer, rollout, reward; ``DEMO_RUN`` by default,
+    tuned to learn visibly on a 2-core CPU in a few minutes) and what only the demo has."""
 
-    #: Built-in task and its configuration.
-    env: str = "arith"
-    env_config: dict[str, Any] = field(default_factory=lambda: {"digits": 1})
+    run: RunConfig = field(default_factory=lambda: DEMO_RUN)
     #: Rollout workers (each with its own engine and weight copy), and their regions.
     workers: int = 3
     regions: tuple[str, ...] = ("eu-west", "us-east", "ap-south")
-    #: GRPO group size and groups per trainer step.
-    group_size: int = 8
-    groups_per_step: int = 8
-    #: Versions a rollout may lag the trainer; also the admission-control bound.
-    max_staleness: int = 2
-    #: Fraction of warm-start examples whose answer the teacher gets wrong by +1 (numeric answers only).
-    teacher_error: float = 0.55
-    #: Supervised warm-start steps and RL steps.
-    warm_steps: int = 400
+    #: RL steps.
     rl_steps: int = 60
     #: Stop RL early after this many seconds (the figures then cover what ran).
     time_budget_s: float = 300.0
-    #: RL learning rate. Higher rates (1e-3) collapse this tiny policy within a few steps: Adam's first
-    #: updates are ≈ lr·sign(g) on every weight, noise that undoes the warm start.
-    lr: float = 3e-4
-    warm_lr: float = 3e-3
-    #: Sampling temperature of the rollout workers (the trainer scores at the same temperature).
-    temperature: float = 1.0
-    seed: int = 0
+    #: Greedy evaluation problems (drawn with a seed the training stream never uses).
     eval_size: int = 100
     #: ``async``: everything runs continuously with bounded staleness. ``sync``: the baseline of
     #: ``rlbus bench pipeline`` — prompts are admitted one batch per version, rollout workers wait for
@@ -113,15 +100,22 @@ class DemoConfig:
     mode: Literal["async", "sync"] = "async"
     #: Keep a copy of the trainer's weights every this many steps (0: none), evaluated after the run.
     snapshot_every: int = 0
-    model: PolicyConfig = field(
-        default_factory=lambda: PolicyConfig(
-            vocab=272, d_model=96, n_layer=3, n_head=4, max_seq=64, n_experts=4, top_k=2, d_ff=128
-        )
-    )
 
     @classmethod
     def quick(cls) -> DemoConfig:
-        return cls(workers=2, warm_steps=250, rl_steps=15, time_budget_s=60.0)
+        return cls(workers=2, rl_steps=15, time_budget_s=60.0).tuned(trainer={"warm_steps": 250})
+
+    def tuned(self, **tables: dict[str, Any]) -> DemoConfig:
+        """A copy whose run config has these fields changed, table by table
+        (``tuned(task={"group_size": 4}, trainer={"warm_steps": 10})``), validated as a run config is."""
+        merged = to_tables(self.run)
+        for name, fields in tables.items():
+            merged[name] = {**merged.get(name, {}), **fields}
+        return dataclasses.replace(self, run=config_from_dict(merged, {}))
+
+    @property
+    def seed(self) -> int:
+        return self.run.task.seed
 
 
 @dataclass
@@ -148,33 +142,6 @@ class DemoResult:
             "max_staleness", "delta_bytes_mean", "full_bytes", "swap_pause_ms_p99", "wall_s", "steps",
         )
         return {k: getattr(self, k) for k in keys} | {"outcomes": self.outcomes}
-
-
-def sft_examples(task: Task[Any], prompts: list[Prompt], chat: ChatFormat) -> list[SFTExample]:
-    """Reference solutions played through the real harness: prompt tokens → the model's tokens."""
-
-    async def one(prompt: Prompt) -> SFTExample:
-        episode = await reference_episode(task, prompt, chat=chat)
-        first = episode.loss_mask.index(1)
-        return SFTExample(tuple(episode.token_ids[:first]), tuple(episode.token_ids[first:]))
-
-    async def all_examples() -> list[SFTExample]:
-        return [await one(p) for p in prompts]
-
-    return asyncio.run(all_examples())
-
-
-def sloppy_teacher(prompts: list[Prompt], error: float, *, seed: int) -> list[Prompt]:
-    """The warm-start references of a teacher that answers ``n + 1`` instead of ``n`` on a fraction
-    ``error`` of the examples (seeded). Non-numeric references are left as they are."""
-    rng = random.Random(seed)
-    out = []
-    for prompt in prompts:
-        reference = prompt.reference or ""
-        if reference.lstrip("-").isdigit() and rng.random() < error:
-            prompt = replace(prompt, reference=str(int(reference) + 1))
-        out.append(prompt)
-    return out
 
 
 def evaluate(model: Policy, prompts: list[Prompt], chat: ChatFormat) -> float:
@@ -221,94 +188,71 @@ class Demo:
         #: (seconds since RL started, step, weights) every ``snapshot_every`` steps.
         self.snapshots: list[tuple[float, int, dict[str, torch.Tensor]]] = []
         #: The embedded bus and state store, set once RL starts (what `rlbus demo --dashboard` follows).
-        self.bus: MemoryBus | None = None
-        self.state: MemoryStateStore | None = None
+        self.bus: Bus | None = None
+        self.state: StateStore | None = None
 
     def eval_prompts(self) -> list[Prompt]:
-        c = self.config
-        return generate_prompts(c.env, seed=10_000 + c.seed, n=c.eval_size, config=c.env_config)
+        task = self.config.run.task
+        return generate_prompts(task.env, seed=10_000 + task.seed, n=self.config.eval_size, config=task.env_config)
 
     def warm_start(self, model: Policy) -> None:
-        task: Any = env_for(generate_prompts(self.config.env, seed=0, n=1, config=self.config.env_config)[0])
-        train = generate_prompts(self.config.env, seed=self.config.seed + 1, n=400, config=self.config.env_config)
-        train = sloppy_teacher(train, self.config.teacher_error, seed=self.config.seed)
-        examples = sft_examples(task, train, self.chat)
-        pretrain(model, examples, steps=self.config.warm_steps, lr=self.config.warm_lr, batch_size=32,
-                 seed=self.config.seed)
+        """The run config's warm start (`rlbus.training.warm`): blocking."""
+        warm_start(model, **warm_start_args(self.config.run))
 
     async def run(self, model: Policy | None = None) -> DemoResult:
         """Warm start (unless ``model`` is given: RL starts from it), async RL, evaluation."""
-        c = self.config
+        c, run = self.config, self.config.run
         torch.manual_seed(c.seed)
         torch.set_num_threads(1)  # many small matmuls from several roles on 2 cores: threads only contend
-        episode_threads(64)
+        episode_threads(run.rollout.episode_threads)
         eval_prompts = self.eval_prompts()
         if model is None:
-            model = Policy(c.model)
+            model = Policy(policy_shape(run))
             await asyncio.to_thread(self.warm_start, model)
         self.accuracy_start = await asyncio.to_thread(evaluate, model, eval_prompts, self.chat)
         self.phase = "async RL"
         self._update()
 
-        staleness = 0 if c.mode == "sync" else c.max_staleness
-        bus = MemoryBus(topic_specs(partitions=4))
+        # sync: nothing may lag (the trainer drops stale rollouts, the producer admits one batch per version)
+        staleness = 0 if c.mode == "sync" else run.trainer.max_staleness
+        bus = open_bus(None, partitions=4)
         await bus.start()
-        state = MemoryStateStore()
+        state = open_state(run.state.url)
         self.bus, self.state = bus, state
-        store = LocalStore(self.run_dir / "blobs")
-        self.publisher = WeightPublisher(bus=bus, store=store, keyframe_every=20, retain_versions=5)
-        self.trainer = Trainer(
-            model=model, optim=OptimConfig(lr=c.lr), grpo=GRPOConfig(max_staleness=staleness, normalize_std=True),
-            publisher=self.publisher,
-        )
+        store, store_url = open_blob_store(str(self.run_dir / "blobs"))
+        train = trainer_args(run)
+        train["grpo"] = msgspec.structs.replace(train["grpo"], max_staleness=staleness)
+        trainer = trainer_stack(bus=bus, state=state, store=store, store_url=store_url, model=model, **train,
+                                max_steps=c.rl_steps, on_step=self._on_step)
+        self.trainer, self.publisher, self.join = trainer.trainer, trainer.publisher, trainer.join
         await self.trainer.publish()  # version 1: the warm-started weights, as a keyframe
-        self.join = JoinBuffer(state=state, policy=RewardPolicy(sources=("verifier",), timeout_s=60))
-        trainer_worker = TrainerWorker(
-            bus=bus, trainer=self.trainer, join=self.join, state=state, groups_per_step=c.groups_per_step,
-            max_steps=c.rl_steps, on_step=self._on_step,
-        )
-        engines = []
-        for i in range(c.workers):
-            weights = Policy(c.model).to(torch.bfloat16).eval()
-            inner = TorchEngine(weights, tokenizer=self.tokenizer, seed=c.seed + 100 + i, policy_version=0)
-            engine = BatchingEngine(inner, max_batch=64, window_s=0.003)
-            engines.append(engine)
-            self.syncs.append(
-                WeightSync(
-                    bus=bus, store=store, state=live_state(weights), bind=bind_module(weights),
-                    swap=inner.swap_point.apply, on_swap=_version_setter(inner),
-                )
-            )
-            self.rollout_workers.append(
-                RolloutWorker(
-                    bus=bus, engine=engine, chat=self.chat, worker_id=f"rollout-{i}",
-                    region=c.regions[i % len(c.regions)], sampling=SamplingInfo(temperature=c.temperature),
-                    prompts_in_flight=2, on_policy=c.mode == "sync",
-                )
-            )
-        producer = PromptProducer(
-            bus=bus,
-            prompts=task_prompts(c.env, seed=c.seed + 1000, group_size=c.group_size, config=c.env_config),
-            admission=Admission(max_staleness=staleness, groups_per_step=c.groups_per_step),
-            progress=progress_from_state(state),
+        stacks: list[RolloutStack] = [
+            rollout_stack(bus=bus, store=store, shape=policy_shape(run), worker_id=f"rollout-{i}",
+                          region=c.regions[i % len(c.regions)], seed=c.seed + 100 + i, on_policy=c.mode == "sync",
+                          **rollout_args(run))
+            for i in range(c.workers)
+        ]
+        self.syncs = [s.sync for s in stacks if s.sync is not None]
+        self.rollout_workers = [s.worker for s in stacks]
+        producer = prompt_producer(
+            bus=bus, state=state, **{**producer_args(run), "max_staleness": staleness},
             run_id=f"demo-s{c.seed}",  # prompt ids, hence partitions, follow the seed: runs repeat
         )
-        reward_worker = RewardWorker(bus=bus, concurrency=8)
+        reward_worker = RewardWorker(bus=bus, concurrency=run.reward.concurrency)
         stop = asyncio.Event()
         rl_started = self.rl_started = time.monotonic()
         async with asyncio.TaskGroup() as tasks:
             for sync in self.syncs:
                 tasks.create_task(sync.run(stop))
-            while any(s.version is None for s in self.syncs):  # noqa: ASYNC110 - versions are plain ints
-                await asyncio.sleep(0.05)
-            tasks.create_task(trainer_worker.run(stop))
+            await asyncio.gather(*(sync.ready.wait() for sync in self.syncs))
+            tasks.create_task(trainer.worker.run(stop))
             tasks.create_task(reward_worker.run(stop))
             for worker in self.rollout_workers:
                 tasks.create_task(worker.run(stop))
             for worker in self.rollout_workers:  # every worker in the group before the first prompt
                 await worker.joined.wait()
             tasks.create_task(producer.run(stop))
-            while not trainer_worker.finished and time.monotonic() - rl_started < c.time_budget_s:
+            while not trainer.worker.finished and time.monotonic() - rl_started < c.time_budget_s:
                 await asyncio.sleep(0.25)
                 self._update()
             self.rl_wall_s = time.monotonic() - rl_started
@@ -318,7 +262,7 @@ class Demo:
         self.accuracy_end = await asyncio.to_thread(evaluate, model, eval_prompts, self.chat)
         self.phase = "done"
         self._update()
-        result = await self._result(bus)
+        result = await self._result()
         self._write_run_log(result)
         return result
 
@@ -348,7 +292,7 @@ class Demo:
         if self.on_update is not None:
             self.on_update(self)
 
-    async def _result(self, bus: MemoryBus) -> DemoResult:
+    async def _result(self) -> DemoResult:
         assert self.publisher is not None and self.trainer is not None and self.join is not None
         outcomes = await self.join.counts()
         staleness: dict[int, int] = {}
@@ -376,9 +320,3 @@ class Demo:
             outcomes=outcomes,
         )
 
-
-def _version_setter(engine: TorchEngine) -> Callable[[int], None]:
-    def set_version(version: int) -> None:
-        engine.policy_version = version
-
-    return set_version

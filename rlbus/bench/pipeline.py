@@ -90,17 +90,18 @@ def run(
 ) -> dict[str, Any]:
     """``seed`` seeds the warm start, the task stream and sampling (both modes share it)."""
     base = DemoConfig.quick() if quick else DemoConfig()
-    base = dataclasses.replace(base, snapshot_every=2 if quick else 5, time_budget_s=1e9, seed=seed)
+    base = dataclasses.replace(base, snapshot_every=2 if quick else 5, time_budget_s=1e9).tuned(task={"seed": seed})
     torch.manual_seed(base.seed)
     torch.set_num_threads(1)
-    warm = Policy(base.model)
+    warm = Policy(base.run.model.policy)
     with tempfile.TemporaryDirectory(prefix="rlbus-bench-pipeline-") as tmp:
         t0 = time.monotonic()
         Demo(base, Path(tmp)).warm_start(warm)
         warm_s = time.monotonic() - t0
         out: dict[str, Any] = {"meta": meta(), "config": {
-            "env": base.env, "env_config": base.env_config, "workers": base.workers, "group_size": base.group_size,
-            "groups_per_step": base.groups_per_step, "max_staleness": base.max_staleness, "rl_steps": base.rl_steps,
+            "env": base.run.task.env, "env_config": base.run.task.env_config, "workers": base.workers,
+            "group_size": base.run.task.group_size, "groups_per_step": base.run.trainer.groups_per_step,
+            "max_staleness": base.run.trainer.max_staleness, "rl_steps": base.rl_steps,
             "target_accuracy": target, "warm_start_s": round(warm_s, 1), "seed": base.seed,
         }}
         for mode in modes:

@@ -127,7 +127,7 @@ async def _run(quick: bool) -> dict[str, Any]:
         for _ in range(versions):
             await asyncio.to_thread(model.step)
             fetched_before = [s.bytes_fetched for s in stores]
-            manifest = await publisher.publish(model.master)
+            manifest = await publisher.publish(model.master, version=publisher.version + 1)
             announced = time.perf_counter()
             while any(w.version != manifest.version for w in workers):  # noqa: ASYNC110 - polling a plain int
                 await asyncio.sleep(0.002)

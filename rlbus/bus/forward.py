@@ -2,7 +2,7 @@
 
 Two layers wrap a bus and change only a little of it: :class:`rlbus.bus.claimcheck.ClaimCheckBus` moves
 large values to a blob store (it changes ``send_raw`` and what ``getmany`` hands out) and
-:class:`rlbus.launch.namespace.NamespacedBus` renames topics and groups (it changes names everywhere).
+:class:`rlbus.bus.namespace.NamespacedBus` renames topics and groups (it changes names everywhere).
 Both must forward the rest of the contract exactly — lifecycle, marks and commits (so the inner
 consumer's rebalance listener commits what was marked), seeks, lag, admin — and a method forgotten in
 one of them would silently bypass the inner bus. This module holds that forwarding once; a wrapper

@@ -25,24 +25,21 @@ from typing import Any
 
 import torch
 
+from rlbus.build.producer import prompt_producer
+from rlbus.build.rollout import rollout_stack
+from rlbus.build.trainer import trainer_stack
 from rlbus.bus.base import Bus
 from rlbus.consumers.reward import RewardWorker
-from rlbus.consumers.rollout import RolloutWorker, episode_threads
-from rlbus.consumers.trainer import Trainer, TrainerWorker
-from rlbus.engines.batching import BatchingEngine
-from rlbus.engines.torch_engine import TorchEngine
-from rlbus.envs.chat import ChatFormat
-from rlbus.models.policy import Policy, PolicyConfig
-from rlbus.models.tokenizer import ByteTokenizer
-from rlbus.producers.prompts import Admission, PromptProducer, progress_from_state, task_prompts
-from rlbus.schemas import Rollout, SamplingInfo
+from rlbus.consumers.rollout import episode_threads
+from rlbus.models.config import PolicyConfig
+from rlbus.models.policy import Policy
+from rlbus.schemas import Rollout
 from rlbus.state.base import StateStore
-from rlbus.state.join import JoinBuffer, Outcome, RewardPolicy
-from rlbus.training.step import GRPOConfig, OptimConfig
+from rlbus.state.join import JoinBuffer, Outcome
+from rlbus.training.config import GRPOConfig
 from rlbus.weights.codec import state_digest
-from rlbus.weights.publish import WeightPublisher
 from rlbus.weights.store import BlobStore
-from rlbus.weights.sync import WeightSync, bind_module, live_state
+from rlbus.weights.sync import live_state
 
 log = logging.getLogger("rlbus.chaos")
 
@@ -110,65 +107,38 @@ class Pipeline:
         self.run_id = run_id
         self.store = store
         torch.manual_seed(config.seed)
-        tokenizer = ByteTokenizer()
-        self.chat = ChatFormat.for_byte_tokenizer(tokenizer)
-        self.join = CountingJoin(
-            state=state, policy=RewardPolicy(sources=("verifier",), timeout_s=config.join_timeout_s, min_group=2)
+        trainer = trainer_stack(
+            bus=bus, state=state, store=store if config.weights else None, model=Policy(config.model), lr=1e-3,
+            grpo=GRPOConfig(max_staleness=config.max_staleness), groups_per_step=config.groups_per_step,
+            model_id=config.model_id, keyframe_every=config.keyframe_every, retain_versions=1000,
+            join_timeout_s=config.join_timeout_s, join_class=CountingJoin, expire_every_s=0.5,
         )
-        self.publisher = (
-            WeightPublisher(
-                bus=bus, store=store, model_id=config.model_id, keyframe_every=config.keyframe_every,
-                retain_versions=1000,
-            )
-            if config.weights and store is not None
-            else None
-        )
-        model = Policy(config.model)
-        self.trainer = Trainer(
-            model=model, optim=OptimConfig(lr=1e-3), grpo=GRPOConfig(max_staleness=config.max_staleness),
-            publisher=self.publisher,
-        )
-        self.trainer_worker = TrainerWorker(
-            bus=bus, trainer=self.trainer, join=self.join, state=state,
-            groups_per_step=config.groups_per_step, expire_every_s=0.5,
-        )
-        self.engines: list[TorchEngine] = []
-        self.syncs: list[WeightSync] = []
-        self.rollout_workers: list[RolloutWorker] = []
+        self.trainer, self.publisher, self.trainer_worker = trainer.trainer, trainer.publisher, trainer.worker
+        assert isinstance(trainer.join, CountingJoin)
+        self.join: CountingJoin = trainer.join
         #: (monotonic time, worker index, version, digest of the weights the engine serves from then on)
         self.served: list[tuple[float, int, int, str]] = []
         #: (monotonic time, worker id, newest policy version among the rollout's tokens, rollout id)
         self.rollouts_made: list[tuple[float, str, int, str]] = []
-        for i in range(config.rollout_workers):
-            weights = Policy(config.model).to(torch.bfloat16).eval()
-            if not config.weights:  # no sync: every worker starts from the trainer's initial weights
-                weights.load_state_dict({k: v.to(torch.bfloat16) for k, v in model.state_dict().items()})
-            engine = TorchEngine(weights, tokenizer=tokenizer, seed=config.seed + 100 + i, policy_version=0)
-            self.engines.append(engine)
-            if config.weights and store is not None:
-                self.syncs.append(
-                    WeightSync(
-                        bus=bus, store=store, state=live_state(weights), bind=bind_module(weights),
-                        swap=engine.swap_point.apply, on_swap=self._on_swap(i, engine, weights),
-                        model_id=config.model_id,
-                    )
-                )
-            self.rollout_workers.append(
-                RolloutWorker(
-                    bus=bus, engine=BatchingEngine(engine, max_batch=32, window_s=0.003), chat=self.chat,
-                    worker_id=f"rollout-{i}", model_id=config.model_id, sampling=SamplingInfo(temperature=1.0),
-                    prompts_in_flight=2, on_rollout=self._on_rollout,
-                )
+        self.stacks = [
+            rollout_stack(
+                bus=bus, store=store if config.weights else None, shape=config.model, worker_id=f"rollout-{i}",
+                seed=config.seed + 100 + i, model_id=config.model_id,
+                # no sync: every worker starts from the trainer's initial weights
+                initial=None if config.weights else self.trainer.model.state_dict(),
+                max_batch=32, on_swap=self._on_swap(i), on_rollout=self._on_rollout,
             )
+            for i in range(config.rollout_workers)
+        ]
+        self.engines = [s.engine for s in self.stacks]
+        self.syncs = [s.sync for s in self.stacks if s.sync is not None]
+        self.rollout_workers = [s.worker for s in self.stacks]
+        self.chat = self.stacks[0].chat
         self.reward_worker = RewardWorker(bus=bus, concurrency=4)
-        self.producer = PromptProducer(
-            bus=bus,
-            prompts=task_prompts(config.env, seed=config.seed + 1000, group_size=config.group_size,
-                                 config=config.env_config),
-            admission=Admission(max_staleness=1_000_000, groups_per_step=config.groups_per_step),
-            progress=progress_from_state(state),
-            run_id=run_id,
-            limit=config.prompts,
+        self.producer = prompt_producer(
+            bus=bus, state=state, env=config.env, env_config=config.env_config, seed=config.seed,
+            group_size=config.group_size, max_staleness=1_000_000, groups_per_version=config.groups_per_step,
+            run_id=run_id, limit=config.prompts,
         )
 
     def corrupt_served(self, truth: dict[int, str]) -> int:
@@ -196,8 +166,7 @@ class Pipeline:
         async with asyncio.TaskGroup() as tasks:
             for sync in self.syncs:
                 tasks.create_task(sync.run(stop))
-            while any(s.version is None for s in self.syncs):  # noqa: ASYNC110 - versions are plain ints
-                await asyncio.sleep(0.05)
+            await asyncio.gather(*(sync.ready.wait() for sync in self.syncs))
             tasks.create_task(self.trainer_worker.run(stop))
             tasks.create_task(self.reward_worker.run(stop))
             for worker in self.rollout_workers:
@@ -215,11 +184,9 @@ class Pipeline:
             await asyncio.sleep(0.1)
         return False
 
-
-    def _on_swap(self, index: int, engine: TorchEngine, model: Policy) -> Callable[[int], None]:
-        def swapped(version: int) -> None:  # runs inside the swap: the model now holds ``version``
-            engine.policy_version = version
-            self.served.append((time.monotonic(), index, version, state_digest(live_state(model))))
+    def _on_swap(self, index: int) -> Callable[[int, Policy], None]:
+        def swapped(version: int, weights: Policy) -> None:  # inside the swap: the model now holds ``version``
+            self.served.append((time.monotonic(), index, version, state_digest(live_state(weights))))
 
         return swapped
 

@@ -41,11 +41,11 @@ from typing import TYPE_CHECKING, Any
 
 from rlbus.aio import until
 from rlbus.bus.kafka import KafkaBus
+from rlbus.bus.namespace import NamespacedBus, namespaced
 from rlbus.bus.topics import PROMPTS, ROLLOUTS, topic_specs
 from rlbus.chaos.harness import Progress
 from rlbus.chaos.ledger import ScenarioReport, audit, fill, read_topic
 from rlbus.chaos.rig import PARTITIONS, ChaosRig
-from rlbus.launch.namespace import NamespacedBus, namespaced
 from rlbus.launch.roles import PROMPT_SEQ
 from rlbus.schemas import Rollout
 from rlbus.state.join import ROLLED_BACK, JoinBuffer, Outcome, RewardPolicy

@@ -10,10 +10,13 @@ Versions. ``version`` is the newest policy version published (0 = the initial we
 from) and the reference for staleness. Without a publisher it still advances every K steps, so staleness
 behaves the same in tests and single-process runs.
 
+The trainer owns the version sequence: `_publish` numbers each new version (``version + 1``) and hands
+it to the publisher, which only refuses to go backwards; `continue_after` moves the numbering past what a
+run has already announced.
+
 Restart. `restore` loads the newest checkpoint — weights, optimizer, step, version, RNG state and the
-consumed offsets, which it returns so the caller can seek its consumers there. A publisher that starts
-fresh is moved to the restored version, so its first publish is version + 1 — a keyframe, since it holds
-no base snapshot yet — and engines see no version gap.
+consumed offsets, which it returns so the caller can seek its consumers there. The next publish is then
+version + 1 — a keyframe, since a fresh publisher holds no base snapshot — and engines see no gap.
 """
 
 from __future__ import annotations
@@ -161,16 +164,21 @@ class Trainer:
             restore_rng(state.rng)
             self.step, self.version, self.offsets = state.step, state.version, dict(state.offsets)
             self.rollouts_trained = state.rollouts_trained
-            if self.publisher is not None and self.publisher.version < state.version:
-                self.publisher.version = state.version
             return dict(self.offsets)
 
+    def continue_after(self, published: int) -> None:
+        """Number the next version above ``published``, the newest version the run has announced (from
+        the state store or the compacted weights topic): versions never repeat, even when the restored
+        checkpoint is older than the run's newest version or the state store is younger than the topics."""
+        self.version = max(self.version, published)
+
     async def _publish(self) -> bool:
+        """Publish the next version (``version + 1``): the one place a policy version is numbered."""
         if self.publisher is None:
             self.version += 1
             return True
         try:
-            manifest = await self.publisher.publish(self.model.state_dict(), step=self.step)
+            manifest = await self.publisher.publish(self.model.state_dict(), version=self.version + 1, step=self.step)
         except BlobStoreError as exc:  # the store is down past its retries: train on, publish next time
             log.warning("publishing after step %d failed (%s); still on v%d", self.step, exc, self.version)
             return False

@@ -1,58 +1,59 @@
-"""Builders: the run config → a bus, a state store, a blob store, a policy shape (STYLE 3).
+"""The run config → the builders' arguments (`rlbus.build`). The one place a run config's fields are read.
 
-Classes never read the run config; the role mains call these and pass plain objects on. Heavy imports
-(torch) stay inside the one builder that needs them.
+Every entry point that runs from a `RunConfig` — the role mains of ``rlbus worker``, the demo — passes
+these on, so a field means the same thing everywhere. Heavy imports (torch) stay inside the functions
+that need them: the prompt producer and the reward worker load this module without torch.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import msgspec
 
+from rlbus.build.infra import open_blob_store, open_bus, open_state, with_claims
 from rlbus.bus.base import Bus
-from rlbus.config import build_bus
 from rlbus.launch.config import RunConfig, blob_secret
-from rlbus.launch.namespace import namespaced
-from rlbus.state import StateStore, open_state_store
-from rlbus.weights.store import BlobStore, LocalStore
+from rlbus.state import StateStore
+from rlbus.weights.store import BlobStore
 
 if TYPE_CHECKING:
-    from rlbus.models.policy import Policy, PolicyConfig
+    from rlbus.models.config import PolicyConfig
+    from rlbus.models.policy import Policy
 
 
 def bus_for(config: RunConfig, *, region: str | None = None, client_id: str | None = None) -> Bus:
-    """The run's bus (not started): Kafka with ``region`` as client-id suffix and ``client.rack``, under
+    """The run's Kafka bus (not started), with ``region`` as client-id suffix and ``client.rack``, under
     the run's namespace."""
     settings = config.bus
     if region is not None:
         settings = msgspec.structs.replace(settings, region=region)
     if client_id is not None:
         settings = msgspec.structs.replace(settings, client_id=client_id)
-    return namespaced(build_bus(settings), config.topic_prefix)
+    return open_bus(settings, prefix=config.topic_prefix)
 
 
 def state_for(config: RunConfig) -> StateStore:
-    return open_state_store(config.state.url, key_prefix=config.state_prefix)
+    return open_state(config.state.url, key_prefix=config.state_prefix)
 
 
 def store_for(config: RunConfig, environ: Mapping[str, str] | None = None) -> tuple[BlobStore, str]:
     """The blob store and how manifests name it (its URL, or the directory)."""
     if config.store.url is not None:
-        from rlbus.weights.http_store import HttpStore
-
-        return HttpStore(config.store.url, secret=blob_secret(config.store, environ)), config.store.url
-    directory = config.store_dir()
-    return LocalStore(directory), str(directory)
+        return open_blob_store(config.store.url, secret=blob_secret(config.store, environ))
+    return open_blob_store(str(config.store_dir()))
 
 
-def policy_config(config: RunConfig) -> PolicyConfig:
-    """The policy's shape: the checkpoint's when ``model.checkpoint`` is set, else the ``[model]`` fields."""
-    from rlbus.models.policy import PolicyConfig
+def claims_for(config: RunConfig, bus: Bus, store: BlobStore) -> Bus:
+    """``bus`` with claim checks over ``run.claim_threshold_bytes``."""
+    return with_claims(bus, store, threshold_bytes=config.run.claim_threshold_bytes)
 
+
+def policy_shape(config: RunConfig) -> PolicyConfig:
+    """The policy's shape: the checkpoint's when ``model.checkpoint`` is set, else ``[model]``'s."""
     if config.model.checkpoint is None:
-        return PolicyConfig(**config.model.shape())
+        return config.model.policy
     return initial_policy(config).config
 
 
@@ -75,3 +76,40 @@ def initial_policy(config: RunConfig) -> Policy:
         return policy_from_state(state)
     except ValueError as exc:
         raise ConfigError("model.checkpoint", f"{path}: {exc}") from None
+
+
+def rollout_args(config: RunConfig) -> dict[str, Any]:
+    """`rlbus.build.rollout.rollout_stack`'s sampling and batching arguments."""
+    r = config.rollout
+    return {"temperature": r.temperature, "prompts_in_flight": r.prompts_in_flight, "max_batch": r.max_batch,
+            "batch_window_s": r.batch_window_s}
+
+
+def trainer_args(config: RunConfig) -> dict[str, Any]:
+    """`rlbus.build.trainer.trainer_stack`'s GRPO, publishing, checkpoint and join arguments."""
+    t = config.trainer
+    return {
+        "lr": t.lr, "grpo": t.grpo_config(), "groups_per_step": t.groups_per_step, "publish_every": t.publish_every,
+        "keyframe_every": t.keyframe_every, "retain_versions": t.retain_versions,
+        "checkpoint_every": t.checkpoint_every, "keep_checkpoints": t.keep_checkpoints,
+        "reward_sources": tuple(t.reward_sources), "join_timeout_s": t.join_timeout_s, "ordered": t.ordered,
+    }
+
+
+def producer_args(config: RunConfig) -> dict[str, Any]:
+    """`rlbus.build.producer.prompt_producer`'s task and admission arguments. A version is
+    ``publish_every`` steps of ``groups_per_step`` groups (counting steps as versions would stall the run
+    once publish_every > max_staleness + 1)."""
+    task, t = config.task, config.trainer
+    return {
+        "env": task.env, "env_config": task.env_config, "seed": task.seed, "group_size": task.group_size,
+        "max_staleness": t.max_staleness, "groups_per_version": t.groups_per_step * t.publish_every,
+        "admission_slack": t.admission_slack,
+    }
+
+
+def warm_start_args(config: RunConfig) -> dict[str, Any]:
+    """`rlbus.training.warm.warm_start`'s arguments: the task's reference solutions, the warm-start budget."""
+    task, t = config.task, config.trainer
+    return {"env": task.env, "env_config": task.env_config, "seed": task.seed, "steps": t.warm_steps,
+            "lr": t.warm_lr, "teacher_error": t.teacher_error}

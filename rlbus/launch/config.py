@@ -7,9 +7,11 @@ Tables (each optional; defaults equal ``rlbus demo``'s, so a file with only ``[b
     [state]    url = "redis://host:6379/0" (or "memory://" for a single process), key_prefix
     [store]    dir = "/shared/blobs"  or  url = "http://blobs:8470" (+ the HMAC secret, see below)
     [task]     env, env_config, group_size, seed
-    [model]    the PolicyConfig fields, or checkpoint = "DIR" written by `rlbus pretrain`
+    [model]    the PolicyConfig fields (over the demo's shape), or checkpoint = "DIR" written by `rlbus pretrain`
     [trainer]  lr, groups_per_step, max_staleness, admission, publish_every, checkpoint_dir, checkpoint_every,
                reward_sources, join_timeout_s, warm_steps (when starting without a checkpoint) …
+    [trainer.grpo]  the GRPO step's other knobs (is_mode, router_replay, minibatches, micro_batch_rows,
+               compute_dtype …: rlbus.training.config.GRPOConfig)
     [rollout]  temperature, prompts_in_flight, max_batch …
     [reward]   kind, concurrency
     [run]      run_dir (the run log), namespace (prefix of topics, groups and Redis keys), metrics_port,
@@ -28,6 +30,7 @@ the reward worker load this module too.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import re
 import tomllib
@@ -39,6 +42,8 @@ import msgspec
 
 from rlbus.config import KafkaBusConfig, parse
 from rlbus.errors import ConfigError
+from rlbus.models.config import DEMO_SHAPE, PolicyConfig
+from rlbus.training.config import GRPOConfig
 
 ENV_BOOTSTRAP = "RLBUS_KAFKA_BOOTSTRAP"
 ENV_REDIS = "RLBUS_REDIS_URL"
@@ -100,29 +105,17 @@ class TaskSection(msgspec.Struct, **_STRUCT):
 
 
 class ModelSection(msgspec.Struct, **_STRUCT):
-    """The policy's shape (rlbus.models.policy.PolicyConfig), or a checkpoint to start from."""
+    """The policy: the in-house policy's shape, or a checkpoint to start from.
+
+    In TOML the shape's fields sit in ``[model]`` itself (``d_model = 128``); each one not given keeps the
+    demo's value (`rlbus.models.config.DEMO_SHAPE`).
+    """
 
     #: A checkpoint file or directory (`rlbus pretrain --out DIR`); its shape and weights are used.
     checkpoint: str | None = None
-    #: Vocabulary (272: the byte tokenizer's 256 bytes + 16 specials).
-    vocab: int = 272
-    #: Residual width, blocks, attention heads, context length, RoPE base.
-    d_model: int = 96
-    n_layer: int = 3
-    n_head: int = 4
-    max_seq: int = 64
-    rope_theta: float = 10_000.0
-    #: Experts per MoE feed-forward (0 = dense), experts per token, expert hidden width.
-    n_experts: int = 4
-    top_k: int = 2
-    d_ff: int = 128
-    #: Load-balancing loss weight, RMSNorm epsilon.
-    aux_loss_coef: float = 0.01
-    norm_eps: float = 1e-5
-
-    def shape(self) -> dict[str, Any]:
-        """The PolicyConfig keyword arguments."""
-        return {f: getattr(self, f) for f in self.__struct_fields__ if f != "checkpoint"}
+    #: The policy's shape (`rlbus.models.config.PolicyConfig`: vocab, d_model, n_layer, n_head, max_seq,
+    #: rope_theta, n_experts, top_k, d_ff, aux_loss_coef, norm_eps).
+    policy: PolicyConfig = msgspec.field(default_factory=lambda: DEMO_SHAPE)
 
 
 class TrainerSection(msgspec.Struct, **_STRUCT):
@@ -143,8 +136,12 @@ class TrainerSection(msgspec.Struct, **_STRUCT):
     admission_slack: int = 0
     #: Steps per published weight version.
     publish_every: int = 1
-    #: Divide advantages by the group's reward std.
+    #: Divide advantages by the group's reward std (GRPO's original normalisation).
     normalize_std: bool = True
+    #: The rest of the GRPO step (``[trainer.grpo]``: is_mode, tis_cap, mis_low/high, eps_low/high,
+    #: router_replay, minibatches, micro_batch_rows, compute_dtype, max_grad_norm …; see
+    #: `rlbus.training.config.GRPOConfig`). Its max_staleness and normalize_std are the two fields above.
+    grpo: GRPOConfig = msgspec.field(default_factory=GRPOConfig)
     #: Directory of the trainer's checkpoints; a restart restores the newest. None: no checkpoints.
     checkpoint_dir: str | None = None
     #: Steps per checkpoint (with checkpoint_dir); a graceful stop always writes one. With the ordered join,
@@ -163,8 +160,9 @@ class TrainerSection(msgspec.Struct, **_STRUCT):
     warm_steps: int = 400
     #: Learning rate of the warm start.
     warm_lr: float = 3e-3
-    #: Fraction of warm-start answers the demo's "sloppy teacher" gets wrong by one (rlbus.demo); 0 = clean.
-    teacher_error: float = 0.55
+    #: Fraction of warm-start answers the "sloppy teacher" gets wrong by one (`rlbus.training.warm`);
+    #: 0 = a clean teacher. `rlbus demo` runs with 0.55 to leave RL something visible to fix.
+    teacher_error: float = 0.0
     #: Every K-th version also ships a keyframe (a full snapshot) for late joiners.
     keyframe_every: int = 20
     #: Versions kept in the blob store (the newest keyframe and later are always kept).
@@ -186,6 +184,11 @@ class TrainerSection(msgspec.Struct, **_STRUCT):
             raise ValueError("teacher_error must be in [0, 1]")
         if not self.reward_sources:
             raise ValueError("reward_sources must name at least one source")
+
+    def grpo_config(self) -> GRPOConfig:
+        """The GRPO step's whole configuration: ``[trainer.grpo]`` with this table's staleness bound and
+        normalisation."""
+        return msgspec.structs.replace(self.grpo, max_staleness=self.max_staleness, normalize_std=self.normalize_std)
 
 
 class RolloutSection(msgspec.Struct, **_STRUCT):
@@ -321,11 +324,44 @@ def config_from_dict(raw: Mapping[str, Any], environ: Mapping[str, str]) -> RunC
     if kind != "kafka":
         raise ConfigError("bus.kind", f"the distributed mode runs on Kafka, not {kind!r}")
     _apply_env(tables, environ)
-    model = tables["model"]
+    model = tables.pop("model")
     if "checkpoint" in model and len(model) > 1:
         other = sorted(k for k in model if k != "checkpoint")[0]
         raise ConfigError(f"model.{other}", "give either model.checkpoint or the shape fields, not both")
-    return RunConfig(**{name: parse(SECTIONS[name], data, prefix=name) for name, data in tables.items()})
+    for name in ("max_staleness", "normalize_std"):
+        if name in tables["trainer"].get("grpo", {}):
+            raise ConfigError(f"trainer.grpo.{name}", f"set trainer.{name} instead (it also bounds admission)")
+    sections = {name: parse(SECTIONS[name], data, prefix=name) for name, data in tables.items()}
+    return RunConfig(model=_model_section(model), **sections)
+
+
+def _model_section(table: dict[str, Any]) -> ModelSection:
+    """``[model]``: a checkpoint, or shape fields over the demo's shape (named errors either way)."""
+    if "checkpoint" in table:
+        return parse(ModelSection, {"checkpoint": table["checkpoint"]}, prefix="model")
+    known = {f.name for f in dataclasses.fields(PolicyConfig)}
+    for name in table:
+        if name not in known:
+            raise ConfigError(f"model.{name}", f"unknown field; the shape fields are {', '.join(sorted(known))}")
+    try:
+        shape = msgspec.convert({**dataclasses.asdict(DEMO_SHAPE), **table}, PolicyConfig)
+    except msgspec.ValidationError as exc:
+        match = re.search(r"at `\$\.([^`]*)`", str(exc))
+        raise ConfigError(f"model.{match.group(1) if match else ''}".rstrip("."), str(exc)) from None
+    except ConfigError as exc:  # PolicyConfig's own checks name the field
+        raise ConfigError(f"model.{exc.field}", exc.problem) from None
+    return ModelSection(policy=shape)
+
+
+def to_tables(config: RunConfig) -> dict[str, Any]:
+    """The TOML tables of ``config`` (the inverse of `config_from_dict`; ``[model]`` flat)."""
+    tables: dict[str, Any] = msgspec.to_builtins(config)
+    tables["bus"].pop("kind", None)
+    for name in ("max_staleness", "normalize_std"):  # trainer-level fields (see TrainerSection.grpo_config)
+        tables["trainer"]["grpo"].pop(name)
+    model = tables.pop("model")
+    tables["model"] = {"checkpoint": model["checkpoint"]} if model["checkpoint"] is not None else model["policy"]
+    return tables
 
 
 def _apply_env(tables: dict[str, dict[str, Any]], environ: Mapping[str, str]) -> None:

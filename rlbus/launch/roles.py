@@ -36,31 +36,40 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import itertools
 import logging
 import os
 import socket
 import time
 import zlib
-from collections.abc import Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from rlbus.aio import wait_event
+from rlbus.build.producer import prompt_producer
 from rlbus.bus.base import Bus
 from rlbus.errors import RlbusError
-from rlbus.launch.build import bus_for, initial_policy, policy_config, state_for, store_for
-from rlbus.launch.config import RunConfig, TrainerSection
+from rlbus.launch.build import (
+    bus_for,
+    claims_for,
+    initial_policy,
+    policy_shape,
+    producer_args,
+    rollout_args,
+    state_for,
+    store_for,
+    trainer_args,
+    warm_start_args,
+)
+from rlbus.launch.config import RunConfig
 from rlbus.launch.observed import Observed
 from rlbus.launch.signals import GracefulStop
 from rlbus.observe.runlog import RunLog
-from rlbus.producers.prompts import VERSION_COUNTER, Admission, PromptProducer, progress_from_state, task_prompts
+from rlbus.producers.prompts import VERSION_COUNTER
 from rlbus.state.base import StateStore
 from rlbus.weights.store import BlobStore
 
 if TYPE_CHECKING:
-    from rlbus.engines.torch_engine import TorchEngine
-    from rlbus.models.policy import Policy
     from rlbus.observe.heartbeat import Heartbeat
     from rlbus.weights.sync import WeightSync
 
@@ -82,19 +91,34 @@ def stopping(stop: asyncio.Event | None) -> Iterator[asyncio.Event]:
         yield graceful.stop
 
 
+@contextlib.asynccontextmanager
+async def connected(
+    config: RunConfig, region: str | None, *, bus: Bus | None, state: StateStore | None, store: BlobStore | None,
+    claims: bool = True,
+) -> AsyncIterator[tuple[Bus, StateStore, BlobStore | None, str]]:
+    """The role's bus, state store and blob store, entered: the ones given (a caller wiring several roles
+    in one process, tests), else the run config's. With ``claims`` (and a store) the bus does claim checks."""
+    store_url = ""
+    if store is None and claims:
+        store, store_url = store_for(config)
+    bus = bus if bus is not None else bus_for(config, region=region)
+    state = state if state is not None else state_for(config)
+    async with contextlib.AsyncExitStack() as stack:
+        if store is not None:
+            await stack.enter_async_context(store)
+            if claims:
+                bus = claims_for(config, bus, store)
+        await stack.enter_async_context(bus)
+        await stack.enter_async_context(state)
+        yield bus, state, store, store_url
+
+
 def observed(config: RunConfig, state: StateStore, role: str, worker_id: str, region: str | None,
              info: Callable[[], dict[str, Any]]) -> Observed:
     """The process's metrics endpoint, loop-lag monitor and registry heartbeat (run in its TaskGroup)."""
     run = config.run
     return Observed(state=state, role=role, worker_id=worker_id, region=region, info=info,
                     metrics_port=run.metrics_port, metrics_host=run.metrics_host, heartbeat_s=run.heartbeat_s)
-
-
-def with_claims(bus: Bus, store: BlobStore, config: RunConfig) -> Bus:
-    """``bus`` with claim checks: rollouts over ``run.claim_threshold_bytes`` ride as blob references."""
-    from rlbus.bus.claimcheck import ClaimCheckBus
-
-    return ClaimCheckBus(bus, store, threshold_bytes=config.run.claim_threshold_bytes)
 
 
 def default_worker_id(role: str, region: str | None) -> str:
@@ -105,20 +129,17 @@ def default_worker_id(role: str, region: str | None) -> str:
 
 # --- prompts -------------------------------------------------------------------------------------------
 async def prompts_main(
-    config: RunConfig, *, worker_id: str, region: str | None = None, stop: asyncio.Event | None = None
+    config: RunConfig, *, worker_id: str, region: str | None = None, stop: asyncio.Event | None = None,
+    bus: Bus | None = None, state: StateStore | None = None,
 ) -> None:
-    from rlbus.state.ordered import stamp
-
-    task, trainer = config.task, config.trainer
+    """The prompt producer. ``bus`` and ``state`` replace the run config's (unstarted; entered here)."""
+    task = config.task
     with stopping(stop) as stop:
-        async with bus_for(config, region=region) as bus, state_for(config) as state:
+        async with connected(config, region, bus=bus, state=state, store=None, claims=False) as (bus, state, _, _):
             start = await state.get_counter(PROMPT_SEQ)
-            source = task_prompts(task.env, seed=task.seed + 1000, group_size=task.group_size, config=task.env_config)
-            producer = PromptProducer(
-                bus=bus,
-                prompts=stamp(itertools.islice(source, start, None), start),
-                admission=admission_for(trainer),
-                progress=progress_from_state(state, served_by="rollout" if trainer.admission == "served" else None),
+            producer = prompt_producer(
+                bus=bus, state=state, **producer_args(config), start=start,
+                served_by="rollout" if config.trainer.admission == "served" else None,
                 first_version=1,  # trainer_main publishes its initial weights as v1 before its first step
             )
             log.info("%s: producing %s prompts (G=%d) from seq %d", worker_id, task.env, task.group_size, start)
@@ -135,13 +156,6 @@ async def prompts_main(
                 tasks.create_task(produce())
                 tasks.create_task(_persist_count(state, lambda: start + producer.admitted, start, done))
                 tasks.create_task(watch.run(done))
-
-
-def admission_for(trainer: TrainerSection) -> Admission:
-    """The producer's bound from the trainer's: a version is ``publish_every`` steps of ``groups_per_step``
-    groups (counting steps as versions would stall the run once publish_every > max_staleness + 1)."""
-    per_version = trainer.groups_per_step * trainer.publish_every
-    return Admission(max_staleness=trainer.max_staleness, groups_per_step=per_version, slack=trainer.admission_slack)
 
 
 async def _persist_count(state: StateStore, count: Callable[[], int], start: int, done: asyncio.Event) -> None:
@@ -162,15 +176,14 @@ async def _persist_count(state: StateStore, count: Callable[[], int], start: int
 
 # --- reward ---------------------------------------------------------------------------------------------
 async def reward_main(
-    config: RunConfig, *, worker_id: str, region: str | None = None, stop: asyncio.Event | None = None
+    config: RunConfig, *, worker_id: str, region: str | None = None, stop: asyncio.Event | None = None,
+    bus: Bus | None = None, state: StateStore | None = None, store: BlobStore | None = None,
 ) -> None:
+    """The reward worker. ``bus``, ``state`` and ``store`` replace the run config's (unstarted)."""
     from rlbus.consumers.reward import RewardWorker
 
     with stopping(stop) as stop:
-        store, _ = store_for(config)
-        async with (
-            store, with_claims(bus_for(config, region=region), store, config) as bus, state_for(config) as state
-        ):
+        async with connected(config, region, bus=bus, state=state, store=store) as (bus, state, _, _):
             worker = RewardWorker(bus=bus, kind=config.reward.kind, worker_id=worker_id,
                                   concurrency=config.reward.concurrency)
             log.info("%s: scoring rollouts (%s)", worker_id, config.reward.kind)
@@ -182,41 +195,27 @@ async def reward_main(
 
 # --- rollout --------------------------------------------------------------------------------------------
 async def rollout_main(
-    config: RunConfig, *, worker_id: str, region: str | None = None, stop: asyncio.Event | None = None
+    config: RunConfig, *, worker_id: str, region: str | None = None, stop: asyncio.Event | None = None,
+    bus: Bus | None = None, state: StateStore | None = None, store: BlobStore | None = None,
 ) -> None:
+    """A rollout worker. ``bus``, ``state`` and ``store`` replace the run config's (unstarted)."""
     import torch
 
-    from rlbus.consumers.rollout import RolloutWorker, episode_threads
-    from rlbus.engines.batching import BatchingEngine
-    from rlbus.engines.torch_engine import TorchEngine
-    from rlbus.envs.chat import ChatFormat
+    from rlbus.build.rollout import rollout_stack
+    from rlbus.consumers.rollout import episode_threads
     from rlbus.launch.recording import follow_syncs
-    from rlbus.models.policy import Policy
-    from rlbus.models.tokenizer import ByteTokenizer
-    from rlbus.schemas import SamplingInfo
-    from rlbus.weights.sync import WeightSync, bind_module, live_state
 
     settings = config.rollout
     torch.set_num_threads(settings.torch_threads)
     episode_threads(settings.episode_threads)
     with stopping(stop) as stop:
-        weights = Policy(policy_config(config)).to(torch.bfloat16).eval()
-        tokenizer = ByteTokenizer()
-        seed = config.task.seed + 100 + zlib.crc32(worker_id.encode()) % 10_000
-        engine = TorchEngine(weights, tokenizer=tokenizer, seed=seed, policy_version=0)
-        store, _ = store_for(config)
-        async with (
-            store, with_claims(bus_for(config, region=region), store, config) as bus, state_for(config) as state
-        ):
-            sync = WeightSync(
-                bus=bus, store=store, state=live_state(weights), bind=bind_module(weights),
-                swap=engine.swap_point.apply, on_swap=_version_setter(engine), worker_id=worker_id,
+        async with connected(config, region, bus=bus, state=state, store=store) as (bus, state, store, _):
+            parts = rollout_stack(
+                bus=bus, store=store, shape=policy_shape(config), worker_id=worker_id, region=region or "",
+                seed=config.task.seed + 100 + zlib.crc32(worker_id.encode()) % 10_000, **rollout_args(config),
             )
-            worker = RolloutWorker(
-                bus=bus, engine=BatchingEngine(engine, max_batch=settings.max_batch, window_s=settings.batch_window_s),
-                chat=ChatFormat.for_byte_tokenizer(tokenizer), worker_id=worker_id, region=region or "",
-                sampling=SamplingInfo(temperature=settings.temperature), prompts_in_flight=settings.prompts_in_flight,
-            )
+            sync, worker = parts.sync, parts.worker
+            assert sync is not None
             runlog = RunLog(config.run_dir) if config.run_dir is not None else None
             watch = observed(config, state, "rollout", worker_id, region, lambda: {**worker.stats(), **sync.stats()})
             try:
@@ -227,14 +226,23 @@ async def rollout_main(
                     if runlog is not None:
                         tasks.create_task(follow_syncs(sync, runlog, worker_id, stop))
                     log.info("%s (%s): waiting for the first weight version", worker_id, region or "no region")
-                    while sync.version is None and not stop.is_set():  # noqa: ASYNC110 - a plain int
-                        await asyncio.sleep(0.1)
+                    await _first_of(sync.ready, stop)
                     if not stop.is_set():
                         log.info("%s: on v%s, joining the rollout group", worker_id, sync.version)
                         tasks.create_task(worker.run(stop))
             finally:
                 if runlog is not None:
                     runlog.close()
+
+
+async def _first_of(*events: asyncio.Event) -> None:
+    """Wait until any of ``events`` is set."""
+    waiters = [asyncio.ensure_future(e.wait()) for e in events]
+    try:
+        await asyncio.wait(waiters, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for waiter in waiters:
+            waiter.cancel()
 
 
 async def beat_on_swap(sync: WeightSync, heartbeat: Heartbeat, stop: asyncio.Event, every_s: float = 0.05) -> None:
@@ -249,27 +257,19 @@ async def beat_on_swap(sync: WeightSync, heartbeat: Heartbeat, stop: asyncio.Eve
         await wait_event(stop, every_s)
 
 
-def _version_setter(engine: TorchEngine) -> Callable[[int], None]:
-    def set_version(version: int) -> None:
-        engine.policy_version = version
-
-    return set_version
-
-
 # --- trainer --------------------------------------------------------------------------------------------
 async def trainer_main(
-    config: RunConfig, *, worker_id: str, region: str | None = None, stop: asyncio.Event | None = None
+    config: RunConfig, *, worker_id: str, region: str | None = None, stop: asyncio.Event | None = None,
+    bus: Bus | None = None, state: StateStore | None = None, store: BlobStore | None = None,
 ) -> None:
+    """The trainer. ``bus``, ``state`` and ``store`` replace the run config's (unstarted)."""
     import torch
 
-    from rlbus.consumers.trainer import Trainer, TrainerWorker
+    from rlbus.build.trainer import trainer_stack
     from rlbus.launch.recording import TrainerRecorder
     from rlbus.models.policy import Policy
-    from rlbus.state.join import JoinBuffer, RewardPolicy
-    from rlbus.state.ordered import OrderedJoin
     from rlbus.training.checkpoint import load_checkpoint, policy_from_state
-    from rlbus.training.step import GRPOConfig, OptimConfig
-    from rlbus.weights.publish import WeightPublisher
+    from rlbus.training.warm import warm_start
 
     settings = config.trainer
     torch.set_num_threads(settings.torch_threads)
@@ -285,41 +285,39 @@ async def trainer_main(
             model = initial_policy(config)
             log.info("%s: starting from %s", worker_id, config.model.checkpoint)
         else:
-            model = Policy(policy_config(config))
+            model = Policy(policy_shape(config))
             if settings.warm_steps:
                 log.info("%s: warm start, %d steps", worker_id, settings.warm_steps)
-                await asyncio.to_thread(warm_start, model, config)
-        store, store_url = store_for(config)
-        async with store, with_claims(bus_for(config, region=region), store, config) as bus, state_for(config) as state:
-            publisher = WeightPublisher(bus=bus, store=store, keyframe_every=settings.keyframe_every,
-                                        retain_versions=settings.retain_versions, store_url=store_url)
-            trainer = Trainer(
-                model=model, optim=OptimConfig(lr=settings.lr),
-                grpo=GRPOConfig(max_staleness=settings.max_staleness, normalize_std=settings.normalize_std),
-                publisher=publisher, checkpoint_dir=checkpoints, publish_every=settings.publish_every,
-                checkpoint_every=settings.checkpoint_every if checkpoints else 0,
-                keep_checkpoints=settings.keep_checkpoints,
+                await asyncio.to_thread(lambda: warm_start(model, **warm_start_args(config)))
+        async with connected(config, region, bus=bus, state=state, store=store) as (bus, state, store, store_url):
+            runlog = RunLog(config.run_dir) if config.run_dir is not None else None
+            recorder: TrainerRecorder | None = None  # needs the stack's publisher and join: made just below
+
+            def record(groups: list[Any], metrics: dict[str, Any]) -> None:
+                if recorder is not None:
+                    recorder(groups, metrics)
+
+            parts = trainer_stack(
+                bus=bus, state=state, store=store, store_url=store_url, model=model,
+                checkpoint_dir=checkpoints, expire_every_s=0.2, **trainer_args(config),
+                on_train=record if runlog is not None else None,
             )
+            trainer, publisher, join, worker = parts.trainer, parts.publisher, parts.join, parts.worker
+            assert publisher is not None
+            if runlog is not None:
+                recorder = TrainerRecorder(runlog, publisher=publisher, extra=lambda: _join_stats(join))
             if saved is not None:
                 await trainer.restore()
             newest = max(await state.get_counter(VERSION_COUNTER), await published_version(bus, publisher.model_id))
             if newest == 0 or trainer.version != newest:
                 # Versions never repeat: the weights held here go out as the next version, a keyframe.
-                trainer.version = publisher.version = max(trainer.version, newest)
+                trainer.continue_after(newest)
                 version = await trainer.publish()
                 log.info("%s: published v%d (keyframe); training", worker_id, version)
             else:  # restored at the newest version: the workers hold these very weights already
                 log.info("%s: resuming at step %d, v%d; training", worker_id, trainer.step, trainer.version)
-            policy = RewardPolicy(sources=tuple(settings.reward_sources), timeout_s=settings.join_timeout_s)
-            join = (OrderedJoin(state=state, policy=policy, batch=settings.groups_per_step) if settings.ordered
-                    else JoinBuffer(state=state, policy=policy))
-            runlog = RunLog(config.run_dir) if config.run_dir is not None else None
-            recorder = None
-            if runlog is not None:
-                recorder = TrainerRecorder(runlog, publisher=publisher, extra=lambda: _join_stats(join))
+            if recorder is not None:
                 recorder.flush_weights()
-            worker = TrainerWorker(bus=bus, trainer=trainer, join=join, state=state,
-                                   groups_per_step=settings.groups_per_step, expire_every_s=0.2, on_train=recorder)
             watch = observed(config, state, "trainer", worker_id, region, worker.stats)
             try:
                 async with asyncio.TaskGroup() as tasks:
@@ -367,23 +365,6 @@ def stale_fraction(outcomes: dict[str, int]) -> float:
 def _join_stats(join: Any) -> dict[str, Any]:
     stats: dict[str, Any] = join.stats() if hasattr(join, "stats") else {}
     return {f"join_{k}": v for k, v in stats.items()}
-
-
-def warm_start(model: Policy, config: RunConfig) -> None:
-    """Supervised warm start on reference solutions of the task, exactly as `rlbus demo` does; blocking."""
-    from rlbus.demo import sft_examples, sloppy_teacher
-    from rlbus.envs.base import env_for
-    from rlbus.envs.chat import ChatFormat
-    from rlbus.envs.tasks import generate_prompts
-    from rlbus.models.tokenizer import ByteTokenizer
-    from rlbus.training.sft import pretrain
-
-    task, settings = config.task, config.trainer
-    env: Any = env_for(generate_prompts(task.env, seed=0, n=1, config=task.env_config)[0])
-    train = generate_prompts(task.env, seed=task.seed + 1, n=400, config=task.env_config)
-    train = sloppy_teacher(train, settings.teacher_error, seed=task.seed)
-    examples = sft_examples(env, train, ChatFormat.for_byte_tokenizer(ByteTokenizer()))
-    pretrain(model, examples, steps=settings.warm_steps, lr=settings.warm_lr, batch_size=32, seed=task.seed)
 
 
 MAINS = {"prompts": prompts_main, "rollout": rollout_main, "reward": reward_main, "trainer": trainer_main}

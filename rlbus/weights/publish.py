@@ -104,9 +104,16 @@ class WeightPublisher:
         """The inference-dtype CPU copy of the master weights (what workers become bit-identical to)."""
         return {name: t.detach().to("cpu", self.dtype, copy=True).contiguous() for name, t in master.items()}
 
-    async def publish(self, master: Mapping[str, torch.Tensor], *, step: int = 0) -> WeightVersion:
-        """Publish the next version; returns its delta manifest (the keyframe manifest for the first)."""
-        version = self.version + 1
+    async def publish(self, master: Mapping[str, torch.Tensor], *, version: int, step: int = 0) -> WeightVersion:
+        """Publish ``master`` as ``version``; returns its delta manifest (the keyframe manifest for the first).
+
+        The caller owns the version sequence (the trainer: `rlbus.consumers.trainer.Trainer`); this only
+        refuses to go backwards. ``version`` is usually the last published + 1; a jump (a restored trainer
+        continuing a run's numbering) is fine — the delta's base is always the version published last.
+        """
+        if version <= self.version:
+            raise ValueError(f"version {version} is not above v{self.version}, published last: versions never repeat")
+        base = self.version
         t0 = time.perf_counter()
         snapshot = await asyncio.to_thread(self.snapshot, master)
         with_keyframe = self._last is None or version % self.keyframe_every == 0
@@ -129,7 +136,7 @@ class WeightPublisher:
             manifest = WeightVersion(
                 model_id=self.model_id,
                 version=version,
-                base_version=version - 1 if kind == "delta" else None,
+                base_version=base if kind == "delta" else None,
                 kind=kind,  # type: ignore[arg-type]
                 keyframe_version=keyframe_version,
                 dtype=DTYPE_NAMES[self.dtype],

@@ -99,6 +99,8 @@ class WeightSync:
             {name: t.clone() for name, t in state.items()} if bind is not None else None
         )
         self._on_swap = on_swap
+        #: Set once the worker holds its first version: what a rollout worker waits for before it joins.
+        self.ready = asyncio.Event()
         self._fetches = asyncio.Semaphore(fetch_parallelism)
         self._clock = clock
         self.version: int | None = None
@@ -303,6 +305,7 @@ class WeightSync:
             )
         self.version = manifest.version
         self.digest = digest
+        self.ready.set()
         stats = SyncStats(
             version=manifest.version,
             kind=manifest.kind,

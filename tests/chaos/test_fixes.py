@@ -261,7 +261,7 @@ async def test_weight_sync_rides_out_a_store_outage(tmp_path: Path) -> None:
     store = DownStore(tmp_path)  # the worker's view of the blob store; the trainer's stays up
     model = Policy(CFG)
     publisher = WeightPublisher(bus=bus, store=LocalStore(tmp_path), keyframe_every=100)
-    await publisher.publish(model.state_dict())
+    await publisher.publish(model.state_dict(), version=1)
     state = {k: v.clone() for k, v in publisher.snapshot(model.state_dict()).items()}
     sync = WeightSync(bus=bus, store=store, state=state)
     sync.retry_s = 0.1
@@ -272,7 +272,7 @@ async def test_weight_sync_rides_out_a_store_outage(tmp_path: Path) -> None:
         for p in model.parameters():
             p.add_(0.01)
     store.down = True  # the worker loses the store ...
-    manifest = await publisher.publish(model.state_dict())  # ... and v2 is announced
+    manifest = await publisher.publish(model.state_dict(), version=2)  # ... and v2 is announced
     await until(lambda: bool(sync.refused), "v2 refused while the store is down")
     assert sync.version == 1 and sync.behind == 1 and "BlobStoreError" in sync.refused[-1][1]
     store.down = False

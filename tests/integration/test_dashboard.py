@@ -114,7 +114,8 @@ def screenshot(tmp_path: Path) -> Path:
 async def test_chromium_renders_every_chart_of_a_short_run(tmp_path: Path, screenshot: Path) -> None:
     chromium()  # fail before the run, not after it, when there is no browser
     config = dataclasses.replace(
-        DemoConfig.quick(), workers=2, warm_steps=10, rl_steps=3, groups_per_step=2, group_size=4,
+        DemoConfig.quick().tuned(trainer={"warm_steps": 10, "groups_per_step": 2}, task={"group_size": 4}),
+        workers=2, rl_steps=3,
         time_budget_s=120, eval_size=4,
     )
     demo = Demo(config, tmp_path / "run")

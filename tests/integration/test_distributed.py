@@ -33,9 +33,9 @@ from typing import Any
 import numpy as np
 
 from rlbus.bus.base import Bus
+from rlbus.bus.namespace import NamespacedBus
 from rlbus.bus.replay import read_window
 from rlbus.bus.topics import PROMPTS, REWARDS, ROLLOUTS, topic_specs
-from rlbus.launch.namespace import NamespacedBus
 from rlbus.observe.runlog import INPUTS, STEPS, read, syncs_name
 from rlbus.schemas import Rollout
 from rlbus.services import free_port

@@ -14,9 +14,9 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+from rlbus.bus.namespace import NamespacedBus
 from rlbus.bus.topics import REWARDS, ROLLOUTS, topic_specs
 from rlbus.launch.config import RunConfig, config_from_dict
-from rlbus.launch.namespace import NamespacedBus
 from rlbus.launch.roles import prompts_main, reward_main, rollout_main, trainer_main
 from rlbus.observe.runlog import INPUTS, STEPS, read
 from tests.conftest import KAFKA_BOOTSTRAP, kafka_bus

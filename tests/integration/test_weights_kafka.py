@@ -44,7 +44,7 @@ async def test_publish_follow_and_late_join_over_kafka_and_http(tmp_path: Path) 
         for _ in range(6):
             for t in master.values():
                 t.add_(torch.randn(t.shape, generator=g) * 1e-3)
-            manifest = await publisher.publish(master)
+            manifest = await publisher.publish(master, version=publisher.version + 1)
             for _ in range(300):
                 if follower.version == manifest.version:
                     break

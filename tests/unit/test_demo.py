@@ -12,7 +12,8 @@ from rlbus.demo_view import plot, summary_table
 
 async def test_demo_runs_every_role_end_to_end(tmp_path: Path) -> None:
     config = dataclasses.replace(
-        DemoConfig.quick(), workers=2, warm_steps=10, rl_steps=3, groups_per_step=2, group_size=4,
+        DemoConfig.quick().tuned(trainer={"warm_steps": 10, "groups_per_step": 2}, task={"group_size": 4}),
+        workers=2, rl_steps=3,
         time_budget_s=120, eval_size=10,
     )
     demo = Demo(config, tmp_path)
@@ -38,8 +39,8 @@ async def test_demo_runs_every_role_end_to_end(tmp_path: Path) -> None:
 
 
 def test_sloppy_teacher_is_off_by_one_on_the_given_share() -> None:
-    from rlbus.demo import sloppy_teacher
     from rlbus.envs.tasks import generate_prompts
+    from rlbus.training.warm import sloppy_teacher
 
     prompts = generate_prompts("arith", seed=3, n=400, config={"digits": 1})
     taught = sloppy_teacher(prompts, 0.55, seed=0)
@@ -53,7 +54,8 @@ def test_sloppy_teacher_is_off_by_one_on_the_given_share() -> None:
 async def test_sync_mode_trains_only_current_version_rollouts(tmp_path: Path) -> None:
     """The baseline of `rlbus bench pipeline`: one batch per version, nothing stale, snapshots kept."""
     config = dataclasses.replace(
-        DemoConfig.quick(), workers=2, warm_steps=10, rl_steps=3, groups_per_step=2, group_size=4,
+        DemoConfig.quick().tuned(trainer={"warm_steps": 10, "groups_per_step": 2}, task={"group_size": 4}),
+        workers=2, rl_steps=3,
         time_budget_s=120, eval_size=10, mode="sync", snapshot_every=1,
     )
     demo = Demo(config, tmp_path)

@@ -22,16 +22,14 @@ config = config_from_dict({"state": {"url": "memory://"}, "task": {"group_size":
                            "trainer": {"groups_per_step": 2, "max_staleness": 1}}, {})
 buses = {"prompts": MemoryBus(topic_specs(partitions=2)), "reward": MemoryBus(topic_specs(partitions=2))}
 state = MemoryStateStore()
-roles.state_for = lambda config: state
 
 async def read(bus, topic):
     async with bus.consumer([topic], group=None) as consumer:
         return [r.value for r in await consumer.getmany(timeout_s=0.2)]
 
 async def run(role, main):
-    roles.bus_for = lambda config, region=None: buses[role]
     asyncio.get_running_loop().call_later(1.0, os.kill, os.getpid(), signal.SIGTERM)
-    await main(config, worker_id=role)
+    await main(config, worker_id=role, bus=buses[role], state=state)
 
 async def main():
     await run("prompts", roles.prompts_main)

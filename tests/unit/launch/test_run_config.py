@@ -5,11 +5,12 @@ from __future__ import annotations
 import dataclasses
 from pathlib import Path
 
+import msgspec
 import pytest
 
 from rlbus.errors import ConfigError
 from rlbus.launch.build import store_for
-from rlbus.launch.config import RunConfig, blob_secret, config_from_dict, load_config
+from rlbus.launch.config import RunConfig, blob_secret, config_from_dict, load_config, to_tables
 
 
 def config_of(text: str, tmp_path: Path, environ: dict[str, str] | None = None) -> RunConfig:
@@ -24,17 +25,42 @@ def field_of(text: str, tmp_path: Path, environ: dict[str, str] | None = None) -
     return info.value.field
 
 
-def test_defaults_are_the_demos() -> None:
+def test_the_demo_runs_the_run_configs_defaults() -> None:
+    """One configuration system: the demo's run config is the run config's defaults, except that it runs in
+    memory, with the sloppy teacher and the join in arrival order — and a production trainer's warm start
+    has a clean teacher."""
     from rlbus.demo import DemoConfig
+    from rlbus.models.config import DEMO_SHAPE
 
-    demo, run = DemoConfig(), load_config(None, {})
-    assert (run.task.env, run.task.env_config, run.task.group_size, run.task.seed) == (
-        demo.env, demo.env_config, demo.group_size, demo.seed)
-    t = run.trainer
-    assert (t.lr, t.warm_lr, t.warm_steps, t.teacher_error, t.groups_per_step, t.max_staleness) == (
-        demo.lr, demo.warm_lr, demo.warm_steps, demo.teacher_error, demo.groups_per_step, demo.max_staleness)
-    assert run.rollout.temperature == demo.temperature
-    assert run.model.shape() == dataclasses.asdict(demo.model)
+    demo, run = DemoConfig().run, load_config(None, {})
+    assert run.trainer.teacher_error == 0.0 and demo.trainer.teacher_error == 0.55
+    assert demo.state.url == "memory://" and demo.trainer.ordered is False
+    same = msgspec.structs.replace(demo, state=run.state,
+                                   trainer=msgspec.structs.replace(demo.trainer, teacher_error=0.0, ordered=True))
+    assert same == run
+    assert run.model.policy == DEMO_SHAPE
+
+
+def test_every_grpo_knob_is_reachable_from_the_run_config(tmp_path: Path) -> None:
+    config = config_of('[trainer]\nmax_staleness = 3\n[trainer.grpo]\nis_mode = "mis"\nminibatches = 2\n'
+                       'micro_batch_rows = 8\nrouter_replay = false\ncompute_dtype = "bfloat16"\n', tmp_path)
+    grpo = config.trainer.grpo_config()
+    assert (grpo.is_mode, grpo.minibatches, grpo.micro_batch_rows, grpo.router_replay, grpo.compute_dtype) == (
+        "mis", 2, 8, False, "bfloat16")
+    assert grpo.max_staleness == 3 and grpo.normalize_std is True  # the trainer table's own fields
+    assert field_of("[trainer.grpo]\nmax_staleness = 3\n", tmp_path) == "trainer.grpo.max_staleness"
+    assert field_of("[trainer.grpo]\nis_mode = 'sometimes'\n", tmp_path) == "trainer.grpo.is_mode"
+
+
+def test_model_fields_override_the_demo_shape(tmp_path: Path) -> None:
+    from rlbus.models.config import DEMO_SHAPE
+
+    config = config_of("[model]\nd_model = 64\n", tmp_path)
+    assert config.model.policy == dataclasses.replace(DEMO_SHAPE, d_model=64)
+    assert field_of("[model]\nd_modl = 64\n", tmp_path) == "model.d_modl"
+    assert field_of("[model]\nd_model = 'wide'\n", tmp_path) == "model.d_model"
+    assert field_of("[model]\nn_head = 5\n", tmp_path) == "model.n_head"
+    assert config_from_dict(to_tables(config), {}) == config
 
 
 def test_only_connection_tables_is_enough(tmp_path: Path) -> None:

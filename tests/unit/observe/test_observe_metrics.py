@@ -170,9 +170,9 @@ async def test_publish_and_sync_record_bytes_pauses_and_versions(tmp_path: Path)
     keyframes = value("rlbus_weight_publish_bytes_total", kind="keyframe")
     deltas = value("rlbus_weight_publish_bytes_total", kind="delta")
 
-    assert await sync.handle(await publisher.publish(master))
+    assert await sync.handle(await publisher.publish(master, version=publisher.version + 1))
     master["w"][:10] += 0.5
-    assert await sync.handle(await publisher.publish(master))
+    assert await sync.handle(await publisher.publish(master, version=publisher.version + 1))
 
     assert value("rlbus_weight_publish_bytes_total", kind="keyframe") > keyframes
     assert value("rlbus_weight_publish_bytes_total", kind="delta") > deltas

@@ -57,7 +57,7 @@ async def publish(publisher: WeightPublisher, trainer: Trainer, n: int) -> list[
     digests = []
     for _ in range(n):
         trainer.step()
-        manifest = await publisher.publish(trainer.master)
+        manifest = await publisher.publish(trainer.master, version=publisher.version + 1)
         digests.append(manifest.model_digest)
         assert manifest.model_digest == state_digest(publisher.snapshot(trainer.master))
     return digests

@@ -9,8 +9,8 @@ import pytest
 
 from rlbus.bus import Bus, MemoryBus, Record, TopicPartition
 from rlbus.bus.dlq import DeadLetters, handle_batch, read_dead_letters, redrive
+from rlbus.bus.namespace import NamespacedBus, check_prefix, namespaced
 from rlbus.bus.topics import PROMPTS, ROLLOUTS, topic_specs
-from rlbus.launch.namespace import NamespacedBus, check_prefix, namespaced
 from rlbus.schemas import Prompt
 
 

@@ -1,0 +1,90 @@
+"""The trainer stack: trainer → weight publisher → join → trainer worker.
+
+The fp32 master model and its optimizer (`Trainer`), the `WeightPublisher` that casts each version to the
+inference dtype and delta-encodes it (when there is a blob store), the join of rollouts with rewards (in
+arrival order, or in prompt order: `rlbus.state.ordered`), and the `TrainerWorker` that reads both topics
+and trains a GRPO step every ``groups_per_step`` complete groups.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from rlbus.bus.base import Bus
+from rlbus.state.base import StateStore
+from rlbus.weights.store import BlobStore
+
+if TYPE_CHECKING:
+    from rlbus.consumers.trainer import Trainer, TrainerWorker
+    from rlbus.models.policy import Policy
+    from rlbus.state.join import JoinBuffer, ScoredGroup
+    from rlbus.training.config import GRPOConfig
+    from rlbus.weights.publish import WeightPublisher
+
+
+@dataclass
+class TrainerStack:
+    """The trainer process's parts; ``publisher`` is None when no blob store takes the weights."""
+
+    trainer: Trainer
+    publisher: WeightPublisher | None
+    join: JoinBuffer
+    worker: TrainerWorker
+
+
+def trainer_stack(
+    *,
+    bus: Bus,
+    state: StateStore,
+    store: BlobStore | None,
+    model: Policy,
+    lr: float,
+    grpo: GRPOConfig,
+    groups_per_step: int,
+    store_url: str = "",
+    model_id: str = "policy",
+    keyframe_every: int = 20,
+    retain_versions: int = 5,
+    publish_every: int = 1,
+    checkpoint_dir: Path | None = None,
+    checkpoint_every: int = 0,
+    keep_checkpoints: int = 2,
+    reward_sources: Sequence[str] = ("verifier",),
+    join_timeout_s: float = 60.0,
+    ordered: bool = False,
+    join_class: type[JoinBuffer] | None = None,
+    max_steps: int | None = None,
+    expire_every_s: float = 1.0,
+    on_step: Callable[[dict[str, Any]], None] | None = None,
+    on_train: Callable[[list[ScoredGroup], dict[str, Any]], None] | None = None,
+) -> TrainerStack:
+    """A trainer of ``model`` (fp32 master weights) on the bus. ``ordered`` releases complete groups in
+    prompt order, ``groups_per_step`` at a time; ``join_class`` swaps in a subclass of the join (the chaos
+    rig's counting join)."""
+    from rlbus.consumers.trainer import Trainer, TrainerWorker
+    from rlbus.state.join import JoinBuffer, RewardPolicy
+    from rlbus.state.ordered import OrderedJoin
+    from rlbus.training.config import OptimConfig
+    from rlbus.weights.publish import WeightPublisher
+
+    publisher = None
+    if store is not None:
+        publisher = WeightPublisher(bus=bus, store=store, model_id=model_id, keyframe_every=keyframe_every,
+                                    retain_versions=retain_versions, store_url=store_url)
+    trainer = Trainer(
+        model=model, optim=OptimConfig(lr=lr), grpo=grpo, publisher=publisher, checkpoint_dir=checkpoint_dir,
+        publish_every=publish_every, checkpoint_every=checkpoint_every if checkpoint_dir else 0,
+        keep_checkpoints=keep_checkpoints,
+    )
+    policy = RewardPolicy(sources=tuple(reward_sources), timeout_s=join_timeout_s)
+    join: JoinBuffer
+    if ordered:
+        join = (join_class or OrderedJoin)(state=state, policy=policy, batch=groups_per_step)  # type: ignore[call-arg]
+    else:
+        join = (join_class or JoinBuffer)(state=state, policy=policy)
+    worker = TrainerWorker(bus=bus, trainer=trainer, join=join, state=state, groups_per_step=groups_per_step,
+                           max_steps=max_steps, expire_every_s=expire_every_s, on_step=on_step, on_train=on_train)
+    return TrainerStack(trainer=trainer, publisher=publisher, join=join, worker=worker)

@@ -1,0 +1,78 @@
+"""The trainer's knobs as data, importable without torch: how a batch becomes an update (`GRPOConfig`) and
+the optimizer (`OptimConfig`).
+
+`rlbus.training.step` runs them; the run config's ``[trainer.grpo]`` table (`rlbus.launch.config`) is read
+into `GRPOConfig` directly, so every knob of the step is reachable from a run config and declared once.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import msgspec
+
+
+class GRPOConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
+    """How a batch of scored groups becomes one update (symbols as in the module docstring)."""
+
+    #: Divide advantages by the group's reward std (original GRPO) instead of only centring (Dr. GRPO).
+    normalize_std: bool = False
+    #: ε_low: ratios below 1 − ε_low stop pushing negative-advantage tokens further down.
+    eps_low: float = 0.2
+    #: ε_high: ratios above 1 + ε_high stop pushing positive-advantage tokens up ("clip-higher" > ε_low).
+    eps_high: float = 0.28
+    #: Off-policy correction π_old/μ: ``tis`` truncates at ``tis_cap``, ``mis`` masks outside the band.
+    is_mode: Literal["tis", "mis", "none"] = "tis"
+    #: Ratio per token, or one ratio per sequence (context segment) shared by its tokens.
+    is_level: Literal["token", "sequence"] = "token"
+    #: Sequence ratio as the product of token ratios, or their geometric mean (length-normalised).
+    is_seq_agg: Literal["product", "geometric"] = "geometric"
+    #: TIS cap C: w = min(ρ, C).
+    tis_cap: float = 2.0
+    #: MIS band lower edge a: tokens (sequences) with ρ < a leave the loss.
+    mis_low: float = 0.5
+    #: MIS band upper edge b: tokens (sequences) with ρ > b leave the loss.
+    mis_high: float = 2.0
+    #: Drop rollouts whose oldest token is more than this many versions behind the trainer.
+    max_staleness: int = 4
+    #: Route each token to the experts the engine used (MoE only; needs routed experts in the batch).
+    router_replay: bool = True
+    #: Add the model's MoE load-balancing loss (its coefficient lives in the model config).
+    aux_loss: bool = True
+    #: Optimizer steps per batch; > 1 adds a no-grad proximal forward and makes the PPO clip active.
+    minibatches: int = 1
+    #: Rows per forward/backward chunk (gradient accumulation); 0 = a whole minibatch at once.
+    micro_batch_rows: int = 0
+    #: Clip the global gradient norm to this; 0 = no clipping (the norm is still reported).
+    max_grad_norm: float = 1.0
+    #: Forward precision: fp32, or bf16 autocast over the fp32 master weights.
+    compute_dtype: Literal["float32", "bfloat16"] = "float32"
+    #: Id fed at padding positions (any valid id: they are masked).
+    pad_id: int = 0
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.eps_low < 1 or self.eps_high < 0:
+            raise ValueError("eps_low must be in [0, 1) and eps_high >= 0")
+        if self.tis_cap <= 0 or not 0 <= self.mis_low < self.mis_high:
+            raise ValueError("tis_cap must be > 0 and 0 <= mis_low < mis_high")
+        if self.max_staleness < 0 or self.minibatches < 1 or self.micro_batch_rows < 0:
+            raise ValueError("max_staleness and micro_batch_rows must be >= 0, minibatches >= 1")
+        if self.max_grad_norm < 0:
+            raise ValueError("max_grad_norm must be >= 0 (0 = off)")
+
+
+class OptimConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
+    """AdamW over the fp32 master weights."""
+
+    #: Learning rate (constant).
+    lr: float = 1e-5
+    #: Adam (β1, β2).
+    betas: tuple[float, float] = (0.9, 0.95)
+    #: Adam ε.
+    eps: float = 1e-8
+    #: Decoupled weight decay, applied to matrices and embeddings only (not to norms' gains).
+    weight_decay: float = 0.0
+
+    def __post_init__(self) -> None:
+        if self.lr <= 0 or self.eps <= 0 or self.weight_decay < 0:
+            raise ValueError("lr and eps must be > 0, weight_decay >= 0")
