@@ -47,7 +47,6 @@ from typing import Any, Literal
 import torch
 from msgspec.structs import replace
 
-from rlbus.bench.common import percentile
 from rlbus.bus.memory import MemoryBus
 from rlbus.bus.topics import topic_specs
 from rlbus.consumers.reward import RewardWorker
@@ -63,6 +62,7 @@ from rlbus.envs.tasks import generate_prompts
 from rlbus.models.policy import Policy, PolicyConfig
 from rlbus.models.tokenizer import ByteTokenizer
 from rlbus.observe.runlog import STEPS, WEIGHTS, RunLog, syncs_name
+from rlbus.observe.stats import percentile
 from rlbus.producers.prompts import Admission, PromptProducer, progress_from_state, task_prompts
 from rlbus.schemas import Prompt, SamplingInfo
 from rlbus.state.join import JoinBuffer, Outcome, RewardPolicy
