@@ -20,7 +20,6 @@ from rlbus.envs.base import (
     Limits,
     Task,
     Tool,
-    ToolError,
     World,
     env_for,
     make_env,
@@ -29,6 +28,7 @@ from rlbus.envs.base import (
 )
 from rlbus.envs.chat import ChatFormat
 from rlbus.envs.episode import Episode, episode_to_rollout, rollout_to_episode, segment_spans
+from rlbus.errors import ToolError
 
 __all__ = [
     "ChatFormat",

@@ -93,10 +93,6 @@ class Limits:
     tool_timeout_s: float = 10.0
 
 
-class ToolError(Exception):
-    """An expected tool failure (bad input, missing key); the model sees the message as the observation."""
-
-
 @dataclass(frozen=True)
 class Tool:
     """A tool the model can call with ``<tool name="NAME">INPUT</tool>``; ``run`` maps INPUT to output."""
