@@ -46,7 +46,6 @@ from typing import Any, Literal
 import msgspec
 import torch
 
-from rlbus.bench.common import percentile
 from rlbus.build.infra import open_blob_store, open_bus, open_state
 from rlbus.build.producer import prompt_producer
 from rlbus.build.rollout import RolloutStack, rollout_stack
@@ -64,6 +63,7 @@ from rlbus.launch.config import RunConfig, StateSection, TrainerSection, config_
 from rlbus.models.policy import Policy
 from rlbus.models.tokenizer import ByteTokenizer
 from rlbus.observe.runlog import STEPS, WEIGHTS, RunLog, syncs_name
+from rlbus.observe.stats import percentile
 from rlbus.schemas import Prompt
 from rlbus.state.base import StateStore
 from rlbus.state.join import JoinBuffer, Outcome

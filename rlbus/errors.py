@@ -28,11 +28,16 @@ rlbus, so callers handle one hierarchy. Each class says whether retrying the sam
     ├── JudgeError                   an LM judge endpoint refused or answered garbage
     │   └── JudgeUnavailable         it could not be reached or kept failing       (retriable)
     ├── FeedbackError                the feedback API refused a user signal or could not be reached
+    │   └── FeedbackRejected         a request it answers with 400; names the field (rlbus.producers.feedback)
     ├── ServiceError                 a local service (Kafka, Redis) failed to start or stop
-    └── RunLogMissing                a run directory has no run log to report on (rlbus.observe.report)
+    ├── RunLogMissing                a run directory has no run log to report on (rlbus.observe.report)
+    ├── ToolError                    an expected tool failure; the model sees the message (rlbus.envs.agent)
+    └── WorkerCrashed                a chaos scenario's pipeline stopped while it ran (rlbus.chaos.harness)
 """
 
 from __future__ import annotations
+
+import os
 
 
 class RlbusError(Exception):
@@ -48,6 +53,14 @@ class ConfigError(RlbusError):
         super().__init__(f"config field {field!r}: {problem}")
         self.field = field
         self.problem = problem
+
+
+class PromptFileError(ConfigError):
+    """A prompt file line that cannot be used; ``field`` is ``path:line``."""
+
+    def __init__(self, path: str | os.PathLike[str], line: int, problem: str) -> None:
+        super().__init__(f"{path}:{line}", problem)
+        self.args = (f"{path}:{line}: {problem}",)
 
 
 class SchemaError(RlbusError):
@@ -143,9 +156,26 @@ class FeedbackError(RlbusError):
     """A user signal was refused (the message names the field) or the feedback API could not be reached."""
 
 
+class FeedbackRejected(FeedbackError):
+    """A request the API refuses with 400; ``field`` is the JSON path of the offending field, if any."""
+
+    def __init__(self, message: str, field: str | None = None) -> None:
+        super().__init__(message)
+        self.field = field
+
+
 class ServiceError(RlbusError):
     """A local service (Kafka, Redis) could not be started, reached or stopped."""
 
 
 class RunLogMissing(RlbusError):
     """``rlbus report`` was pointed at a directory without a run log; the message names the missing file."""
+
+
+class ToolError(RlbusError):
+    """An expected tool failure (bad input, missing key); the model sees the message as the observation."""
+
+
+class WorkerCrashed(RlbusError):
+    """A chaos scenario's pipeline (its task group) ended while the scenario still ran; the message names
+    the worker's error. The scenario reports it as a failed row."""

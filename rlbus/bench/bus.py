@@ -17,10 +17,11 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from rlbus.bench.common import meta, percentile, print_table, write_json
+from rlbus.bench.common import meta, print_table, write_json
 from rlbus.bus.base import Bus
 from rlbus.bus.memory import MemoryBus
 from rlbus.bus.types import TopicSpec
+from rlbus.observe.stats import percentile
 
 MESSAGE_BYTES = 16 * 1024
 

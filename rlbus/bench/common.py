@@ -1,8 +1,8 @@
-"""What every benchmark shares: run metadata, percentiles, the printed table and the JSON file."""
+"""What every benchmark shares: run metadata, the printed table and the JSON file (percentiles are
+`rlbus.observe.stats`)."""
 
 from __future__ import annotations
 
-import math
 import os
 import platform
 import subprocess
@@ -40,13 +40,6 @@ def meta() -> dict[str, Any]:
         "torch": torch_version,
         "gpu": gpu,
     }
-
-
-def percentile(values: list[float], q: float) -> float:
-    """Nearest-rank percentile (q in [0, 100]) of a non-empty list."""
-    ordered = sorted(values)
-    rank = max(0, min(len(ordered) - 1, math.ceil(q / 100 * len(ordered)) - 1))
-    return ordered[rank]
 
 
 def print_table(title: str, columns: list[str], rows: list[list[Any]]) -> None:

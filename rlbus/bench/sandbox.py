@@ -34,13 +34,14 @@ from pathlib import Path
 from typing import Any
 
 import rlbus
-from rlbus.bench.common import meta, percentile, print_table, write_json
+from rlbus.bench.common import meta, print_table, write_json
 from rlbus.envs.base import env_for
 from rlbus.envs.chat import Answer, parse_action
 from rlbus.envs.episode import Episode
 from rlbus.envs.sandbox import Sandbox, SandboxLimits, SandboxResult, find_bwrap, find_python
 from rlbus.envs.tasks import generate_prompts
 from rlbus.envs.tasks.python_fn import HARNESS, PythonFnConfig, PythonFnTask, extract_code, run_hidden_tests
+from rlbus.observe.stats import percentile
 from rlbus.schemas import Prompt
 
 #: Concurrency levels of the throughput part (2 shared cores on the reference machine; 4 shows saturation).

@@ -27,9 +27,10 @@ from typing import Any
 
 import torch
 
-from rlbus.bench.common import meta, percentile, print_table, write_json
+from rlbus.bench.common import meta, print_table, write_json
 from rlbus.bus.memory import MemoryBus
 from rlbus.bus.topics import topic_specs
+from rlbus.observe.stats import percentile
 from rlbus.services import free_port
 from rlbus.weights.http_store import BlobServer, HttpStore, serve
 from rlbus.weights.publish import WeightPublisher

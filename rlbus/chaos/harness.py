@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from rlbus.chaos.ledger import ScenarioReport, audit, fill
 from rlbus.chaos.pipeline import Pipeline, PipelineConfig
 from rlbus.chaos.rig import ChaosRig
+from rlbus.errors import WorkerCrashed
 from rlbus.weights.store import BlobStore
 
 log = logging.getLogger("rlbus.chaos")
@@ -81,10 +82,6 @@ class Run:
 
 
 Fault = Callable[[Run], Awaitable[None]]
-
-
-class WorkerCrashed(Exception):
-    """The pipeline's task group ended while the scenario still ran."""
 
 
 async def _watched(aw: Awaitable[object], pipeline_task: asyncio.Task[None]) -> None:

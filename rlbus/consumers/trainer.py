@@ -36,7 +36,8 @@ from rlbus.bus.topics import REWARDS, ROLLOUTS
 from rlbus.bus.types import Record
 from rlbus.errors import MalformedMessage
 from rlbus.models.policy import Policy
-from rlbus.observe.metrics import LagProbe, observe_processing, record_step
+from rlbus.observe.lag import LagProbe
+from rlbus.observe.metrics import observe_processing, record_step
 from rlbus.producers.prompts import GROUPS_DONE_COUNTER, VERSION_COUNTER
 from rlbus.schemas import Rollout
 from rlbus.state.base import StateStore

@@ -10,17 +10,18 @@
     judge.py      LM judges: rubric dimensions, local engine or OpenAI-compatible HTTP backend
     tasks/        built-in tasks (arith, strings, kv, python_fn) and JSONL prompt files
 
-Importing this package stays light (no torch): reward workers and the prompt producer use it without
-the engine; the rollout worker imports `rlbus.envs.agent` itself.
+Importing this package (which Python does before any module in it) registers the built-in tasks, so
+`make_env` knows them wherever it is imported from. It stays light (no torch): reward workers and the
+prompt producer use it without the engine; the rollout worker imports `rlbus.envs.agent` itself.
 """
 
+import rlbus.envs.tasks  # noqa: F401  (each built-in task module calls register_env as it is imported)
 from rlbus.envs.base import (
     Environment,
     HarnessConfig,
     Limits,
     Task,
     Tool,
-    ToolError,
     World,
     env_for,
     make_env,
@@ -29,6 +30,7 @@ from rlbus.envs.base import (
 )
 from rlbus.envs.chat import ChatFormat
 from rlbus.envs.episode import Episode, episode_to_rollout, rollout_to_episode, segment_spans
+from rlbus.errors import ToolError
 
 __all__ = [
     "ChatFormat",

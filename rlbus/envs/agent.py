@@ -35,7 +35,7 @@ import numpy as np
 import torch
 
 from rlbus.engines.base import Engine, GenerationRequest, GenerationResult
-from rlbus.envs.base import Environment, Limits, Task, Tool, ToolError
+from rlbus.envs.base import Environment, Limits, Task, Tool
 from rlbus.envs.chat import (
     ACTION_STOPS,
     SUMMARY_STOPS,
@@ -47,6 +47,7 @@ from rlbus.envs.chat import (
     parse_summary,
 )
 from rlbus.envs.episode import Episode
+from rlbus.errors import ToolError
 from rlbus.schemas import Prompt, SamplingInfo, Turn
 
 SUMMARY_REQUEST = "Context full. Summarize what you know and still need as <summary>...</summary>."

@@ -93,10 +93,6 @@ class Limits:
     tool_timeout_s: float = 10.0
 
 
-class ToolError(Exception):
-    """An expected tool failure (bad input, missing key); the model sees the message as the observation."""
-
-
 @dataclass(frozen=True)
 class Tool:
     """A tool the model can call with ``<tool name="NAME">INPUT</tool>``; ``run`` maps INPUT to output."""
@@ -169,6 +165,8 @@ def describe_actions(tools: Mapping[str, Tool]) -> str:
     return "\n".join(lines)
 
 
+#: Filled by `register_env`; the built-in tasks register when `rlbus.envs` is imported, which Python does
+#: before this module, so they are always here.
 _REGISTRY: dict[str, type[Environment[Any]]] = {}
 
 
@@ -181,13 +179,11 @@ def register_env(name: str, env_type: type[Environment[Any]]) -> None:
 
 
 def registered_envs() -> list[str]:
-    _load_builtins()
     return sorted(_REGISTRY)
 
 
 def make_env(name: str, config: Mapping[str, Any] | None = None) -> Environment[Any]:
     """The environment ``name`` configured by ``config``; ConfigError names an unknown env or bad field."""
-    _load_builtins()
     env_type = _REGISTRY.get(name)
     if env_type is None:
         raise ConfigError("env", f"unknown environment {name!r}; registered: {', '.join(sorted(_REGISTRY))}")
@@ -197,7 +193,3 @@ def make_env(name: str, config: Mapping[str, Any] | None = None) -> Environment[
 def env_for(prompt: Prompt) -> Environment[Any]:
     """The environment a prompt names, configured by its ``env_config``."""
     return make_env(prompt.env, prompt.env_config)
-
-
-def _load_builtins() -> None:
-    import rlbus.envs.tasks  # noqa: F401  (registers the built-in tasks)

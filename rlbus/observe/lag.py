@@ -1,19 +1,28 @@
-"""Consumer-group lag from the outside: a group's committed offsets against the topic's end offsets.
+"""Consumer-group lag, seen from the outside and from inside a worker.
 
-What ``kafka-consumer-groups --describe`` calls lag, read through the bus so it works on Kafka and the
+From the outside: a group's committed offsets against the topic's end offsets — what
+``kafka-consumer-groups --describe`` calls lag — read through the bus so it works on Kafka and the
 in-memory bus alike. A partition the group never committed counts from the log start (everything
-retained is still to be read). ``rlbus status`` shows it per partition; the dashboard charts the
-totals over time. (A worker's own view — end offset − its position — is
-:meth:`rlbus.bus.base.Consumer.lag`, which it reports in its heartbeat.)
+retained is still to be read). ``rlbus status`` shows it per partition; the dashboard charts the totals
+over time. From inside: :class:`LagProbe` refreshes the ``rlbus_consumer_lag`` gauge for the partitions
+one worker owns, from its :meth:`rlbus.bus.base.Consumer.lag`, and keeps the figures for its heartbeat.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import contextlib
+import logging
+import time
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
-from rlbus.bus.base import Bus
+from rlbus.bus.base import Bus, Consumer
 from rlbus.bus.topics import PROMPTS, REWARDS, ROLLOUTS
+from rlbus.bus.types import TopicPartition
+from rlbus.errors import RlbusError
+from rlbus.observe.metrics import CONSUMER_LAG
+
+log = logging.getLogger("rlbus.observe.lag")
 
 #: rlbus's consumer groups and the topics each reads (reward groups are ``reward-<kind>``).
 DEFAULT_GROUPS: dict[str, tuple[str, ...]] = {
@@ -80,3 +89,44 @@ async def group_lag(
     starts = await bus.beginning_offsets(topic) if starts is None else starts
     committed = await bus.committed(group, topic)
     return GroupLag(group, topic, members, partition_lags(committed, ends, starts))
+
+
+# --- one worker's own partitions ------------------------------------------------------------------
+class LagProbe:
+    """Refreshes ``rlbus_consumer_lag`` for one consumer, at most every ``every_s`` seconds.
+
+    A worker calls :meth:`refresh` once per loop iteration; the probe asks the consumer only when the
+    interval has passed, drops the gauge's series for partitions the consumer no longer owns (after a
+    rebalance another member reports them), and keeps the figures for the worker's heartbeat. A failed
+    query is logged and leaves the previous figures: lag is an observation, never a reason to stop.
+    """
+
+    def __init__(self, *, every_s: float = 5.0, clock: Callable[[], float] = time.monotonic) -> None:
+        self.every_s = every_s
+        self._clock = clock
+        self._due = 0.0
+        self._group = ""
+        self.latest: dict[TopicPartition, int] = {}
+
+    async def refresh(self, consumer: Consumer, *, force: bool = False) -> dict[TopicPartition, int]:
+        now = self._clock()
+        if not force and now < self._due:
+            return self.latest
+        self._due = now + self.every_s
+        try:
+            lag = await consumer.lag()
+        except RlbusError as exc:
+            log.warning("consumer lag of %s not available: %s", consumer.group or consumer.topics, exc)
+            return self.latest
+        group = consumer.group or ""
+        for tp in set(self.latest) - set(lag):
+            with contextlib.suppress(KeyError):
+                CONSUMER_LAG.remove(tp.topic, str(tp.partition), self._group)
+        for tp, value in lag.items():
+            CONSUMER_LAG.labels(tp.topic, str(tp.partition), group).set(value)
+        self.latest, self._group = lag, group
+        return lag
+
+    @property
+    def total(self) -> int:
+        return sum(self.latest.values())

@@ -6,10 +6,10 @@ exposition and tests can read exact values. Call sites stay one line: the worker
 the small ``record_*`` helpers and metric objects below, never through prometheus-client directly.
 The README's "Metrics" table is generated from these definitions (:func:`metrics_table`).
 
-Three pieces run as part of a process: :func:`serve_metrics` (an aiohttp app serving the text
-exposition, as an async context manager), :class:`LagProbe` (refreshes the consumer-lag gauge for one
-consumer from its :meth:`~rlbus.bus.base.Consumer.lag`) and :class:`LoopLagMonitor` (measures how late
-the event loop runs a timer — blocking work on the loop shows up here, STYLE 8).
+Two pieces run as part of a process: :func:`serve_metrics` (an aiohttp app serving the text exposition,
+as an async context manager) and :class:`LoopLagMonitor` (measures how late the event loop runs a timer —
+blocking work on the loop shows up here, STYLE 8). The consumer-lag gauge is refreshed by
+:class:`rlbus.observe.lag.LagProbe`.
 """
 
 from __future__ import annotations
@@ -36,11 +36,10 @@ from prometheus_client import (
 )
 from prometheus_client.metrics import MetricWrapperBase
 
-from rlbus.errors import RlbusError, ServiceError
+from rlbus.errors import ServiceError
 
 if TYPE_CHECKING:
-    from rlbus.bus.base import Consumer
-    from rlbus.bus.types import Record, TopicPartition
+    from rlbus.bus.types import Record
 
 log = logging.getLogger("rlbus.observe.metrics")
 
@@ -312,47 +311,6 @@ def record_publish(stats: PublishLike) -> None:
     FULL_BYTES.set(stats.full_bytes)
     PUBLISH_SECONDS.observe(stats.total_s)
     TRAINER_VERSION.set(stats.version)
-
-
-# --- consumer lag ---------------------------------------------------------------------------------
-class LagProbe:
-    """Refreshes ``rlbus_consumer_lag`` for one consumer, at most every ``every_s`` seconds.
-
-    A worker calls :meth:`refresh` once per loop iteration; the probe asks the consumer only when the
-    interval has passed, drops the gauge's series for partitions the consumer no longer owns (after a
-    rebalance another member reports them), and keeps the figures for the worker's heartbeat. A failed
-    query is logged and leaves the previous figures: lag is an observation, never a reason to stop.
-    """
-
-    def __init__(self, *, every_s: float = 5.0, clock: Callable[[], float] = time.monotonic) -> None:
-        self.every_s = every_s
-        self._clock = clock
-        self._due = 0.0
-        self._group = ""
-        self.latest: dict[TopicPartition, int] = {}
-
-    async def refresh(self, consumer: Consumer, *, force: bool = False) -> dict[TopicPartition, int]:
-        now = self._clock()
-        if not force and now < self._due:
-            return self.latest
-        self._due = now + self.every_s
-        try:
-            lag = await consumer.lag()
-        except RlbusError as exc:
-            log.warning("consumer lag of %s not available: %s", consumer.group or consumer.topics, exc)
-            return self.latest
-        group = consumer.group or ""
-        for tp in set(self.latest) - set(lag):
-            with contextlib.suppress(KeyError):
-                CONSUMER_LAG.remove(tp.topic, str(tp.partition), self._group)
-        for tp, value in lag.items():
-            CONSUMER_LAG.labels(tp.topic, str(tp.partition), group).set(value)
-        self.latest, self._group = lag, group
-        return lag
-
-    @property
-    def total(self) -> int:
-        return sum(self.latest.values())
 
 
 # --- event-loop lag -------------------------------------------------------------------------------

@@ -25,9 +25,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from rlbus.bench.common import percentile
 from rlbus.errors import RunLogMissing
 from rlbus.observe.runlog import REWARDS, STEPS, WEIGHTS, read, read_all_syncs
+from rlbus.observe.stats import percentile
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes

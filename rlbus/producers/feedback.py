@@ -63,7 +63,7 @@ from rlbus.bus.topic import Topic
 from rlbus.bus.topics import REWARDS
 from rlbus.bus.types import RecordMetadata
 from rlbus.config import secret_from
-from rlbus.errors import BusError, ConfigError, FeedbackError
+from rlbus.errors import BusError, ConfigError, FeedbackError, FeedbackRejected
 from rlbus.schemas import Reward
 
 log = logging.getLogger("rlbus.producers.feedback")
@@ -93,14 +93,6 @@ class Feedback(msgspec.Struct, forbid_unknown_fields=True, kw_only=True, frozen=
     comment: Annotated[str, msgspec.Meta(max_length=4000)] | None = None
     #: Only when ``rollout_id`` is not ``<prompt_id>/<index>``.
     prompt_id: Id | None = None
-
-
-class FeedbackRejected(FeedbackError):
-    """A request the API refuses with 400; ``field`` is the JSON path of the offending field, if any."""
-
-    def __init__(self, message: str, field: str | None = None) -> None:
-        super().__init__(message)
-        self.field = field
 
 
 def parse(body: bytes, *, batch: bool) -> list[Feedback]:

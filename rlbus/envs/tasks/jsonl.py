@@ -35,16 +35,8 @@ from typing import Any
 import msgspec
 
 from rlbus.envs.base import make_env
-from rlbus.errors import ConfigError
+from rlbus.errors import ConfigError, PromptFileError
 from rlbus.schemas import Prompt
-
-
-class PromptFileError(ConfigError):
-    """A prompt file line that cannot be used; ``field`` is ``path:line``."""
-
-    def __init__(self, path: str | os.PathLike[str], line: int, problem: str) -> None:
-        super().__init__(f"{path}:{line}", problem)
-        self.args = (f"{path}:{line}: {problem}",)
 
 
 class _Line(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):

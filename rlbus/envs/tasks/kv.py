@@ -19,10 +19,11 @@ from contextlib import AbstractAsyncContextManager, nullcontext
 
 import msgspec
 
-from rlbus.envs.base import HarnessConfig, Task, Tool, ToolError, World, config_data, register_env
+from rlbus.envs.base import HarnessConfig, Task, Tool, World, config_data, register_env
 from rlbus.envs.chat import format_answer, format_tool_call
 from rlbus.envs.episode import Episode
 from rlbus.envs.rewards import exact_match
+from rlbus.errors import ToolError
 from rlbus.schemas import Prompt, Reward
 
 

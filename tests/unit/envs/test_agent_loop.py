@@ -15,10 +15,10 @@ import torch
 
 from rlbus.engines.base import GenerationRequest, GenerationResult, LogprobSpec
 from rlbus.envs.agent import AgentLoop, run_episode
-from rlbus.envs.base import Limits, Tool, ToolError, make_env, registered_envs
+from rlbus.envs.base import Limits, Tool, make_env, registered_envs
 from rlbus.envs.chat import Answer, ChatFormat, Malformed, ToolCall, parse_action, parse_summary
 from rlbus.envs.episode import Episode, episode_to_rollout, rollout_to_episode, segment_spans
-from rlbus.errors import ConfigError
+from rlbus.errors import ConfigError, ToolError
 from rlbus.models.tokenizer import BOS_ID, EOS_ID, ByteTokenizer
 from rlbus.schemas import Codec, Prompt, Rollout
 

@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 
 from rlbus.envs.tasks import generate_prompts
-from rlbus.envs.tasks.jsonl import PromptFileError, dump_prompts, load_prompts
-from rlbus.errors import ConfigError
+from rlbus.envs.tasks.jsonl import dump_prompts, load_prompts
+from rlbus.errors import ConfigError, PromptFileError
 
 
 def test_generated_prompts_round_trip(tmp_path: Path) -> None:

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from typing import Any
 
 import pytest
@@ -20,6 +22,13 @@ from rlbus.schemas import Prompt
 
 CHAT = ChatFormat.for_byte_tokenizer()
 CHEAP = [("arith", {"ops": ["+", "-", "*"]}), ("strings", {}), ("kv", {"hops": 1}), ("kv", {"hops": 3, "keys": 5})]
+
+
+def test_the_built_in_tasks_are_registered_when_only_envs_base_is_imported() -> None:
+    script = "from rlbus.envs.base import make_env, registered_envs; make_env('arith'); print(registered_envs())"
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60, check=False)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["['arith',", "'kv',", "'python_fn',", "'strings']"]
 
 
 def answered(prompt: Prompt, answer: str | None, finish: str = "stop") -> Episode:

@@ -23,6 +23,7 @@ from rlbus.envs.chat import ChatFormat
 from rlbus.envs.episode import episode_to_rollout
 from rlbus.envs.tasks import generate_prompts
 from rlbus.observe import metrics as m
+from rlbus.observe.lag import LagProbe
 from rlbus.weights.publish import WeightPublisher
 from rlbus.weights.store import LocalStore
 from rlbus.weights.sync import WeightSync
@@ -87,7 +88,7 @@ async def test_lag_probe_reports_owned_partitions_and_drops_moved_ones() -> None
             await bus.send_raw("probe.t", b"%d" % i, partition=p)
     group = f"g-{uuid.uuid4().hex[:6]}"
     now = [0.0]
-    probe = m.LagProbe(every_s=5.0, clock=lambda: now[0])
+    probe = LagProbe(every_s=5.0, clock=lambda: now[0])
     async with bus.consumer(["probe.t"], group=group) as first:
         assert await probe.refresh(first) == {TopicPartition("probe.t", 0): 3, TopicPartition("probe.t", 1): 5}
         assert value("rlbus_consumer_lag", topic="probe.t", partition="1", group=group) == 5

@@ -1,0 +1,205 @@
+"""Guards on the shape of the package, read from the source without importing it: no import circle, product
+code never imports the benchmarks, and every exception class is defined in `rlbus.errors` (STYLE 9).
+
+Imports are every ``import`` statement in a module, function-level ones included (a deferred import is
+still a dependency); only those under ``if TYPE_CHECKING:`` are left out, as they never run.
+"""
+
+from __future__ import annotations
+
+import ast
+import builtins
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+PACKAGE = Path(__file__).resolve().parents[2] / "rlbus"
+
+#: Exception classes that may live outside `rlbus.errors`, each with why no caller can ever see it.
+PRIVATE_EXCEPTIONS = {
+    # Raised by OpenAIJudge._post and caught by OpenAIJudge.complete to run the next attempt; once the
+    # retries are spent, complete raises JudgeUnavailable. It never leaves the class.
+    "rlbus.envs.judge._Retry",
+}
+
+
+@dataclass(frozen=True)
+class Import:
+    source: str
+    target: str
+    line: int
+
+
+def _modules() -> dict[str, Path]:
+    modules = {}
+    for path in sorted(PACKAGE.rglob("*.py")):
+        parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+        modules[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    return modules
+
+
+MODULES = _modules()
+TREES = {name: ast.parse(path.read_text(), filename=str(path)) for name, path in MODULES.items()}
+
+
+def _is_type_checking(test: ast.expr) -> bool:
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"
+    )
+
+
+def _statements(node: ast.AST) -> Iterator[ast.AST]:
+    """Every node under ``node``, except the bodies of ``if TYPE_CHECKING:``."""
+    for child in ast.iter_child_nodes(node):
+        if isinstance(child, ast.If) and _is_type_checking(child.test):
+            for other in child.orelse:
+                yield other
+                yield from _statements(other)
+            continue
+        yield child
+        yield from _statements(child)
+
+
+def _absolute(module: str, node: ast.ImportFrom) -> str:
+    if node.level == 0:
+        return node.module or ""
+    package = module if MODULES[module].name == "__init__.py" else module.rpartition(".")[0]
+    base = package.rsplit(".", node.level - 1)[0] if node.level > 1 else package
+    return f"{base}.{node.module}" if node.module else base
+
+
+def _imports(module: str) -> Iterator[Import]:
+    for node in _statements(TREES[module]):
+        if isinstance(node, ast.Import):
+            targets = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            origin = _absolute(module, node)
+            targets = [origin, *(f"{origin}.{alias.name}" for alias in node.names)]
+        else:
+            continue
+        for target in targets:
+            if target in MODULES and target != module:  # a package importing its submodules names itself
+                yield Import(module, target, node.lineno)
+
+
+GRAPH = {module: list(_imports(module)) for module in MODULES}
+
+
+def _cycles() -> list[list[Import]]:
+    """One shortest import circle through each strongly connected group of modules (Tarjan, then BFS)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    groups: list[set[str]] = []
+
+    def visit(module: str) -> None:
+        index[module] = low[module] = len(index)
+        stack.append(module)
+        for edge in GRAPH[module]:
+            if edge.target not in index:
+                visit(edge.target)
+                low[module] = min(low[module], low[edge.target])
+            elif edge.target in stack:
+                low[module] = min(low[module], index[edge.target])
+        if low[module] == index[module]:
+            group = set()
+            while True:
+                member = stack.pop()
+                group.add(member)
+                if member == module:
+                    break
+            if len(group) > 1:
+                groups.append(group)
+
+    for module in GRAPH:
+        if module not in index:
+            visit(module)
+
+    cycles = []
+    for group in groups:
+        start = min(group)
+        paths: dict[str, list[Import]] = {start: []}
+        frontier = [start]
+        while frontier and not any(e.target == start for m in frontier for e in GRAPH[m]):
+            reached = []
+            for module in frontier:
+                for edge in GRAPH[module]:
+                    if edge.target in group and edge.target not in paths:
+                        paths[edge.target] = [*paths[module], edge]
+                        reached.append(edge.target)
+            frontier = reached
+        last = next(e for m in frontier for e in GRAPH[m] if e.target == start)
+        cycles.append([*paths[last.source], last])
+    return cycles
+
+
+def _show(cycle: list[Import]) -> str:
+    hops = [f"{edge.source} (line {edge.line})" for edge in cycle]
+    return " -> ".join([*hops, cycle[0].source])
+
+
+def test_no_import_cycle() -> None:
+    cycles = [_show(cycle) for cycle in _cycles()]
+    assert not cycles, "import circles:\n" + "\n".join(cycles)
+
+
+def test_the_guard_sees_function_level_imports_and_skips_type_checking_ones() -> None:
+    tree = ast.parse(
+        "from typing import TYPE_CHECKING\n"
+        "if TYPE_CHECKING:\n    import a\nelse:\n    import b\n"
+        "def f():\n    import c\n"
+    )
+    names = [alias.name for node in _statements(tree) if isinstance(node, ast.Import) for alias in node.names]
+    assert names == ["b", "c"]
+
+
+def test_product_code_never_imports_the_benchmarks() -> None:
+    offenders = [
+        f"{edge.source} (line {edge.line}) imports {edge.target}"
+        for module, edges in GRAPH.items()
+        if not (module == "rlbus.bench" or module.startswith("rlbus.bench."))
+        for edge in edges
+        if edge.target == "rlbus.bench" or edge.target.startswith("rlbus.bench.")
+    ]
+    assert not offenders, "\n".join(offenders)
+
+
+def _exception_classes() -> list[tuple[str, ast.ClassDef]]:
+    """Classes defined in rlbus that derive from BaseException, resolved by base-class name."""
+    known = {name for name, v in vars(builtins).items() if isinstance(v, type) and issubclass(v, BaseException)}
+    classes = [
+        (module, node) for module, tree in TREES.items() for node in ast.walk(tree) if isinstance(node, ast.ClassDef)
+    ]
+
+    def base_names(node: ast.ClassDef) -> set[str]:
+        names = set()
+        for base in node.bases:
+            if isinstance(base, ast.Name):
+                names.add(base.id)
+            elif isinstance(base, ast.Attribute):  # aiohttp.ClientError, web.HTTPException …
+                names.add(base.attr)
+        return names
+
+    found: dict[int, tuple[str, ast.ClassDef]] = {}
+    while True:
+        new = {
+            id(node): (module, node)
+            for module, node in classes
+            if id(node) not in found
+            and any(name in known or name.endswith(("Error", "Exception")) for name in base_names(node))
+        }
+        if not new:
+            return list(found.values())
+        found |= new
+        known |= {node.name for _, node in new.values()}
+
+
+def test_every_exception_is_defined_in_rlbus_errors() -> None:
+    classes = _exception_classes()
+    assert {"RlbusError", "ConfigError", "ClaimMissing"} <= {node.name for _, node in classes}  # the guard works
+    outside = [
+        f"{module}.{node.name} ({MODULES[module].relative_to(PACKAGE.parent)}:{node.lineno})"
+        for module, node in classes
+        if module != "rlbus.errors" and f"{module}.{node.name}" not in PRIVATE_EXCEPTIONS
+    ]
+    assert not outside, "define these in rlbus/errors.py:\n" + "\n".join(sorted(outside))
