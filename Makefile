@@ -1,6 +1,8 @@
 # Fresh-machine entry points. Both create and use .venv in the checkout.
 #   make demo  — the main job: async RL end to end in one process (embedded bus, CPU, a few minutes)
-#   make test  — start Kafka if it is not running, then run the whole test suite (Kafka + Redis tests fail, never skip)
+#   make test  — install the missing system packages (infra/install-deps.sh; a non-root user is told the command),
+#                start Kafka if it is not running, then run the whole test suite (Kafka + Redis tests fail, never skip)
+#   make deps  — only the system packages step of `make test`
 #   make up    — start a local Kafka (KRaft) and create the rlbus topics
 #   make distributed — the whole loop as separate processes (`rlbus up`: Kafka, Redis, blobs, every role)
 PYTHON ?= python3.11
@@ -8,7 +10,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 export RLBUS_KAFKA_BOOTSTRAP ?= 127.0.0.1:9092
 
-.PHONY: venv demo up distributed test lint bench-bus bench-codec
+.PHONY: deps venv demo up distributed test lint bench-bus bench-codec
 
 $(BIN)/rlbus: pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -17,6 +19,9 @@ $(BIN)/rlbus: pyproject.toml
 	touch $@
 
 venv: $(BIN)/rlbus
+
+deps:
+	PYTHON=$(PYTHON) infra/install-deps.sh
 
 demo: venv
 	$(BIN)/rlbus demo
@@ -29,7 +34,7 @@ up: venv
 distributed: venv
 	$(BIN)/rlbus up
 
-test: venv
+test: deps venv
 	$(BIN)/rlbus kafka start --port $(lastword $(subst :, ,$(RLBUS_KAFKA_BOOTSTRAP)))
 	$(BIN)/python -m pytest -q
 
