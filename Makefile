@@ -1,14 +1,21 @@
 # Fresh-machine entry points. Both create and use .venv in the checkout.
 #   make demo  — the main job: async RL end to end in one process (embedded bus, CPU, a few minutes)
-#   make test  — start Kafka if it is not running, then run the whole test suite (Kafka + Redis tests fail, never skip)
+#   make test  — install the missing system packages (infra/install-deps.sh; a non-root user is told the command),
+#                start Kafka unless one answers at RLBUS_KAFKA_BOOTSTRAP, then run the whole test suite
+#                (Kafka + Redis tests fail, never skip)
+#   make deps  — only the system packages step of `make test`
 #   make up    — start a local Kafka (KRaft) and create the rlbus topics
 #   make distributed — the whole loop as separate processes (`rlbus up`: Kafka, Redis, blobs, every role)
 PYTHON ?= python3.11
 VENV := .venv
 BIN := $(VENV)/bin
 export RLBUS_KAFKA_BOOTSTRAP ?= 127.0.0.1:9092
+comma := ,
+KAFKA_FIRST := $(firstword $(subst $(comma), ,$(RLBUS_KAFKA_BOOTSTRAP)))
+KAFKA_HOST := $(firstword $(subst :, ,$(KAFKA_FIRST)))
+KAFKA_PORT := $(lastword $(subst :, ,$(KAFKA_FIRST)))
 
-.PHONY: venv demo up distributed test lint bench-bus bench-codec
+.PHONY: deps venv demo up distributed test lint bench-bus bench-codec
 
 $(BIN)/rlbus: pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -17,6 +24,9 @@ $(BIN)/rlbus: pyproject.toml
 	touch $@
 
 venv: $(BIN)/rlbus
+
+deps:
+	PYTHON=$(PYTHON) infra/install-deps.sh
 
 demo: venv
 	$(BIN)/rlbus demo
@@ -29,8 +39,11 @@ up: venv
 distributed: venv
 	$(BIN)/rlbus up
 
-test: venv
-	$(BIN)/rlbus kafka start --port $(lastword $(subst :, ,$(RLBUS_KAFKA_BOOTSTRAP)))
+# A broker that already answers is used as it is, whoever started it (`rlbus kafka start` would refuse its port
+# when it belongs to another RLBUS_HOME, Docker or another checkout).
+test: deps venv
+	$(BIN)/python -c 'import socket; socket.create_connection(("$(KAFKA_HOST)", $(KAFKA_PORT)), 2).close()' \
+	  2>/dev/null && echo "Kafka answers at $(KAFKA_FIRST)" || $(BIN)/rlbus kafka start --port $(KAFKA_PORT)
 	$(BIN)/python -m pytest -q
 
 lint: venv

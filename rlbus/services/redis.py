@@ -72,11 +72,13 @@ def start_redis(port: int | None = None, *, dir: Path, timeout_s: float = 10.0, 
     ``persist`` an fsync-always append-only file there (reloaded when a server starts on that dir).
 
     Returns once the server answers PING. Raises ServiceError when the binary is missing or the
-    server does not come up; the message carries the end of its log.
+    server does not come up; the message carries the end of its log. A relative ``dir`` counts
+    from the caller's current directory (the server runs inside ``dir``, so it is given the absolute path).
     """
     binary = shutil.which("redis-server")
     if binary is None:
         raise ServiceError("redis-server not found on PATH; install it (Debian: apt-get install -y redis-server)")
+    dir = dir.absolute()
     dir.mkdir(parents=True, exist_ok=True)
     for _ in range(1 if port is not None else START_ATTEMPTS):
         server = _spawn(binary, port or free_port(HOST), dir, persist)

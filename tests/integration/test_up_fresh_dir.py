@@ -1,0 +1,67 @@
+"""``rlbus up`` the way the README runs it on a fresh machine: from a new working directory with the default,
+relative run directory (``runs/distributed/<namespace>``) and no Redis, so it starts its own ``redis-server``
+there, against the suite's Kafka. It must reach its first trainer step and stop by itself with status 0.
+
+Kafka is checked first: ``rlbus up`` would otherwise start a broker of its own, and this test must fail, not
+pass or skip, when the suite's Kafka is missing.
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from pathlib import Path
+
+import pytest
+
+from rlbus.launch.config import ENV_BLOB_URL, ENV_BOOTSTRAP, ENV_NAMESPACE, ENV_REDIS, ENV_RUN_DIR
+from rlbus.launch.up import rlbus_command
+from rlbus.observe.runlog import STEPS, read
+from rlbus.services import free_port
+from tests.conftest import KAFKA_BOOTSTRAP, kafka_bus
+from tests.integration.test_distributed import Proc, eventually
+
+UP_DEADLINE_S = 180.0
+SMALL_RUN = """
+[task]
+group_size = 4
+[model]
+d_model = 64
+n_layer = 2
+d_ff = 64
+[trainer]
+groups_per_step = 1
+warm_steps = 0
+[rollout]
+episode_threads = 8
+"""
+
+
+async def test_rlbus_up_from_a_fresh_directory_starts_redis_and_trains(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    await (await kafka_bus()).close()
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "run.toml").write_text(SMALL_RUN)
+    namespace = f"it-up-{uuid.uuid4().hex[:8]}"
+    env = {k: v for k, v in os.environ.items() if k not in (ENV_RUN_DIR, ENV_NAMESPACE, ENV_BLOB_URL, "RLBUS_CONFIG")}
+    env |= {ENV_BOOTSTRAP: KAFKA_BOOTSTRAP, ENV_REDIS: f"redis://127.0.0.1:{free_port()}/0", "PYTHONUNBUFFERED": "1"}
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    argv = [*rlbus_command(), "up", "--config", "run.toml", "--rollout-workers", "1", "--steps", "1",
+            "--namespace", namespace, "--grace", "20"]
+    up = Proc("up", argv, env, logs)
+    try:
+        async def exited() -> bool:
+            return up.popen.poll() is not None
+
+        await eventually(exited, "rlbus up to reach step 1 and stop", UP_DEADLINE_S, [up])
+    finally:
+        await up.stopped()
+    out = up.text()
+    assert up.popen.returncode == 0, out[-4000:]
+    run_dir = tmp_path / "runs" / "distributed" / namespace
+    assert "started redis-server at redis://127.0.0.1:" in out, out[-4000:]
+    assert (run_dir / "redis" / "redis.log").is_file()
+    assert [s["step"] for s in read(run_dir, STEPS)][:1] == [1]
+    assert "the trainer reached step 1; stopping" in out
