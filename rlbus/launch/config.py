@@ -40,7 +40,7 @@ from typing import Any, Literal
 
 import msgspec
 
-from rlbus.config import KafkaBusConfig, parse
+from rlbus.config import KafkaBusConfig, parse, secret_from
 from rlbus.errors import ConfigError
 from rlbus.models.config import DEMO_SHAPE, PolicyConfig
 from rlbus.training.config import GRPOConfig
@@ -251,14 +251,23 @@ class RunSection(msgspec.Struct, **_STRUCT):
 class RunConfig(msgspec.Struct, **_STRUCT):
     """The whole run config, one field per table."""
 
+    #: The Kafka cluster every role connects to.
     bus: KafkaBusConfig = msgspec.field(default_factory=KafkaBusConfig)
+    #: The state store (Redis) of the join, ledger and counters.
     state: StateSection = msgspec.field(default_factory=StateSection)
+    #: The blob store weight chunks and claims go through.
     store: StoreSection = msgspec.field(default_factory=StoreSection)
+    #: The task prompts are drawn from.
     task: TaskSection = msgspec.field(default_factory=TaskSection)
+    #: The policy trained and served.
     model: ModelSection = msgspec.field(default_factory=ModelSection)
+    #: The trainer: GRPO, versions, checkpoints, the join.
     trainer: TrainerSection = msgspec.field(default_factory=TrainerSection)
+    #: Rollout workers: sampling and batching.
     rollout: RolloutSection = msgspec.field(default_factory=RolloutSection)
+    #: Reward workers.
     reward: RewardSection = msgspec.field(default_factory=RewardSection)
+    #: The run's names, log and observability.
     run: RunSection = msgspec.field(default_factory=RunSection)
 
     # --- derived names -----------------------------------------------------------------------------
@@ -391,17 +400,10 @@ def _int(text: str, field: str) -> int:
 
 def blob_secret(store: StoreSection, environ: Mapping[str, str] | None = None) -> str:
     """The HMAC secret of an HTTP store: the contents of ``secret_file`` when it is given, else
-    ``RLBUS_BLOB_SECRET``."""
-    env = os.environ if environ is None else environ
-    if store.secret_file is None:
-        if env.get(ENV_BLOB_SECRET):
-            return env[ENV_BLOB_SECRET]
+    ``RLBUS_BLOB_SECRET`` (`rlbus.config.secret_from`, like every secret rlbus reads)."""
+    secret = secret_from(None, store.secret_file, ENV_BLOB_SECRET, field="store.secret_file",
+                         environ=os.environ if environ is None else environ)
+    if secret is None:
         raise ConfigError("store.secret_file", f"an HTTP blob store needs a secret: set {ENV_BLOB_SECRET} or give "
                           "secret_file")
-    try:
-        secret = Path(store.secret_file).read_text().strip()
-    except OSError as exc:
-        raise ConfigError("store.secret_file", f"cannot read {store.secret_file}: {exc.strerror or exc}") from None
-    if not secret:
-        raise ConfigError("store.secret_file", f"{store.secret_file} is empty")
     return secret

@@ -146,3 +146,30 @@ async def test_the_store_defaults_to_the_run_directory(tmp_path: Path) -> None:
 def test_the_compose_run_config_is_valid() -> None:
     config = load_config(Path(__file__).resolve().parents[3] / "infra" / "rlbus" / "run.toml", {})
     assert config.run.run_dir.startswith("/data/runs") and config.trainer.checkpoint_dir is not None
+
+
+@pytest.mark.parametrize("module", ["rlbus/launch/config.py", "rlbus/config.py", "rlbus/training/config.py",
+                                    "rlbus/models/config.py"])
+def test_every_config_field_has_a_docstring(module: str) -> None:
+    """A ``#:`` comment above the field (or a string right below it): what the field means, next to it."""
+    import ast
+
+    source = (Path(__file__).resolve().parents[3] / module).read_text()
+    lines = source.splitlines()
+    bare = []
+    for cls in (n for n in ast.parse(source).body if isinstance(n, ast.ClassDef)):
+        body = cls.body
+        for i, node in enumerate(body):
+            if not (isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name)):
+                continue
+            above = lines[node.lineno - 2].strip()
+            below = body[i + 1] if i + 1 < len(body) else None
+            documented_below = isinstance(below, ast.Expr) and isinstance(below.value, ast.Constant)
+            # a run of fields under one comment ("#: Residual width, blocks, …") shares it
+            run_start = node.lineno - 2
+            while not above.startswith("#:") and run_start > 0 and lines[run_start].strip() and ":" in above:
+                run_start -= 1
+                above = lines[run_start].strip()
+            if not (above.startswith("#:") or documented_below):
+                bare.append(f"{cls.name}.{node.target.id}")
+    assert not bare, f"fields without a docstring in {module}: {bare}"
