@@ -92,8 +92,16 @@ async def _watched(aw: Awaitable[object], pipeline_task: asyncio.Task[None]) -> 
         with contextlib.suppress(asyncio.CancelledError, Exception):
             await task
         error = pipeline_task.exception() if not pipeline_task.cancelled() else None
-        raise WorkerCrashed(f"{type(error).__name__}: {error}" if error else "the pipeline stopped early")
+        raise WorkerCrashed(_describe(error) if error else "the pipeline stopped early")
     task.result()
+
+
+def _describe(error: BaseException) -> str:
+    """``Type: message`` of the error, or of each error a TaskGroup's ExceptionGroup holds (the group's own
+    text only says how many there were)."""
+    if isinstance(error, BaseExceptionGroup):
+        return "; ".join(_describe(e) for e in error.exceptions)
+    return f"{type(error).__name__}: {error}"
 
 
 async def _sample(pipeline: Pipeline, progress: Progress, stop: asyncio.Event) -> None:
