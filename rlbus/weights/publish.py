@@ -29,10 +29,11 @@ import torch
 
 from rlbus.bus.base import Bus
 from rlbus.bus.topics import WEIGHTS, WEIGHTS_LATEST
+from rlbus.errors import BlobStoreError
 from rlbus.observe.metrics import record_publish
 from rlbus.schemas import ChunkRef, TensorMeta, TensorSpan, WeightVersion, encode
 from rlbus.weights.codec import CHUNK_BYTES, Chunk, encode_state_delta, encode_state_keyframe, state_digest
-from rlbus.weights.store import BlobStore, BlobStoreError
+from rlbus.weights.store import BlobStore
 
 log = logging.getLogger("rlbus.weights.publish")
 

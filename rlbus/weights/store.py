@@ -17,19 +17,9 @@ from pathlib import Path
 from types import TracebackType
 from typing import Self
 
-from rlbus.errors import ConfigError, RlbusError
+from rlbus.errors import BlobNotFound, ConfigError
 
 _KEY = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]*(/[A-Za-z0-9_][A-Za-z0-9._-]*)*")
-
-
-class BlobNotFound(RlbusError):
-    """No blob under that key."""
-
-
-class BlobStoreError(RlbusError):
-    """The store failed to read or write (network, disk); retrying may help."""
-
-    retriable = True
 
 
 def check_key(key: str) -> str:
