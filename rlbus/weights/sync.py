@@ -51,7 +51,7 @@ from rlbus.errors import (
 from rlbus.observe.metrics import SYNC_REFUSED, count_in, record_sync
 from rlbus.schemas import WeightVersion, decode
 from rlbus.weights.codec import StagedUpdate, apply_update_, decode_chunk, state_digest
-from rlbus.weights.publish import manifest_key
+from rlbus.weights.layout import manifest_key
 from rlbus.weights.store import BlobStore
 
 log = logging.getLogger("rlbus.weights.sync")
