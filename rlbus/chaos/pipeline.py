@@ -39,7 +39,7 @@ from rlbus.schemas import Rollout, SamplingInfo
 from rlbus.state.base import StateStore
 from rlbus.state.join import JoinBuffer, Outcome, RewardPolicy
 from rlbus.training.step import GRPOConfig, OptimConfig
-from rlbus.weights.codec import state_digest
+from rlbus.weights.digest import state_digest
 from rlbus.weights.publish import WeightPublisher
 from rlbus.weights.store import BlobStore
 from rlbus.weights.sync import WeightSync, bind_module, live_state

@@ -26,7 +26,8 @@ from rlbus.bus.topics import WEIGHTS, WEIGHTS_LATEST
 from rlbus.errors import BlobStoreError
 from rlbus.observe.metrics import record_publish
 from rlbus.schemas import ChunkRef, TensorMeta, TensorSpan, WeightVersion, encode
-from rlbus.weights.codec import CHUNK_BYTES, Chunk, encode_state_delta, encode_state_keyframe, state_digest
+from rlbus.weights.codec import CHUNK_BYTES, Chunk, encode_state_delta, encode_state_keyframe
+from rlbus.weights.digest import state_digest
 from rlbus.weights.layout import DTYPE_NAMES, chunk_key, manifest_key
 from rlbus.weights.store import BlobStore
 

@@ -50,7 +50,9 @@ from rlbus.errors import (
 )
 from rlbus.observe.metrics import SYNC_REFUSED, count_in, record_sync
 from rlbus.schemas import WeightVersion, decode
-from rlbus.weights.codec import StagedUpdate, apply_update_, decode_chunk, state_digest
+from rlbus.weights.apply import apply_update_
+from rlbus.weights.codec import StagedUpdate, decode_chunk
+from rlbus.weights.digest import state_digest
 from rlbus.weights.layout import manifest_key
 from rlbus.weights.store import BlobStore
 
