@@ -382,7 +382,7 @@ def blobs_collect_claims(
 ) -> None:
     """Delete claim-checked payloads (claims/…) older than the retention (rlbus/bus/claimcheck.py)."""
     from rlbus.bus.claimcheck import collect_claims
-    from rlbus.weights.store import open_store
+    from rlbus.weights.stores import open_store
 
     async def go() -> list[str]:
         async with open_store(store, secret=os.environ.get("RLBUS_BLOB_SECRET")) as blobs:
@@ -527,7 +527,7 @@ async def _claims(bus: Bus, blobs: str | None) -> AsyncIterator[Bus]:
         yield bus
         return
     from rlbus.bus.claimcheck import ClaimCheckBus
-    from rlbus.weights.store import open_store
+    from rlbus.weights.stores import open_store
 
     async with open_store(blobs, secret=os.environ.get("RLBUS_BLOB_SECRET")) as store:
         yield ClaimCheckBus(bus, store)

@@ -46,7 +46,7 @@ from typing import Any, Literal
 import msgspec
 import torch
 
-from rlbus.build.infra import open_blob_store, open_bus, open_state
+from rlbus.build.infra import open_bus, open_state, open_store
 from rlbus.build.producer import prompt_producer
 from rlbus.build.rollout import RolloutStack, rollout_stack
 from rlbus.build.trainer import trainer_stack
@@ -219,7 +219,8 @@ class Demo:
         await bus.start()
         state = open_state(run.state.url)
         self.bus, self.state = bus, state
-        store, store_url = open_blob_store(str(self.run_dir / "blobs"))
+        store_url = str(self.run_dir / "blobs")
+        store = open_store(store_url)
         train = trainer_args(run)
         train["grpo"] = msgspec.structs.replace(train["grpo"], max_staleness=staleness)
         trainer = trainer_stack(bus=bus, state=state, store=store, store_url=store_url, model=model, **train,

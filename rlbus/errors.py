@@ -24,6 +24,9 @@ rlbus, so callers handle one hierarchy. Each class says whether retrying the sam
     │   ├── ChunkCorrupt             a chunk's hash does not match the manifest
     │   ├── DigestMismatch           the applied model's digest is not the manifest's
     │   └── VersionGap               a delta's base is not the version held
+    ├── BlobNotFound                 no blob under that key, in any blob store
+    ├── BlobStoreError               a blob store read or write failed (network, disk)  (retriable)
+    ├── BlobAuthError                the HTTP blob server refused the request's signature
     ├── SandboxError                 the sandbox could not be set up (not: the program failed)
     ├── JudgeError                   an LM judge endpoint refused or answered garbage
     │   └── JudgeUnavailable         it could not be reached or kept failing       (retriable)
@@ -136,6 +139,20 @@ class DigestMismatch(WeightSyncError):
 
 class VersionGap(WeightSyncError):
     """A delta's base version is not the version the worker holds."""
+
+
+class BlobNotFound(RlbusError):
+    """No blob under that key."""
+
+
+class BlobStoreError(RlbusError):
+    """The store failed to read or write (network, disk); retrying may help."""
+
+    retriable = True
+
+
+class BlobAuthError(RlbusError):
+    """The server refused the signature (wrong secret, expired, or tampered request)."""
 
 
 class SandboxError(RlbusError):

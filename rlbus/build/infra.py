@@ -1,6 +1,8 @@
 """The infrastructure every role stands on: the bus, the state store, the blob store, claim checks.
 
-One factory each. None of them starts what it returns: the caller enters it (``async with``).
+One factory each (the blob store's is `rlbus.weights.stores.open_store`: a directory, ``file://`` or an
+``http(s)://`` `rlbus blobs serve` with its HMAC secret). None of them starts what it returns: the caller
+enters it (``async with``).
 """
 
 from __future__ import annotations
@@ -11,9 +13,10 @@ from rlbus.bus.namespace import namespaced
 from rlbus.bus.topics import topic_specs
 from rlbus.config import KafkaBusConfig, build_bus
 from rlbus.state import StateStore, open_state_store
-from rlbus.weights.store import BlobStore, open_store
+from rlbus.weights.store import BlobStore
+from rlbus.weights.stores import open_store
 
-__all__ = ["open_blob_store", "open_bus", "open_state", "with_claims"]
+__all__ = ["open_bus", "open_state", "open_store", "with_claims"]
 
 
 def open_bus(kafka: KafkaBusConfig | None = None, *, prefix: str = "", partitions: int = 4) -> Bus:
@@ -27,12 +30,6 @@ def open_bus(kafka: KafkaBusConfig | None = None, *, prefix: str = "", partition
 def open_state(url: str = "memory://", *, key_prefix: str = "rlbus:") -> StateStore:
     """``memory://`` or ``redis://host:port/db`` (see `rlbus.state.open_state_store`)."""
     return open_state_store(url, key_prefix=key_prefix)
-
-
-def open_blob_store(location: str, *, secret: str | None = None) -> tuple[BlobStore, str]:
-    """The blob store at ``location`` (a directory, ``file://``, or an ``http(s)://`` `rlbus blobs serve`
-    with its HMAC ``secret``) and the name manifests give it (``location`` itself)."""
-    return open_store(location, secret=secret), location
 
 
 def with_claims(bus: Bus, store: BlobStore, *, threshold_bytes: int = 512 * 1024) -> Bus:

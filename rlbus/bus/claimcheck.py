@@ -60,9 +60,17 @@ import zstandard
 from rlbus.bus.base import Bus, Consumer, TopicLike
 from rlbus.bus.forward import ForwardingBus, ForwardingConsumer
 from rlbus.bus.types import Headers, Record, RecordMetadata
-from rlbus.errors import BusError, ClaimCorrupt, ClaimError, ClaimMissing, ClaimUnavailable, RlbusError
+from rlbus.errors import (
+    BlobNotFound,
+    BusError,
+    ClaimCorrupt,
+    ClaimError,
+    ClaimMissing,
+    ClaimUnavailable,
+    RlbusError,
+)
 from rlbus.schemas import BlobRef
-from rlbus.weights.store import BlobNotFound, BlobStore, check_key
+from rlbus.weights.store import BlobStore, check_key
 
 log = logging.getLogger("rlbus.claimcheck")
 

@@ -20,7 +20,7 @@ from typing import Any
 from rlbus.bus.base import Bus, Consumer
 from rlbus.bus.topic import dlq_name
 from rlbus.bus.types import Record, RecordMetadata
-from rlbus.errors import RlbusError
+from rlbus.errors import BlobStoreError, BusUnavailable, RlbusError, StateError
 from rlbus.observe.metrics import DEAD_LETTERS, count_in
 
 log = logging.getLogger("rlbus.dlq")
@@ -177,9 +177,6 @@ async def handle_record(
 def is_outage(error: BaseException) -> bool:
     """An error that means a dependency is down, not that the input is bad: dead-lettering the record
     would drop good work (the chaos suite's Redis restart showed a reward dead-lettered that way)."""
-    from rlbus.errors import BusUnavailable, StateError
-    from rlbus.weights.store import BlobStoreError
-
     return isinstance(error, StateError | BusUnavailable | BlobStoreError)
 
 

@@ -37,8 +37,8 @@ from rlbus.chaos.rig import ChaosRig
 from rlbus.envs.tasks import generate_prompts
 from rlbus.schemas import WeightVersion, decode
 from rlbus.services import free_port
+from rlbus.weights import layout
 from rlbus.weights.http_store import BlobServer, HttpStore, serve
-from rlbus.weights.publish import version_prefix
 from rlbus.weights.store import BlobStore, LocalStore
 
 Damage = Callable[[bytes], bytes]
@@ -110,7 +110,7 @@ class FaultyStore(BlobStore):
 
 
 def chunk_key(model_id: str, version: int, index: int = 0) -> str:
-    return f"{version_prefix(model_id, version)}/delta-{index:05d}"
+    return layout.chunk_key(model_id, version, "delta", index)
 
 
 def made_on(pipeline: Pipeline, version: int, after: float) -> int:

@@ -37,7 +37,7 @@ from rlbus.schemas import Rollout
 from rlbus.state.base import StateStore
 from rlbus.state.join import JoinBuffer, Outcome
 from rlbus.training.config import GRPOConfig
-from rlbus.weights.codec import state_digest
+from rlbus.weights.digest import state_digest
 from rlbus.weights.store import BlobStore
 from rlbus.weights.sync import live_state
 

@@ -34,7 +34,7 @@ from rlbus.bus.base import Bus
 from rlbus.bus.dlq import DeadLetters, handle_batch
 from rlbus.bus.topics import REWARDS, ROLLOUTS
 from rlbus.bus.types import Record
-from rlbus.errors import MalformedMessage
+from rlbus.errors import BlobStoreError, MalformedMessage
 from rlbus.models.policy import Policy
 from rlbus.observe.lag import LagProbe
 from rlbus.observe.metrics import observe_processing, record_step
@@ -53,7 +53,6 @@ from rlbus.training.checkpoint import (
 )
 from rlbus.training.step import GRPOConfig, OptimConfig, build_optimizer, grpo_step
 from rlbus.weights.publish import WeightPublisher
-from rlbus.weights.store import BlobStoreError
 
 log = logging.getLogger("rlbus.consumers.trainer")
 

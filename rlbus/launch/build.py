@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 import msgspec
 
-from rlbus.build.infra import open_blob_store, open_bus, open_state, with_claims
+from rlbus.build.infra import open_bus, open_state, open_store, with_claims
 from rlbus.bus.base import Bus
 from rlbus.launch.config import RunConfig, blob_secret
 from rlbus.state import StateStore
@@ -41,8 +41,9 @@ def state_for(config: RunConfig) -> StateStore:
 def store_for(config: RunConfig, environ: Mapping[str, str] | None = None) -> tuple[BlobStore, str]:
     """The blob store and how manifests name it (its URL, or the directory)."""
     if config.store.url is not None:
-        return open_blob_store(config.store.url, secret=blob_secret(config.store, environ))
-    return open_blob_store(str(config.store_dir()))
+        return open_store(config.store.url, secret=blob_secret(config.store, environ)), config.store.url
+    directory = str(config.store_dir())
+    return open_store(directory), directory
 
 
 def claims_for(config: RunConfig, bus: Bus, store: BlobStore) -> Bus:

@@ -25,16 +25,12 @@ from typing import Any
 import aiohttp
 from aiohttp import web
 
-from rlbus.errors import RlbusError
-from rlbus.weights.store import BlobNotFound, BlobStore, BlobStoreError, check_key
+from rlbus.errors import BlobAuthError, BlobNotFound, BlobStoreError
+from rlbus.weights.store import BlobStore, check_key
 
 log = logging.getLogger("rlbus.blobs")
 
 SIGNATURE_TTL_S = 60.0
-
-
-class BlobAuthError(RlbusError):
-    """The server refused the signature (wrong secret, expired, or tampered request)."""
 
 
 def sign(secret: str, method: str, key: str, expires: int) -> str:

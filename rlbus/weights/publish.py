@@ -4,14 +4,8 @@ Each call to :meth:`WeightPublisher.publish` makes one version ``S_v`` = the mas
 inference dtype. It encodes the delta ``S_{v-1} → S_v`` (and, every ``keyframe_every`` versions, a full
 keyframe of ``S_v``) off the event loop, uploads the chunks, writes the manifests next to them in the
 blob store, and only then announces the delta manifest on ``rl.weights.v1`` and ``rl.weights.latest.v1``
-— so a worker never sees a manifest whose chunks are not there yet.
-
-Blob layout (immutable; a version's directory is complete before it is announced)::
-
-    <model>/<version:010d>/delta-<i:05d>      delta chunks S_{v-1} → S_v
-    <model>/<version:010d>/keyframe-<i:05d>   keyframe chunks of S_v (every K versions, and the first)
-    <model>/<version:010d>/manifest.delta     the WeightVersion manifests as MessagePack, so a worker
-    <model>/<version:010d>/manifest.keyframe  catching up reads any version's manifest without Kafka
+— so a worker never sees a manifest whose chunks are not there yet. Every key it writes, and the
+manifest's dtype names, come from :mod:`rlbus.weights.layout`.
 
 Versions older than the retention window are deleted, but never the newest keyframe or anything after
 it, so a late joiner can always rebuild (keyframe + chain of deltas).
@@ -29,22 +23,15 @@ import torch
 
 from rlbus.bus.base import Bus
 from rlbus.bus.topics import WEIGHTS, WEIGHTS_LATEST
+from rlbus.errors import BlobStoreError
 from rlbus.observe.metrics import record_publish
 from rlbus.schemas import ChunkRef, TensorMeta, TensorSpan, WeightVersion, encode
-from rlbus.weights.codec import CHUNK_BYTES, Chunk, encode_state_delta, encode_state_keyframe, state_digest
-from rlbus.weights.store import BlobStore, BlobStoreError
+from rlbus.weights.codec import CHUNK_BYTES, Chunk, encode_state_delta, encode_state_keyframe
+from rlbus.weights.digest import state_digest
+from rlbus.weights.layout import DTYPE_NAMES, chunk_key, manifest_key
+from rlbus.weights.store import BlobStore
 
 log = logging.getLogger("rlbus.weights.publish")
-
-DTYPE_NAMES = {torch.bfloat16: "bfloat16", torch.float16: "float16", torch.float32: "float32"}
-
-
-def version_prefix(model_id: str, version: int) -> str:
-    return f"{model_id}/{version:010d}"
-
-
-def manifest_key(model_id: str, version: int, kind: str) -> str:
-    return f"{version_prefix(model_id, version)}/manifest.{kind}"
 
 
 @dataclass(frozen=True)
@@ -187,7 +174,7 @@ class WeightPublisher:
     async def _upload(self, version: int, kind: str, chunks: list[Chunk]) -> list[ChunkRef]:
         refs = [
             ChunkRef(
-                key=f"{version_prefix(self.model_id, version)}/{kind}-{i:05d}",
+                key=chunk_key(self.model_id, version, kind, i),
                 size=c.size,
                 hash=c.hash,
                 tensors=[TensorSpan(name=r.name, start=r.start, stop=r.stop) for r in c.tensors],

@@ -3,7 +3,9 @@
 Chunks are immutable once written (a key names model, version and chunk index), so every store can
 cache freely and a reader verifies the manifest's hash rather than trusting the transport. The local
 directory store is the embedded default; :mod:`rlbus.weights.http_store` serves any store over HTTP
-(signed requests, range reads, a pull-through relay per region) and fetches from it in parallel.
+(signed requests, range reads, a pull-through relay per region) and fetches from it in parallel, and
+:func:`rlbus.weights.stores.open_store` opens either by URL. Key *rules* live here; where a weight
+version's blobs go is :mod:`rlbus.weights.layout`.
 """
 
 from __future__ import annotations
@@ -17,19 +19,9 @@ from pathlib import Path
 from types import TracebackType
 from typing import Self
 
-from rlbus.errors import ConfigError, RlbusError
+from rlbus.errors import BlobNotFound
 
 _KEY = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]*(/[A-Za-z0-9_][A-Za-z0-9._-]*)*")
-
-
-class BlobNotFound(RlbusError):
-    """No blob under that key."""
-
-
-class BlobStoreError(RlbusError):
-    """The store failed to read or write (network, disk); retrying may help."""
-
-    retriable = True
 
 
 def check_key(key: str) -> str:
@@ -157,14 +149,3 @@ class LocalStore(BlobStore):
             return sorted(keys)
 
         return await asyncio.to_thread(walk)
-
-
-def open_store(url: str, *, secret: str | None = None) -> BlobStore:
-    """``/path`` or ``file:///path`` → LocalStore; ``http(s)://host:port`` → HttpStore client."""
-    if url.startswith(("http://", "https://")):
-        from rlbus.weights.http_store import HttpStore
-
-        if not secret:
-            raise ConfigError("blobs.secret", "an HTTP blob store needs the shared signing secret (RLBUS_BLOB_SECRET)")
-        return HttpStore(url, secret=secret)
-    return LocalStore(url.removeprefix("file://"))

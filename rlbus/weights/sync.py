@@ -39,12 +39,22 @@ import torch
 from rlbus.bus.base import Bus
 from rlbus.bus.topics import WEIGHTS, WEIGHTS_LATEST
 from rlbus.bus.types import TopicPartition
-from rlbus.errors import ChunkCorrupt, DigestMismatch, RlbusError, VersionGap, WeightSyncError
+from rlbus.errors import (
+    BlobNotFound,
+    BlobStoreError,
+    ChunkCorrupt,
+    DigestMismatch,
+    RlbusError,
+    VersionGap,
+    WeightSyncError,
+)
 from rlbus.observe.metrics import SYNC_REFUSED, count_in, record_sync
 from rlbus.schemas import WeightVersion, decode
-from rlbus.weights.codec import StagedUpdate, apply_update_, decode_chunk, state_digest
-from rlbus.weights.publish import manifest_key
-from rlbus.weights.store import BlobNotFound, BlobStore, BlobStoreError
+from rlbus.weights.apply import apply_update_
+from rlbus.weights.codec import StagedUpdate, decode_chunk
+from rlbus.weights.digest import state_digest
+from rlbus.weights.layout import manifest_key
+from rlbus.weights.store import BlobStore
 
 log = logging.getLogger("rlbus.weights.sync")
 

@@ -22,7 +22,7 @@ from rlbus.bus.topics import REWARDS, ROLLOUTS, topic_specs
 from rlbus.chaos.blobs import FaultyStore, flip_bit
 from rlbus.consumers.reward import RewardWorker
 from rlbus.consumers.trainer import Trainer, TrainerWorker
-from rlbus.errors import JudgeUnavailable, MalformedMessage, StateError
+from rlbus.errors import BlobStoreError, JudgeUnavailable, MalformedMessage, StateError
 from rlbus.models.policy import Policy, PolicyConfig
 from rlbus.schemas import Reward, Rollout, TensorData
 from rlbus.services.redis import start_redis
@@ -30,7 +30,7 @@ from rlbus.state import MemoryStateStore, RedisStateStore
 from rlbus.state.join import TRAINED_AGAIN, JoinBuffer, Outcome, RewardPolicy
 from rlbus.training.step import OptimConfig
 from rlbus.weights.publish import WeightPublisher
-from rlbus.weights.store import BlobStoreError, LocalStore
+from rlbus.weights.store import LocalStore
 from rlbus.weights.sync import WeightSync
 
 CFG = PolicyConfig(vocab=272, d_model=32, n_layer=2, n_head=2, max_seq=64, n_experts=4, top_k=2, d_ff=32)

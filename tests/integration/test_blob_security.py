@@ -86,8 +86,8 @@ def test_a_served_store_uses_the_secret_file_and_keeps_it_off_the_command_line(t
     import signal
     import subprocess
 
+    from rlbus.errors import BlobAuthError
     from rlbus.launch.up import rlbus_command
-    from rlbus.weights.http_store import BlobAuthError
 
     secret_file = tmp_path / "blob-secret"
     secret_file.write_text(SECRET + "\n")

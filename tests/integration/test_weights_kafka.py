@@ -11,7 +11,7 @@ import torch
 
 from rlbus.bus.topics import WEIGHTS, WEIGHTS_LATEST
 from rlbus.services import free_port
-from rlbus.weights.codec import state_digest
+from rlbus.weights.digest import state_digest
 from rlbus.weights.http_store import BlobServer, HttpStore, serve
 from rlbus.weights.publish import WeightPublisher
 from rlbus.weights.store import LocalStore

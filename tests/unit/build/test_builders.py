@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from rlbus.aio import wait_event
-from rlbus.build.infra import open_blob_store, open_bus, open_state
+from rlbus.build.infra import open_bus, open_state, open_store
 from rlbus.build.producer import prompt_producer
 from rlbus.build.rollout import rollout_stack
 from rlbus.build.trainer import trainer_stack
@@ -35,14 +35,13 @@ def test_infrastructure_factories(tmp_path: Path) -> None:
     bus = open_bus(None, partitions=2)
     assert isinstance(bus, MemoryBus)
     assert isinstance(open_state("memory://"), MemoryStateStore)
-    store, name = open_blob_store(str(tmp_path / "blobs"))
-    assert isinstance(store, LocalStore) and name == str(tmp_path / "blobs")
+    assert isinstance(open_store(str(tmp_path / "blobs")), LocalStore)
 
 
 async def test_a_rollout_stack_follows_the_trainers_versions(tmp_path: Path) -> None:
     bus = open_bus(None, partitions=2)
     await bus.start()
-    store, _ = open_blob_store(str(tmp_path / "blobs"))
+    store = open_store(str(tmp_path / "blobs"))
     swaps: list[tuple[int, str]] = []
     trainer = trainer_stack(bus=bus, state=MemoryStateStore(), store=store, model=Policy(SHAPE), lr=1e-3,
                             grpo=GRPOConfig(), groups_per_step=2)

@@ -16,9 +16,9 @@ from rlbus.bus.claimcheck import H_CLAIM, ClaimCheckBus, collect_claims, pack, p
 from rlbus.bus.dlq import DeadLetters, handle_batch, read_dead_letters, redrive
 from rlbus.bus.replay import read_window, record_to_json
 from rlbus.bus.topics import ROLLOUTS, topic_specs
-from rlbus.errors import ClaimCorrupt, ClaimUnavailable
+from rlbus.errors import BlobStoreError, ClaimCorrupt, ClaimUnavailable
 from rlbus.schemas import BlobRef, Rollout, TensorData
-from rlbus.weights.store import BlobStoreError, LocalStore
+from rlbus.weights.store import LocalStore
 
 THRESHOLD = 4096
 NOW = 1_767_225_600.0  # 2026-01-01T00:00:00Z

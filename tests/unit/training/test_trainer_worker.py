@@ -17,7 +17,7 @@ from rlbus.models.policy import Policy, PolicyConfig
 from rlbus.schemas import WeightVersion
 from rlbus.training.batch import Group, Sample
 from rlbus.training.step import GRPOConfig, OptimConfig
-from rlbus.weights.codec import state_digest
+from rlbus.weights.digest import state_digest
 from rlbus.weights.publish import WeightPublisher
 from rlbus.weights.store import LocalStore
 

@@ -12,13 +12,13 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from rlbus.errors import ChunkCorrupt, WeightSyncError
-from rlbus.weights import _kernels, codec
-from rlbus.weights._bits import pack_fields, rice_decode, rice_encode, unpack_fields
+from rlbus.weights import codec
+from rlbus.weights.apply import apply_update_
 from rlbus.weights.codec import (
+    _kernels,
     apply_chunk_,
     apply_delta,
     apply_delta_,
-    apply_update_,
     decode_chunk,
     decode_delta,
     decode_keyframe,
@@ -27,8 +27,9 @@ from rlbus.weights.codec import (
     encode_state_delta,
     encode_state_keyframe,
     load_keyframe,
-    state_digest,
 )
+from rlbus.weights.codec._bits import pack_fields, rice_decode, rice_encode, unpack_fields
+from rlbus.weights.digest import state_digest
 
 FLOATS = [torch.bfloat16, torch.float16, torch.float32]
 INT_OF = {torch.bfloat16: torch.int16, torch.float16: torch.int16, torch.float32: torch.int32}

@@ -12,9 +12,11 @@ import aiohttp
 import pytest
 from aiohttp import web
 
+from rlbus.errors import BlobAuthError, BlobNotFound, BlobStoreError
 from rlbus.services import free_port
-from rlbus.weights.http_store import BlobAuthError, BlobServer, HttpStore, serve, sign, signed_params
-from rlbus.weights.store import BlobNotFound, BlobStoreError, LocalStore, check_key, open_store
+from rlbus.weights.http_store import BlobServer, HttpStore, serve, sign, signed_params
+from rlbus.weights.store import LocalStore, check_key
+from rlbus.weights.stores import open_store
 
 SECRET = "test-secret"
 

@@ -16,7 +16,7 @@ import torch
 from rlbus.aio import until
 from rlbus.bus import MemoryBus
 from rlbus.bus.topics import WEIGHTS, topic_specs
-from rlbus.weights.codec import state_digest
+from rlbus.weights.digest import state_digest
 from rlbus.weights.publish import WeightPublisher
 from rlbus.weights.store import LocalStore
 from rlbus.weights.sync import WeightSync

@@ -18,8 +18,8 @@ from __future__ import annotations
 
 import numpy as np
 
+import rlbus.weights.codec._kernels as K
 from rlbus.errors import ChunkCorrupt
-from rlbus.weights import _kernels as K
 
 # --------------------------------------------------------------------------------------------- bytes
 

@@ -1,4 +1,4 @@
-"""Compiled (numba) kernels behind the weight codec's hot paths; the byte format lives in ``codec``.
+"""Compiled (numba) kernels behind the weight codec's hot paths; the byte format lives in ``format``.
 
 The exponent-conditioned position coding needs, per record of n elements, the position class of every
 old element (an interval of its biased exponent), and per changed element its rank among the members

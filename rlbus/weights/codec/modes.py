@@ -1,0 +1,107 @@
+"""The per-record mode choice: which of SAME, SPARSE, XOR, RAW or PLANES codes a run of elements.
+
+A record is one tensor blob or one piece-run of a chunk. The encoder tries the modes that fit and keeps
+the smallest payload; the decoder dispatches on the mode byte and returns positions and new bit patterns
+(or all new bits, for the dense modes), which :func:`_make_update` turns into a staged update.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from rlbus.errors import ChunkCorrupt
+from rlbus.weights.apply import SparseUpdate
+from rlbus.weights.bitview import NP_UINT, np_bits, tensor_from_bits
+from rlbus.weights.codec._bits import Reader
+from rlbus.weights.codec.format import _FLOATS, PLANES, RAW, SAME, SPARSE, XOR, _itemsize
+from rlbus.weights.codec.planes import (
+    _byte_planes,
+    _float_planes,
+    _join_byte_planes,
+    _join_float_planes,
+    _plane_count,
+    _put_planes,
+    _read_planes,
+)
+from rlbus.weights.codec.sparse import _Bits, _decode_sparse, _encode_sparse
+
+
+def _encode_delta_payload(old: torch.Tensor, new: torch.Tensor) -> tuple[int, bytes]:
+    """(mode, payload) for one record: the smallest of the modes tried."""
+    n = old.numel()
+    raw_size = n * old.element_size()
+    fmt = _FLOATS.get(old.dtype)
+    if fmt is not None:
+        ob, nb = _Bits(old, fmt), _Bits(new, fmt)
+        changed = ob.changed(nb)
+        if len(changed) == 0:
+            return SAME, b""
+        best = (SPARSE, _encode_sparse(ob, nb, changed))
+        if len(best[1]) <= raw_size // 4:
+            return best
+        old_np = ob.np if ob.np is not None else np_bits(old)
+        new_np = nb.np if nb.np is not None else np_bits(new)
+    else:
+        old_np, new_np = np_bits(old), np_bits(new)
+        if np.array_equal(old_np, new_np):
+            return SAME, b""
+        best = (RAW, new_np.tobytes())
+    xor = bytearray()
+    _put_planes(xor, _byte_planes(old_np ^ new_np), 3)
+    for cand in ((XOR, bytes(xor)), (RAW, new_np.tobytes())):
+        if len(cand[1]) < len(best[1]):
+            best = cand
+    return best
+
+
+def _decode_delta_payload(old: torch.Tensor, mode: int, r: Reader) -> tuple[np.ndarray | None, np.ndarray | None]:
+    """(positions, new bits) for SPARSE; (None, all new bits) for dense modes; (None, None) for SAME."""
+    n = old.numel()
+    size = old.element_size()
+    if mode == SAME:
+        return None, None
+    if mode == SPARSE:
+        fmt = _FLOATS.get(old.dtype)
+        if fmt is None:
+            raise ChunkCorrupt(f"sparse mode for non-float dtype {old.dtype}")
+        return _decode_sparse(_Bits(old, fmt), r)
+    if mode == XOR:
+        planes = _read_planes(r, size, n)
+        return None, np_bits(old) ^ _join_byte_planes(planes, n)
+    if mode == RAW:
+        return None, np.frombuffer(bytes(r.take(n * size)), dtype=NP_UINT[size])
+    raise ChunkCorrupt(f"mode {mode} is not a delta mode")
+
+
+def _encode_keyframe_payload(t: torch.Tensor) -> tuple[int, bytes]:
+    bits = np_bits(t)
+    raw = bits.tobytes()
+    if len(raw) < 64:
+        return RAW, raw
+    out = bytearray()
+    planes = _float_planes(bits, t.dtype)
+    _put_planes(out, planes, None if t.dtype in _FLOATS else 3)
+    return (PLANES, bytes(out)) if len(out) < len(raw) else (RAW, raw)
+
+
+def _decode_keyframe_payload(dtype: torch.dtype, n: int, mode: int, r: Reader) -> np.ndarray:
+    size = _itemsize(dtype)
+    if mode == RAW:
+        return np.frombuffer(bytes(r.take(n * size)), dtype=NP_UINT[size])
+    if mode == PLANES:
+        return _join_float_planes(_read_planes(r, _plane_count(dtype), n), dtype, n)
+    raise ChunkCorrupt(f"mode {mode} is not a keyframe mode")
+
+
+def _make_update(
+    numel: int, dtype: torch.dtype, pos: np.ndarray | None, bits: np.ndarray | None, offset: int = 0
+) -> SparseUpdate:
+    """Update from decoded positions/bits (``pos`` None: ``bits`` replaces elements from ``offset`` on)."""
+    no_pos = torch.zeros(0, dtype=torch.int64)
+    no_vals = torch.empty(0, dtype=dtype)
+    if bits is None:
+        return SparseUpdate(numel, dtype, no_pos, no_vals)
+    if pos is None:
+        return SparseUpdate(numel, dtype, no_pos, no_vals, tensor_from_bits(bits, dtype), offset)
+    return SparseUpdate(numel, dtype, torch.from_numpy(pos + offset), tensor_from_bits(bits, dtype))
