@@ -13,11 +13,13 @@ from typing import Any, cast
 import pytest
 
 from rlbus.aio import until
+from rlbus.build.producer import prompt_producer
 from rlbus.bus import MemoryBus
 from rlbus.bus.topics import topic_specs
 from rlbus.errors import ConfigError
+from rlbus.launch.build import producer_args
 from rlbus.launch.config import config_from_dict
-from rlbus.launch.roles import admission_for, beat_on_swap
+from rlbus.launch.roles import beat_on_swap
 from rlbus.observe.heartbeat import Heartbeat
 from rlbus.producers.prompts import (
     VERSION_COUNTER,
@@ -144,7 +146,8 @@ def test_the_distributed_bound_counts_groups_per_version_and_names_its_fields() 
     config = config_from_dict({"trainer": {"groups_per_step": 3, "publish_every": 4, "max_staleness": 1,
                                            "admission_slack": 1}}, {})
     assert config.trainer.admission == "served"
-    assert admission_for(config.trainer) == Admission(max_staleness=1, groups_per_step=12, slack=1)
+    producer = prompt_producer(bus=MemoryBus(), state=MemoryStateStore(), **producer_args(config))
+    assert producer.admission == Admission(max_staleness=1, groups_per_step=12, slack=1)
     for table, field in (({"admission_slack": 3}, "trainer.admission_slack"),
                          ({"admission_slack": -1}, "trainer.admission_slack"),
                          ({"admission": "trainer"}, "trainer.admission")):
