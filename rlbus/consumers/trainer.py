@@ -34,10 +34,10 @@ from rlbus.bus.types import Record
 from rlbus.errors import MalformedMessage
 from rlbus.models.policy import Policy
 from rlbus.observe.metrics import LagProbe, observe_processing, record_step
-from rlbus.producers.prompts import GROUPS_DONE_COUNTER, VERSION_COUNTER
 from rlbus.schemas import Rollout
 from rlbus.state.base import StateStore
 from rlbus.state.join import FINAL, JoinBuffer, Outcome, ScoredGroup, ScoredRollout
+from rlbus.state.progress import GROUPS_DONE_COUNTER, VERSION_COUNTER, outcome_counter
 from rlbus.training.batch import Group, Sample, sample_from_rollout
 from rlbus.training.checkpoint import (
     TrainerState,
@@ -324,7 +324,7 @@ class TrainerWorker:
                      if s.rollout.rollout_id not in queued and s.rollout.rollout_id not in held
                      and not await self._state.seen(FINAL, s.rollout.rollout_id)]
             if len(fresh) < len(group.rollouts):
-                await self._state.incr(f"outcome:{Outcome.DUPLICATE}", len(group.rollouts) - len(fresh))
+                await self._state.incr(outcome_counter(Outcome.DUPLICATE), len(group.rollouts) - len(fresh))
                 group = ScoredGroup(group.prompt_id, fresh, group.unscored)
             if fresh:
                 queued.update(s.rollout.rollout_id for s in fresh)

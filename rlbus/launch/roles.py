@@ -54,8 +54,9 @@ from rlbus.launch.config import RunConfig, TrainerSection
 from rlbus.launch.observed import Observed
 from rlbus.launch.signals import GracefulStop
 from rlbus.observe.runlog import RunLog
-from rlbus.producers.prompts import VERSION_COUNTER, Admission, PromptProducer, progress_from_state, task_prompts
+from rlbus.producers.prompts import Admission, PromptProducer, progress_from_state, task_prompts
 from rlbus.state.base import StateStore
+from rlbus.state.progress import PROMPT_SEQ, VERSION_COUNTER
 from rlbus.weights.store import BlobStore
 
 if TYPE_CHECKING:
@@ -67,8 +68,6 @@ if TYPE_CHECKING:
 log = logging.getLogger("rlbus.launch.roles")
 
 ROLES = ("prompts", "rollout", "reward", "trainer")
-#: State-store counter: prompts the run has admitted (the next prompt's sequence number).
-PROMPT_SEQ = "prompts:seq"
 
 
 @contextlib.contextmanager

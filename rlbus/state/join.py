@@ -53,6 +53,7 @@ from enum import StrEnum
 from rlbus.errors import MalformedMessage
 from rlbus.schemas import Reward, Rollout, decode, encode
 from rlbus.state.base import StateStore
+from rlbus.state.progress import outcome_counter
 
 log = logging.getLogger("rlbus.state.join")
 
@@ -152,7 +153,7 @@ class JoinBuffer:
     async def add_rollout(self, rollout: Rollout) -> ScoredGroup | None:
         """Buffer a rollout; returns its group if that made the group ready."""
         if await self._state.seen(FINAL, rollout.rollout_id):
-            await self._state.incr(f"outcome:{Outcome.DUPLICATE}")
+            await self._state.incr(outcome_counter(Outcome.DUPLICATE))
             return None
         fields, meta = await self._entry(rollout.prompt_id)
         if f"r:{rollout.rollout_id}" in fields:  # a redelivered prompt's second copy: the first one stays
@@ -236,12 +237,12 @@ class JoinBuffer:
         counted = 0
         for rollout_id in rollout_ids:
             if not await self._state.mark_once(FINAL, rollout_id):
-                await self._state.incr(f"outcome:{Outcome.DUPLICATE}")
+                await self._state.incr(outcome_counter(Outcome.DUPLICATE))
                 if outcome is Outcome.TRAINED:
                     await self._state.incr(TRAINED_AGAIN)
                 continue
             await self._state.mark_once(outcome, rollout_id)
-            await self._state.incr(f"outcome:{outcome}")
+            await self._state.incr(outcome_counter(outcome))
             counted += 1
         return counted
 
@@ -300,4 +301,4 @@ class JoinBuffer:
         return [o for o in final if await self._state.seen(o, rollout_id)]
 
     async def counts(self) -> dict[str, int]:
-        return {o.value: await self._state.get_counter(f"outcome:{o}") for o in Outcome}
+        return {o.value: await self._state.get_counter(outcome_counter(o)) for o in Outcome}

@@ -20,7 +20,6 @@ from rlbus.launch.config import config_from_dict
 from rlbus.launch.roles import admission_for, beat_on_swap
 from rlbus.observe.heartbeat import Heartbeat
 from rlbus.producers.prompts import (
-    VERSION_COUNTER,
     Admission,
     Progress,
     PromptProducer,
@@ -30,6 +29,7 @@ from rlbus.producers.prompts import (
 )
 from rlbus.state import MemoryStateStore
 from rlbus.state.base import WorkerRecord
+from rlbus.state.progress import VERSION_COUNTER
 
 
 def test_the_window_counts_from_the_lowest_version_served() -> None:
