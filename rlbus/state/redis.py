@@ -100,7 +100,7 @@ class RedisStateStore(StateStore):
         with _translate(operation):
             async with self._client.pipeline(transaction=True) as pipe:
                 if fields:
-                    pipe.hset(name, mapping=dict(fields))
+                    pipe.hset(name, mapping=cast(dict[Any, Any], dict(fields)))  # redis-py types mapping invariantly
                 if ttl_ms is None:
                     pipe.persist(name)
                 else:
