@@ -730,6 +730,7 @@ BENCHMARKS = {
     "pipeline": "rlbus.bench.pipeline",
     "chaos": "rlbus.bench.chaos",
     "window": "rlbus.bench.window",
+    "join": "rlbus.bench.join",
 }
 
 

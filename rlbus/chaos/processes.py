@@ -46,9 +46,9 @@ from rlbus.bus.topics import PROMPTS, ROLLOUTS, topic_specs
 from rlbus.chaos.harness import Progress
 from rlbus.chaos.ledger import ScenarioReport, audit, fill, read_topic
 from rlbus.chaos.rig import PARTITIONS, ChaosRig
-from rlbus.launch.roles import PROMPT_SEQ
 from rlbus.schemas import Rollout
 from rlbus.state.join import ROLLED_BACK, JoinBuffer, Outcome, RewardPolicy
+from rlbus.state.progress import PROMPT_SEQ
 from rlbus.state.redis import RedisStateStore
 
 if TYPE_CHECKING:

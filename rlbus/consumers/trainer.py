@@ -38,11 +38,11 @@ from rlbus.errors import BlobStoreError, MalformedMessage
 from rlbus.models.policy import Policy
 from rlbus.observe.lag import LagProbe
 from rlbus.observe.metrics import observe_processing, record_step
-from rlbus.producers.prompts import GROUPS_DONE_COUNTER, VERSION_COUNTER
 from rlbus.schemas import Rollout
 from rlbus.state.base import StateStore
 from rlbus.state.join import FINAL, JoinBuffer, Outcome, ScoredGroup, ScoredRollout
-from rlbus.training.batch import Group, Sample, sample_from_rollout
+from rlbus.state.progress import GROUPS_DONE_COUNTER, VERSION_COUNTER, outcome_counter
+from rlbus.training.batch import Group, Sample, check_rollout, sample_from_rollout
 from rlbus.training.checkpoint import (
     TrainerState,
     capture_rng,
@@ -212,9 +212,9 @@ class TrainerWorker:
     trained twice. When the trainer checkpoints and the join keeps released groups (:attr:`holds`), the
     ledger calls a rollout trained only once a checkpoint holds its step, so a crash between checkpoints
     neither loses an update the ledger counts nor applies one twice (:mod:`rlbus.state.join`). A rollout
-    that cannot be trained (inconsistent arrays) is dead-lettered on arrival.
-    The trainer's version and finished-group count go to the state store, where the prompt producer's
-    admission control reads them.
+    that cannot be trained (inconsistent arrays) is dead-lettered on arrival; that check builds no tensor,
+    so each rollout's `Sample` is built once, when :meth:`train` trains it. The trainer's version and
+    finished-group count go to the state store, where the prompt producer's admission control reads them.
     """
 
     def __init__(
@@ -273,8 +273,8 @@ class TrainerWorker:
         started = time.perf_counter()
         message = record.value
         if isinstance(message, Rollout):
-            sample = sample_from_rollout(message)  # raises ValueError for arrays that do not line up → DLQ
-            longest, limit = max(e - s for s, e in sample.spans), self.trainer.model.config.max_seq
+            spans = check_rollout(message)  # raises ValueError for arrays that do not line up → DLQ
+            longest, limit = max(e - s for s, e in spans), self.trainer.model.config.max_seq
             if longest > limit:  # would fail the whole step later, taking its groups with it
                 raise MalformedMessage(f"rollout {message.rollout_id}: {longest}-token context exceeds max_seq {limit}")
             group = await self.join.add_rollout(message)
@@ -332,7 +332,7 @@ class TrainerWorker:
                      if s.rollout.rollout_id not in queued and s.rollout.rollout_id not in held
                      and not await self._state.seen(FINAL, s.rollout.rollout_id)]
             if len(fresh) < len(group.rollouts):
-                await self._state.incr(f"outcome:{Outcome.DUPLICATE}", len(group.rollouts) - len(fresh))
+                await self._state.incr(outcome_counter(Outcome.DUPLICATE), len(group.rollouts) - len(fresh))
                 group = ScoredGroup(group.prompt_id, fresh, group.unscored)
             if fresh:
                 queued.update(s.rollout.rollout_id for s in fresh)

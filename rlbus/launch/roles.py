@@ -65,8 +65,8 @@ from rlbus.launch.config import RunConfig
 from rlbus.launch.observed import Observed
 from rlbus.launch.signals import GracefulStop
 from rlbus.observe.runlog import RunLog
-from rlbus.producers.prompts import VERSION_COUNTER
 from rlbus.state.base import StateStore
+from rlbus.state.progress import PROMPT_SEQ, VERSION_COUNTER
 from rlbus.weights.store import BlobStore
 
 if TYPE_CHECKING:
@@ -76,8 +76,6 @@ if TYPE_CHECKING:
 log = logging.getLogger("rlbus.launch.roles")
 
 ROLES = ("prompts", "rollout", "reward", "trainer")
-#: State-store counter: prompts the run has admitted (the next prompt's sequence number).
-PROMPT_SEQ = "prompts:seq"
 
 
 @contextlib.contextmanager

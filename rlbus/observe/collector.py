@@ -46,9 +46,9 @@ from rlbus.bus.types import Record, TopicPartition
 from rlbus.errors import RlbusError
 from rlbus.observe.lag import DEFAULT_GROUPS as GROUP_TOPICS
 from rlbus.observe.lag import group_lag
-from rlbus.producers.prompts import VERSION_COUNTER
 from rlbus.schemas import Reward, Rollout, WeightVersion
 from rlbus.state.base import StateStore, WorkerRecord
+from rlbus.state.progress import VERSION_COUNTER
 
 log = logging.getLogger("rlbus.observe.collector")
 

@@ -27,8 +27,8 @@ from rlbus.bus.topics import topic_specs
 from rlbus.errors import TopicNotFound
 from rlbus.observe.heartbeat import jsonable
 from rlbus.observe.lag import DEFAULT_GROUPS, GroupLag, group_lag
-from rlbus.producers.prompts import GROUPS_DONE_COUNTER, VERSION_COUNTER
 from rlbus.state.base import StateStore, WorkerRecord
+from rlbus.state.progress import GROUPS_DONE_COUNTER, VERSION_COUNTER
 
 
 @dataclass(frozen=True)

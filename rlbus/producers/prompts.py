@@ -69,12 +69,9 @@ from rlbus.bus.topics import PROMPTS
 from rlbus.observe.metrics import ADMISSION_WAITS
 from rlbus.schemas import Prompt
 from rlbus.state.base import StateStore, WorkerRecord
+from rlbus.state.progress import GROUPS_DONE_COUNTER, VERSION_COUNTER
 
 log = logging.getLogger("rlbus.producers.prompts")
-
-VERSION_COUNTER = "trainer:version"
-GROUPS_DONE_COUNTER = "trainer:groups_done"
-
 
 @dataclass(frozen=True)
 class Progress:

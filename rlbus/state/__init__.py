@@ -1,7 +1,8 @@
 """Shared state of the RL loop (idempotency ledger, join buffer, counters, worker registry).
 
 ``join`` is the trainer's join of rollouts with rewards and its exactly-once ledger; ``ordered`` the
-variant that releases complete groups in prompt order (what makes a replay reproduce a run's inputs).
+variant that releases complete groups in prompt order (what makes a replay reproduce a run's inputs);
+``progress`` names the counters the trainer, the prompt producer and the observers share.
 
 ``open_state_store`` turns a URL from configuration into a store: ``memory://`` for the embedded
 demo, ``redis://host:port/db`` (or ``rediss://``, ``unix://``) for real runs.

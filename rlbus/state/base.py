@@ -3,7 +3,9 @@
 Kafka redelivers after a crash or rebalance, so effects must be idempotent by id: the trainer marks
 every rollout id it trained on (``mark_once``, SET NX semantics) and counts, rather than repeats,
 a redelivery. The trainer joins rollouts with their rewards in a buffer keyed by rollout id
-(``put_field`` / ``get_fields``), workers announce themselves in a registry whose entries vanish
+(``put_field`` / ``get_fields``; ``put_fields`` answers with the entry's field count and
+``field_names`` lists the fields without their values, so the join can tell a group is complete
+without reading it), workers announce themselves in a registry whose entries vanish
 when heartbeats stop, and counters record outcomes such as dropped-as-stale.
 
 Two implementations honour the same contract test suite: in-memory for the embedded demo and unit
@@ -15,6 +17,7 @@ from __future__ import annotations
 
 import abc
 import json
+from collections.abc import Collection, Mapping
 from types import TracebackType
 from typing import Any, Self, TypedDict
 
@@ -45,8 +48,21 @@ class StateStore(abc.ABC):
         """Set one field of the buffer entry ``key``; the entry's TTL restarts at ``ttl_s``."""
 
     @abc.abstractmethod
+    async def put_fields(self, key: str, fields: Mapping[str, bytes], ttl_s: float | None) -> int:
+        """Set several fields of ``key`` at once (the TTL restarts at ``ttl_s``); returns how many fields
+        the entry has afterwards."""
+
+    @abc.abstractmethod
     async def get_fields(self, key: str) -> dict[str, bytes]:
         """All fields of the buffer entry ``key`` (empty when absent or expired)."""
+
+    @abc.abstractmethod
+    async def get_named(self, key: str, fields: Collection[str]) -> dict[str, bytes]:
+        """The named fields of ``key`` that exist (the others are left out)."""
+
+    @abc.abstractmethod
+    async def field_names(self, key: str) -> set[str]:
+        """The field names of ``key``, without reading their values (empty when absent or expired)."""
 
     @abc.abstractmethod
     async def delete_field(self, key: str, field: str) -> None:

@@ -11,6 +11,12 @@ on arrival and counted as a duplicate, never trained twice or dropped after it w
 whose value is not a finite number is refused (``MalformedMessage``, so the trainer dead-letters it)
 before it can turn a whole batch's advantages into NaN.
 
+Readiness is decided from field names, never values. Every write answers with the group's field count;
+only when that count could hold a complete group (``1 + G·(2 + sources)`` fields) are the names read, and
+only when the names show every rollout scored by every source is the group read and decoded — once, at
+release. So an arrival costs a constant number of round trips whatever G is (G = 16–128 in real runs),
+and a group of G rollouts costs O(G) to release, not O(G²).
+
 Redelivered prompts. A rollout worker that dies after publishing part of a group has its prompt played
 again, under the same rollout ids but with other tokens. The first copy of a rollout id stays in the
 buffer (later copies are counted in ``join:redelivered``), and each reward names the copy it scored
@@ -30,8 +36,9 @@ trainer records at once.
 Store layout (``ns`` = namespace)::
 
     ns:group:<prompt_id>   meta → {"group_size", "first_seen"}; r:<rollout_id> → Rollout bytes;
-                           w:<rollout_id>:<source>:<copy> → Reward bytes (copy: the scored rollout's
-                           created_at, "" when the reward names none)
+                           c:<rollout_id>:<copy> → b"" (which copy r: holds: its created_at, for
+                           readiness from names); w:<rollout_id>:<source>:<copy> → Reward bytes
+                           (copy: the scored rollout's created_at, "" when the reward names none)
     ns:open                <prompt_id> → first-seen time (the groups the sweeper looks at)
     ns:held                <rollout_id> → step: trained, waiting for the checkpoint that holds the step
     ledger "outcome"       every rollout id that reached an outcome (SET NX): the exactly-once gate
@@ -46,13 +53,14 @@ import json
 import logging
 import math
 import time
-from collections.abc import Callable, Collection, Iterable
+from collections.abc import Callable, Collection, Iterable, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 
 from rlbus.errors import MalformedMessage
 from rlbus.schemas import Reward, Rollout, decode, encode
 from rlbus.state.base import StateStore
+from rlbus.state.progress import outcome_counter
 
 log = logging.getLogger("rlbus.state.join")
 
@@ -135,34 +143,33 @@ class JoinBuffer:
     def _group_key(self, prompt_id: str) -> str:
         return f"{self._ns}:group:{prompt_id}"
 
-    async def _entry(self, prompt_id: str) -> tuple[dict[str, bytes], dict[str, float]]:
-        """The group's buffered fields and meta; a group seen for the first time is opened (and indexed
-        for the timeout sweep)."""
-        fields = await self._state.get_fields(self._group_key(prompt_id))
-        if "meta" in fields:
-            return fields, json.loads(fields["meta"])
+    async def _open(self, prompt_id: str, raw_meta: bytes | None) -> dict[str, float]:
+        """The group's meta; a group seen for the first time is opened (and indexed for the timeout
+        sweep)."""
+        if raw_meta is not None:
+            meta: dict[str, float] = json.loads(raw_meta)
+            return meta
         now = self._clock()
         await self._state.put_field(f"{self._ns}:open", prompt_id, str(now).encode(), None)
-        return fields, {"first_seen": now}
-
-    async def _put(self, prompt_id: str, fields: dict[str, bytes], name: str, value: bytes) -> None:
-        await self._state.put_field(self._group_key(prompt_id), name, value, self._ttl)
-        fields[name] = value
+        return {"first_seen": now}
 
     async def add_rollout(self, rollout: Rollout) -> ScoredGroup | None:
         """Buffer a rollout; returns its group if that made the group ready."""
         if await self._state.seen(FINAL, rollout.rollout_id):
-            await self._state.incr(f"outcome:{Outcome.DUPLICATE}")
+            await self._state.incr(outcome_counter(Outcome.DUPLICATE))
             return None
-        fields, meta = await self._entry(rollout.prompt_id)
-        if f"r:{rollout.rollout_id}" in fields:  # a redelivered prompt's second copy: the first one stays
+        key, name = self._group_key(rollout.prompt_id), f"r:{rollout.rollout_id}"
+        got = await self._state.get_named(key, ("meta", name))
+        meta = await self._open(rollout.prompt_id, got.get("meta"))
+        if name in got:  # a redelivered prompt's second copy: the first one stays
             await self._state.incr(REDELIVERED_COUNTER)
             return None
-        if "meta" not in fields or meta.get("group_size") != rollout.group_size:
+        writes = {name: encode(rollout), f"c:{rollout.rollout_id}:{rollout.created_at!r}": b""}
+        if "meta" not in got or meta.get("group_size") != rollout.group_size:
             meta["group_size"] = rollout.group_size
-            await self._put(rollout.prompt_id, fields, "meta", json.dumps(meta).encode())
-        await self._put(rollout.prompt_id, fields, f"r:{rollout.rollout_id}", encode(rollout))
-        return await self._ready(rollout.prompt_id, fields)
+            writes["meta"] = json.dumps(meta).encode()
+        count = await self._state.put_fields(key, writes, self._ttl)
+        return await self._ready(rollout.prompt_id, meta, count)
 
     async def add_reward(self, reward: Reward) -> ScoredGroup | None:
         """Buffer a reward; rewards of sources the policy does not wait for are ignored. Raises
@@ -172,15 +179,17 @@ class JoinBuffer:
                                    "or a component is not a finite number")
         if reward.source not in self.policy.sources or await self._state.seen(FINAL, reward.rollout_id):
             return None
-        fields, meta = await self._entry(reward.prompt_id)
-        if "meta" not in fields:
-            await self._put(reward.prompt_id, fields, "meta", json.dumps(meta).encode())
+        key = self._group_key(reward.prompt_id)
+        got = await self._state.get_named(key, ("meta",))
+        meta = await self._open(reward.prompt_id, got.get("meta"))
         copy = "" if reward.rollout_created_at is None else repr(reward.rollout_created_at)
-        await self._put(reward.prompt_id, fields, f"w:{reward.rollout_id}:{reward.source}:{copy}", encode(reward))
-        return await self._ready(reward.prompt_id, fields)
+        writes = {f"w:{reward.rollout_id}:{reward.source}:{copy}": encode(reward)}
+        if "meta" not in got:
+            writes["meta"] = json.dumps(meta).encode()
+        count = await self._state.put_fields(key, writes, self._ttl)
+        return await self._ready(reward.prompt_id, meta, count)
 
-    def _assemble(self, prompt_id: str, fields: dict[str, bytes]) -> tuple[ScoredGroup, int | None]:
-        meta = json.loads(fields.get("meta", b"{}"))
+    def _assemble(self, prompt_id: str, fields: dict[str, bytes]) -> ScoredGroup:
         rollouts = {k[2:]: decode(Rollout, v) for k, v in fields.items() if k.startswith("r:")}
         rewards: dict[str, dict[str, Reward]] = {}
         for k, v in fields.items():
@@ -199,12 +208,26 @@ class JoinBuffer:
                 scored.append(ScoredRollout(rollout, self.policy.combine(got), components))
             else:
                 unscored.append(rollout_id)
-        return ScoredGroup(prompt_id, scored, unscored), meta.get("group_size")
+        return ScoredGroup(prompt_id, scored, unscored)
 
-    async def _ready(self, prompt_id: str, fields: dict[str, bytes]) -> ScoredGroup | None:
-        group, size = self._assemble(prompt_id, fields)
-        if size is None or len(group.rollouts) < size:
+    async def _complete(self, prompt_id: str, meta: dict[str, float], count: int) -> bool:
+        """Whether every rollout of the group is scored by every source — from the field count, then
+        the field names; no value is read."""
+        size = meta.get("group_size")
+        if size is None or count < 1 + size * (2 + len(self.policy.sources)):
+            return False
+        names = await self._state.field_names(self._group_key(prompt_id))
+        return len(scored_from_names(names, self.policy.sources)) >= size
+
+    async def _read(self, prompt_id: str) -> ScoredGroup:
+        """The group as buffered, rollouts and rewards decoded (once per release)."""
+        return self._assemble(prompt_id, await self._state.get_fields(self._group_key(prompt_id)))
+
+    async def _ready(self, prompt_id: str, meta: dict[str, float], count: int) -> ScoredGroup | None:
+        """After an arrival that left ``count`` fields in the group: the group, released, if it is complete."""
+        if not await self._complete(prompt_id, meta, count):
             return None
+        group = await self._read(prompt_id)
         await self._close(prompt_id)
         return group
 
@@ -220,7 +243,7 @@ class JoinBuffer:
         for prompt_id, first_seen in (await self._state.get_fields(f"{self._ns}:open")).items():
             if now - float(first_seen) < self.policy.timeout_s:
                 continue
-            group, _ = self._assemble(prompt_id, await self._state.get_fields(self._group_key(prompt_id)))
+            group = await self._read(prompt_id)
             await self._close(prompt_id)
             if len(group.rollouts) >= self.policy.min_group:
                 await self.record(Outcome.TIMED_OUT, group.unscored)
@@ -236,12 +259,12 @@ class JoinBuffer:
         counted = 0
         for rollout_id in rollout_ids:
             if not await self._state.mark_once(FINAL, rollout_id):
-                await self._state.incr(f"outcome:{Outcome.DUPLICATE}")
+                await self._state.incr(outcome_counter(Outcome.DUPLICATE))
                 if outcome is Outcome.TRAINED:
                     await self._state.incr(TRAINED_AGAIN)
                 continue
             await self._state.mark_once(outcome, rollout_id)
-            await self._state.incr(f"outcome:{outcome}")
+            await self._state.incr(outcome_counter(outcome))
             counted += 1
         return counted
 
@@ -300,4 +323,19 @@ class JoinBuffer:
         return [o for o in final if await self._state.seen(o, rollout_id)]
 
     async def counts(self) -> dict[str, int]:
-        return {o.value: await self._state.get_counter(f"outcome:{o}") for o in Outcome}
+        return {o.value: await self._state.get_counter(outcome_counter(o)) for o in Outcome}
+
+
+def scored_from_names(names: Iterable[str], sources: Sequence[str]) -> set[str]:
+    """Rollout ids of a group's field names that have a reward from every source for the copy buffered
+    (the names-only twin of :meth:`JoinBuffer._assemble`'s pairing)."""
+    names = list(names)
+    copies = dict(name[2:].rsplit(":", 1) for name in names if name.startswith("c:"))
+    got: dict[str, set[str]] = {}
+    for name in names:
+        if name.startswith("w:"):
+            rollout_id, source, copy = name[2:].rsplit(":", 2)
+            if rollout_id in copies and (not copy or copy == copies[rollout_id]):
+                got.setdefault(rollout_id, set()).add(source)
+    need = set(sources)
+    return {rollout_id for rollout_id, have in got.items() if need <= have}

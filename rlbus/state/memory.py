@@ -8,7 +8,7 @@ demo needs. Worker info goes through JSON, as in Redis, so both stores return th
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection, Mapping
 from typing import Any
 
 from rlbus.state.base import (
@@ -63,18 +63,32 @@ class MemoryStateStore(StateStore):
         return key in self._marks and self._live(self._marks[key])
 
     async def put_field(self, key: str, field: str, value: bytes, ttl_s: float | None) -> None:
+        await self.put_fields(key, {field: value}, ttl_s)
+
+    async def put_fields(self, key: str, fields: Mapping[str, bytes], ttl_s: float | None) -> int:
         deadline = self._deadline(ttl_s)
-        fields = await self.get_fields(key)
-        self._buffers[key] = ({**fields, field: bytes(value)}, deadline)
+        current = self._live_fields(key)
+        current.update((field, bytes(value)) for field, value in fields.items())
+        self._buffers[key] = (current, deadline)
+        return len(current)
+
+    def _live_fields(self, key: str) -> dict[str, bytes]:
+        """The entry's own dict (updated in place: a write costs O(1), not a copy of the entry)."""
+        fields, deadline = self._buffers.get(key, ({}, None))
+        return fields if self._live(deadline) else {}
 
     async def get_fields(self, key: str) -> dict[str, bytes]:
-        fields, deadline = self._buffers.get(key, ({}, None))
-        return dict(fields) if self._live(deadline) else {}
+        return dict(self._live_fields(key))
+
+    async def get_named(self, key: str, fields: Collection[str]) -> dict[str, bytes]:
+        current = self._live_fields(key)
+        return {field: current[field] for field in fields if field in current}
+
+    async def field_names(self, key: str) -> set[str]:
+        return set(self._live_fields(key))
 
     async def delete_field(self, key: str, field: str) -> None:
-        fields, deadline = self._buffers.get(key, ({}, None))
-        if field in fields and self._live(deadline):
-            self._buffers[key] = ({k: v for k, v in fields.items() if k != field}, deadline)
+        self._live_fields(key).pop(field, None)
 
     async def delete(self, key: str) -> None:
         self._buffers.pop(key, None)

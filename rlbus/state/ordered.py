@@ -49,7 +49,7 @@ from typing import Any
 
 from msgspec.structs import replace
 
-from rlbus.schemas import Prompt, Rollout
+from rlbus.schemas import Prompt, Rollout, decode
 from rlbus.state.base import StateStore
 from rlbus.state.join import FINAL, JoinBuffer, Outcome, RewardPolicy, ScoredGroup
 
@@ -77,7 +77,7 @@ class OrderedJoin(JoinBuffer):
     """A :class:`~rlbus.state.join.JoinBuffer` that releases complete groups in prompt order, ``batch``
     at a time, from :meth:`expire` (see the module docstring). :meth:`add_rollout` and
     :meth:`add_reward` buffer and always return None. It builds on the base class's store layout and
-    hooks (``_group_key``, ``_assemble``, ``_ready``, ``_close``), which exist for this subclass."""
+    hooks (``_group_key``, ``_complete``, ``_read``, ``_ready``, ``_close``), which exist for this subclass."""
 
     keeps_released = True  # a released group stays in the store until every rollout has an outcome
 
@@ -119,16 +119,26 @@ class OrderedJoin(JoinBuffer):
             self._seqs[rollout.prompt_id] = seq
         return await super().add_rollout(rollout)
 
-    async def _ready(self, prompt_id: str, fields: dict[str, bytes]) -> ScoredGroup | None:
-        group, size = self._assemble(prompt_id, fields)
-        if size is None or len(group.rollouts) < size:
+    async def _ready(self, prompt_id: str, meta: dict[str, float], count: int) -> ScoredGroup | None:
+        if not await self._complete(prompt_id, meta, count):
             return None
-        seq = prompt_seq(group.rollouts[0].rollout)
+        seq = self._seqs.get(prompt_id)
+        if seq is None:  # only rewards arrived in this process: ask one buffered rollout
+            seq = await self._stored_seq(prompt_id)
         # Kept, without expiry, until every rollout of it has an outcome.
         await self._state.put_field(self._group_key(prompt_id), "complete", b"1", None)
         await self._state.put_field(self.complete_key, prompt_id, b"" if seq is None else str(seq).encode(), None)
         await self._state.delete_field(f"{self._ns}:open", prompt_id)
         return None
+
+    async def _stored_seq(self, prompt_id: str) -> int | None:
+        """The sequence number of a group in the store, from one of its rollouts (one decoded, not G)."""
+        key = self._group_key(prompt_id)
+        names = sorted(n for n in await self._state.field_names(key) if n.startswith("r:"))
+        if not names:
+            return None
+        raw = (await self._state.get_named(key, names[:1])).get(names[0])
+        return None if raw is None else prompt_seq(decode(Rollout, raw))
 
     # --- releasing -----------------------------------------------------------------------------------
     async def cursor(self) -> int:
@@ -137,10 +147,7 @@ class OrderedJoin(JoinBuffer):
         if self._next is None:
             self._next = await self._state.get_counter(self.cursor_key)
             for prompt_id in await self._state.get_fields(f"{self._ns}:open"):
-                fields = await self._state.get_fields(self._group_key(prompt_id))
-                group, _ = self._assemble(prompt_id, fields)
-                rollouts = [s.rollout for s in group.rollouts]
-                if rollouts and (seq := prompt_seq(rollouts[0])) is not None:
+                if (seq := await self._stored_seq(prompt_id)) is not None:
                     self._seqs[prompt_id] = seq
         return self._next
 
@@ -230,7 +237,7 @@ class OrderedJoin(JoinBuffer):
         if held is not None:
             group = held[1]
         else:
-            group, _ = self._assemble(prompt_id, await self._state.get_fields(self._group_key(prompt_id)))
+            group = await self._read(prompt_id)
         fresh = [s for s in group.rollouts if not await self._state.seen(FINAL, s.rollout.rollout_id)]
         if not fresh:  # everything in it already has an outcome (a restart after its step)
             await self._finish(prompt_id)

@@ -3,7 +3,7 @@
 Every key starts with ``key_prefix`` so several runs can share one Redis::
 
     <prefix>once:<namespace>:<id>      string, SET NX [PX ttl]          idempotency ledger
-    <prefix>buf:<key>                  hash of field -> bytes [PX ttl]  join buffer
+    <prefix>buf:<key>                  hash of field -> bytes [PX ttl]  join buffer (HSET/HLEN, HKEYS)
     <prefix>ctr:<name>                 integer (INCRBY)                 counters
     <prefix>worker:<role>:<id>         JSON WorkerRecord, PX ttl        worker registry entry
     <prefix>workers                    set of worker entry keys         registry index
@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any, cast
 
@@ -88,20 +88,45 @@ class RedisStateStore(StateStore):
             return bool(await self._client.exists(self._key("once", namespace, id)))
 
     async def put_field(self, key: str, field: str, value: bytes, ttl_s: float | None) -> None:
+        await self._put(key, {field: value}, ttl_s, "put_field", count=False)
+
+    async def put_fields(self, key: str, fields: Mapping[str, bytes], ttl_s: float | None) -> int:
+        return await self._put(key, fields, ttl_s, "put_fields", count=True)
+
+    async def _put(self, key: str, fields: Mapping[str, bytes], ttl_s: float | None, operation: str, *,
+                   count: bool) -> int:
+        """HSET, the TTL, and (``count``) HLEN in one transaction: one round trip."""
         name, ttl_ms = self._key("buf", key), _ms(ttl_s)
-        with _translate("put_field"):
+        with _translate(operation):
             async with self._client.pipeline(transaction=True) as pipe:
-                pipe.hset(name, field, value)
+                if fields:
+                    pipe.hset(name, mapping=cast(dict[Any, Any], dict(fields)))  # redis-py types mapping invariantly
                 if ttl_ms is None:
                     pipe.persist(name)
                 else:
                     pipe.pexpire(name, ttl_ms)
-                await pipe.execute()
+                if count:
+                    pipe.hlen(name)
+                replies = await pipe.execute()
+        return int(replies[-1]) if count else 0
 
     async def get_fields(self, key: str) -> dict[str, bytes]:
         with _translate("get_fields"):
             fields = cast(dict[bytes, bytes], await self._client.hgetall(self._key("buf", key)))
         return {field.decode(): value for field, value in fields.items()}
+
+    async def get_named(self, key: str, fields: Collection[str]) -> dict[str, bytes]:
+        names = list(fields)
+        if not names:
+            return {}
+        with _translate("get_named"):
+            values = cast(list[bytes | None], await self._client.hmget(self._key("buf", key), names))
+        return {name: value for name, value in zip(names, values, strict=True) if value is not None}
+
+    async def field_names(self, key: str) -> set[str]:
+        with _translate("field_names"):
+            names = cast(list[bytes], await self._client.hkeys(self._key("buf", key)))
+        return {name.decode() for name in names}
 
     async def delete_field(self, key: str, field: str) -> None:
         with _translate("delete_field"):

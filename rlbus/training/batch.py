@@ -23,8 +23,10 @@ of the MoE balancing loss. Padding slots replay experts 0..k−1 (valid ids whos
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -55,21 +57,14 @@ class Sample:
     """[start, end) of each context segment in order; () means one segment covering [0, T)."""
 
     def __post_init__(self) -> None:
-        T = self.token_ids.numel()
-        if self.token_ids.dim() != 1 or T == 0:
-            raise ValueError(f"token_ids must be a non-empty [T] tensor, got shape {tuple(self.token_ids.shape)}")
-        for name in ("loss_mask", "logprobs", "versions"):
-            shape = tuple(getattr(self, name).shape)
-            if shape != (T,):
-                raise ValueError(f"{name} has shape {shape}; token_ids has [{T}]")
-        if self.routed_experts is not None and (self.routed_experts.dim() != 3 or self.routed_experts.shape[1] != T):
-            raise ValueError(f"routed_experts must be [L, {T}, k], got {tuple(self.routed_experts.shape)}")
-        if not self.temperature > 0:
-            raise ValueError("temperature must be > 0: a greedy rollout has no stochastic policy to train")
-        mask = self.loss_mask.bool()
-        for start, _ in self.spans:
-            if bool(mask[start]):
-                raise ValueError(f"token {start} opens a context segment: nothing predicts it, so it cannot be trained")
+        check_arrays(
+            token_ids=tuple(self.token_ids.shape),
+            arrays={name: tuple(getattr(self, name).shape) for name in ("loss_mask", "logprobs", "versions")},
+            routed_experts=None if self.routed_experts is None else tuple(self.routed_experts.shape),
+            temperature=self.temperature,
+            segments=self.segments,
+            loss_mask=self.loss_mask.bool(),
+        )
 
     @property
     def length(self) -> int:
@@ -78,16 +73,7 @@ class Sample:
     @property
     def spans(self) -> tuple[Span, ...]:
         """The context segments; validated to tile [0, T) in order."""
-        if not self.segments:
-            return ((0, self.length),)
-        end = 0
-        for s, e in self.segments:
-            if s != end or e <= s:
-                raise ValueError(f"segments {self.segments} do not tile [0, {self.length}) in order")
-            end = e
-        if end != self.length:
-            raise ValueError(f"segments {self.segments} do not tile [0, {self.length}) in order")
-        return self.segments
+        return tiling(self.segments, self.length)
 
     @property
     def num_loss_tokens(self) -> int:
@@ -98,6 +84,48 @@ class Sample:
         v = self.versions.long()[self.loss_mask.bool()]
         v = v[v >= 0]
         return int(v.min()) if v.numel() else None
+
+
+def tiling(segments: tuple[Span, ...], length: int) -> tuple[Span, ...]:
+    """``segments`` (() → one segment over [0, length)), checked to tile [0, length) in order."""
+    if not segments:
+        return ((0, length),)
+    end = 0
+    for s, e in segments:
+        if s != end or e <= s:
+            raise ValueError(f"segments {segments} do not tile [0, {length}) in order")
+        end = e
+    if end != length:
+        raise ValueError(f"segments {segments} do not tile [0, {length}) in order")
+    return segments
+
+
+def check_arrays(
+    *,
+    token_ids: tuple[int, ...],
+    arrays: Mapping[str, tuple[int, ...]],
+    routed_experts: tuple[int, ...] | None,
+    temperature: float,
+    segments: tuple[Span, ...],
+    loss_mask: Any,
+) -> tuple[Span, ...]:
+    """A `Sample`'s invariants, from the arrays' shapes and the loss mask (a tensor or a numpy view, so a
+    rollout is checked before any tensor is built); returns the spans. Raises ValueError."""
+    T = math.prod(token_ids)
+    if len(token_ids) != 1 or T == 0:
+        raise ValueError(f"token_ids must be a non-empty [T] tensor, got shape {token_ids}")
+    for name, shape in arrays.items():
+        if shape != (T,):
+            raise ValueError(f"{name} has shape {shape}; token_ids has [{T}]")
+    if routed_experts is not None and (len(routed_experts) != 3 or routed_experts[1] != T):
+        raise ValueError(f"routed_experts must be [L, {T}, k], got {routed_experts}")
+    if not temperature > 0:
+        raise ValueError("temperature must be > 0: a greedy rollout has no stochastic policy to train")
+    spans = tiling(segments, T)
+    for start, _ in spans:
+        if bool(loss_mask[start]):
+            raise ValueError(f"token {start} opens a context segment: nothing predicts it, so it cannot be trained")
+    return spans
 
 
 @dataclass(frozen=True)
@@ -150,6 +178,32 @@ def context_segments(turns: Sequence[Turn], length: int) -> tuple[Span, ...]:
     return ordered
 
 
+def check_rollout(rollout: Rollout) -> tuple[Span, ...]:
+    """What `sample_from_rollout` would raise, without building a tensor: the trainer checks each rollout
+    on arrival (a bad one is dead-lettered) and builds its `Sample` once, when it trains it. Returns the
+    rollout's context spans."""
+    if rollout.token_ids.numel == 0 and rollout.payload is not None:
+        raise ValueError(f"rollout {rollout.rollout_id}: arrays are in the blob store; resolve the payload first")
+    T = rollout.token_ids.numel
+    try:
+        return check_arrays(
+            token_ids=tuple(rollout.token_ids.shape),
+            arrays={"loss_mask": tuple(rollout.loss_mask.shape), "logprobs": tuple(rollout.logprobs.shape),
+                    "versions": tuple(rollout.token_versions.shape)},
+            routed_experts=None if rollout.routed_experts is None else tuple(rollout.routed_experts.shape),
+            temperature=_temperature(rollout),
+            segments=context_segments(rollout.turns, T) if len(rollout.token_ids.shape) == 1 else (),
+            loss_mask=rollout.loss_mask.to_numpy(),
+        )
+    except ValueError as exc:
+        raise ValueError(f"rollout {rollout.rollout_id}: {exc}") from None
+
+
+def _temperature(rollout: Rollout) -> float:
+    """``logprob_kind = "raw"`` log-probs are of the untempered model: scored at temperature 1."""
+    return 1.0 if rollout.sampling.logprob_kind == "raw" else rollout.sampling.temperature
+
+
 def sample_from_rollout(rollout: Rollout) -> Sample:
     """Decode a `Rollout` message's tensors into a `Sample`.
 
@@ -161,7 +215,7 @@ def sample_from_rollout(rollout: Rollout) -> Sample:
         raise ValueError(f"rollout {rollout.rollout_id}: arrays are in the blob store; resolve the payload first")
     ids = rollout.token_ids.to_torch().long()
     routed = None if rollout.routed_experts is None else rollout.routed_experts.to_torch().long()
-    temperature = 1.0 if rollout.sampling.logprob_kind == "raw" else rollout.sampling.temperature
+    temperature = _temperature(rollout)
     try:
         return Sample(
             token_ids=ids,

@@ -42,6 +42,7 @@ from rlbus.services import free_port
 from rlbus.state import RedisStateStore
 from rlbus.state.join import Outcome
 from rlbus.state.ordered import buffered_rollouts
+from rlbus.state.progress import PROMPT_SEQ, outcome_counter
 from rlbus.training.checkpoint import load_checkpoint
 from tests.conftest import KAFKA_BOOTSTRAP, kafka_bus
 
@@ -241,7 +242,7 @@ namespace = "{namespace}"
         # Nothing trained twice.
         trained = [i for e in read(tmp_path / "run", INPUTS) for g in e["groups"] for i in g["rollout_ids"]]
         assert len(trained) == len(set(trained)) and set(trained) <= ids
-        counts = {o.value: await state.get_counter(f"outcome:{o}") for o in Outcome}
+        counts = {o.value: await state.get_counter(outcome_counter(o)) for o in Outcome}
         assert counts[Outcome.TRAINED] == len(trained) == sum(s["rollouts"] for s in steps)
         assert await state.get_counter("ledger:trained_again") == 0
         for rollout_id in trained:
@@ -256,7 +257,7 @@ namespace = "{namespace}"
         summary = json.loads((tmp_path / "run" / "summary.json").read_text())
         assert summary["outcomes"] == counts and summary["stale_fraction"] == round(counts[Outcome.STALE] / settled, 4)
         prompts_made = sum((await bus.end_offsets(PROMPTS.name)).values())
-        assert await state.get_counter("prompts:seq") == prompts_made
+        assert await state.get_counter(PROMPT_SEQ) == prompts_made
         print(f"\n{len(ids)} rollouts ({len(produced) - len(ids)} redelivered copies) from {prompts_made} prompts: "
               f"{counts} ({summary['stale_fraction']:.1%} stale), {len(pending)} pending; "
               f"{final['step']} steps → v{final['version']}; "
@@ -346,10 +347,10 @@ async def test_a_restarted_run_continues_where_it_stopped(redis_url: str, tmp_pa
         assert [g["seq"] for g in groups] == sorted({g["seq"] for g in groups})
         prompts = [r.value async for r in read_window(bus, PROMPTS.name)]
         assert sorted(int(p.metadata["seq"]) for p in prompts) == list(range(len(prompts)))
-        assert await state.get_counter("prompts:seq") == len(prompts)
+        assert await state.get_counter(PROMPT_SEQ) == len(prompts)
 
         ids = {r.rollout_id for r in await all_rollouts(bus)}
-        counts = {o.value: await state.get_counter(f"outcome:{o}") for o in Outcome}
+        counts = {o.value: await state.get_counter(outcome_counter(o)) for o in Outcome}
         pending = {i for group in (await buffered_rollouts(state)).values() for i in group}
         assert counts[Outcome.TRAINED] == len(trained) and not pending & set(trained)
         settled = sum(counts[o] for o in (Outcome.TRAINED, Outcome.STALE, Outcome.TIMED_OUT, Outcome.INCOMPLETE,

@@ -17,6 +17,7 @@ from rlbus.envs.tasks import generate_prompts
 from rlbus.launch.config import config_from_dict
 from rlbus.schemas import Rollout, TensorData
 from rlbus.state.memory import MemoryStateStore
+from rlbus.state.progress import PROMPT_SEQ
 
 config = config_from_dict({"state": {"url": "memory://"}, "task": {"group_size": 2},
                            "trainer": {"groups_per_step": 2, "max_staleness": 1}}, {})
@@ -44,7 +45,7 @@ async def main():
     await run("reward", roles.reward_main)
     rewards = await read(buses["reward"], REWARDS)
     print(json.dumps({"torch": "torch" in sys.modules, "seqs": sorted(int(p.metadata["seq"]) for p in prompts),
-                      "counter": await state.get_counter(roles.PROMPT_SEQ),
+                      "counter": await state.get_counter(PROMPT_SEQ),
                       "rewards": [r.rollout_id for r in rewards]}))
 
 asyncio.run(main())

@@ -15,9 +15,9 @@ from rlbus.bus.topic import Topic
 from rlbus.bus.topics import REWARDS, ROLLOUTS, WEIGHTS, topic_specs
 from rlbus.bus.types import Record
 from rlbus.observe.collector import Collector, Limits
-from rlbus.producers.prompts import VERSION_COUNTER
 from rlbus.schemas import Reward, Rollout, TensorData, WeightVersion
 from rlbus.state.memory import MemoryStateStore
+from rlbus.state.progress import VERSION_COUNTER
 
 
 def rollout(rid: str, versions: list[int], *, worker: str = "rollout-0", region: str = "eu-west",

@@ -16,9 +16,9 @@ from rlbus.cli import app
 from rlbus.observe import status as status_module
 from rlbus.observe.heartbeat import Heartbeat
 from rlbus.observe.status import Snapshot, render, show, take_snapshot
-from rlbus.producers.prompts import GROUPS_DONE_COUNTER, VERSION_COUNTER
 from rlbus.schemas import Prompt
 from rlbus.state.memory import MemoryStateStore
+from rlbus.state.progress import GROUPS_DONE_COUNTER, VERSION_COUNTER
 
 
 async def running_system() -> tuple[MemoryBus, MemoryStateStore]:

@@ -22,7 +22,6 @@ from rlbus.launch.config import config_from_dict
 from rlbus.launch.roles import beat_on_swap
 from rlbus.observe.heartbeat import Heartbeat
 from rlbus.producers.prompts import (
-    VERSION_COUNTER,
     Admission,
     Progress,
     PromptProducer,
@@ -32,6 +31,7 @@ from rlbus.producers.prompts import (
 )
 from rlbus.state import MemoryStateStore
 from rlbus.state.base import WorkerRecord
+from rlbus.state.progress import VERSION_COUNTER
 
 
 def test_the_window_counts_from_the_lowest_version_served() -> None:

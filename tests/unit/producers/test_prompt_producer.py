@@ -9,8 +9,6 @@ from rlbus.aio import until
 from rlbus.bus import MemoryBus
 from rlbus.bus.topics import PROMPTS, topic_specs
 from rlbus.producers.prompts import (
-    GROUPS_DONE_COUNTER,
-    VERSION_COUNTER,
     Admission,
     Progress,
     PromptProducer,
@@ -18,6 +16,7 @@ from rlbus.producers.prompts import (
     task_prompts,
 )
 from rlbus.state import MemoryStateStore
+from rlbus.state.progress import GROUPS_DONE_COUNTER, VERSION_COUNTER
 
 
 def test_admission_rule() -> None:

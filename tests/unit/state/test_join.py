@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Collection
 
 import numpy as np
 import pytest
@@ -111,3 +111,96 @@ async def test_a_redelivered_prompts_second_copy_never_pairs_with_the_first_copy
     assert all(r is None for r in results[:-1]) and group is not None
     assert [(s.rollout.created_at, s.reward) for s in group.rollouts] == [(1.0, 1.0), (2.0, 0.5)]
     assert await state.get_counter(REDELIVERED_COUNTER) == 1
+
+
+def shuffled_group(prompt: str, size: int, sources: tuple[str, ...], seed: int = 0) -> list[Rollout | Reward]:
+    import random
+
+    events: list[Rollout | Reward] = [rollout(prompt, i, size) for i in range(size)]
+    events += [reward(prompt, i, source, value=i / size) for i in range(size) for source in sources]
+    random.Random(seed).shuffle(events)
+    return events
+
+
+async def test_a_group_of_128_is_released_once_with_every_rollout_and_reward(state: StateStore) -> None:
+    sources = ("verifier", "judge")
+    join = JoinBuffer(state=state, policy=RewardPolicy(sources=sources))
+    released = []
+    for event in shuffled_group("big", 128, sources):
+        group = await (join.add_rollout(event) if isinstance(event, Rollout) else join.add_reward(event))
+        if group is not None:
+            released.append(group)
+    assert len(released) == 1
+    group = released[0]
+    assert group.rollout_ids == [f"big-r{i}" for i in range(128)] and group.unscored == []
+    assert [s.reward for s in group.rollouts] == [2 * i / 128 for i in range(128)]
+    assert all(set(s.components) == {"verifier", "judge", "verifier.exact", "judge.exact"} for s in group.rollouts)
+    assert await state.get_fields("join:group:big") == {} and await state.get_fields("join:open") == {}
+    assert await join.add_reward(reward("big", 0)) is None  # a late copy opens a fresh, incomplete entry
+
+
+class CountingStore(MemoryStateStore):
+    """Counts what the join reads: field-name listings, and the rollout / reward values it is handed."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.name_reads = 0
+        self.value_reads: list[str] = []  # "r:…" / "w:…" fields whose values were returned, in order
+
+    async def field_names(self, key: str) -> set[str]:
+        self.name_reads += 1
+        return await super().field_names(key)
+
+    async def get_named(self, key: str, fields: Collection[str]) -> dict[str, bytes]:
+        got = await super().get_named(key, fields)
+        self.value_reads += [f for f in got if f[:2] in ("r:", "w:")]
+        return got
+
+    async def get_fields(self, key: str) -> dict[str, bytes]:
+        got = await super().get_fields(key)
+        self.value_reads += [f for f in got if f[:2] in ("r:", "w:")]
+        return got
+
+
+@pytest.mark.parametrize("kind", ["plain", "ordered"])
+async def test_readiness_reads_names_only_and_each_rollout_is_decoded_once(
+    kind: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from msgspec.structs import replace
+
+    import rlbus.state.join as join_module
+    from rlbus.schemas import Prompt, decode
+    from rlbus.state.ordered import OrderedJoin
+
+    decoded: list[str] = []
+
+    def counting_decode(kind_: type, raw: bytes) -> object:
+        message = decode(kind_, raw)
+        if isinstance(message, Rollout):
+            decoded.append(message.rollout_id)
+        return message
+
+    monkeypatch.setattr(join_module, "decode", counting_decode)
+    store, size, sources = CountingStore(), 64, ("verifier", "judge")
+    policy = RewardPolicy(sources=sources)
+    join = JoinBuffer(state=store, policy=policy)
+    events = shuffled_group("g", size, sources, seed=3)
+    if kind == "ordered":  # numbered, as the prompt producer numbers them
+        join = OrderedJoin(state=store, policy=policy, batch=1)
+        prompt = Prompt(prompt_id="g", env="arith", text="", group_size=size, metadata={"seq": "0"})
+        events = [replace(e, prompt=prompt) if isinstance(e, Rollout) else e for e in events]
+    released = []
+    for event in events:
+        group = await (join.add_rollout(event) if isinstance(event, Rollout) else join.add_reward(event))
+        if group is not None:
+            released.append(group)
+        else:
+            assert store.value_reads == [], "a value was read before the group was complete"
+    if kind == "ordered":
+        assert released == []
+        released = await join.expire()
+    assert len(released) == 1 and len(released[0].rollouts) == size
+    assert sorted(decoded) == sorted(f"g-r{i}" for i in range(size))  # each rollout decoded once, at release
+    assert sorted(store.value_reads) == sorted([f"r:g-r{i}" for i in range(size)]
+                                               + [f"w:g-r{i}:{s}:" for i in range(size) for s in sources])
+    assert store.name_reads == 1  # the field count kept the names unread until the last arrival

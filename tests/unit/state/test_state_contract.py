@@ -100,6 +100,35 @@ async def test_put_field_overwrites_one_field(store: StateStore) -> None:
 
 async def test_missing_entry_has_no_fields(store: StateStore) -> None:
     assert await store.get_fields("nothing") == {}
+    assert await store.field_names("nothing") == set()
+    assert await store.get_named("nothing", ["a"]) == {}
+
+
+async def test_put_fields_sets_several_and_returns_the_field_count(store: StateStore) -> None:
+    assert await store.put_fields("k", {"a": b"1", "b": bytes(range(256))}, ttl_s=None) == 2
+    assert await store.put_fields("k", {"a": b"3"}, ttl_s=None) == 2  # an overwrite adds no field
+    assert await store.put_fields("k", {"c": b""}, ttl_s=None) == 3
+    assert await store.put_fields("k", {}, ttl_s=None) == 3
+    await store.put_field("k", "d", b"4", ttl_s=None)
+    assert await store.get_fields("k") == {"a": b"3", "b": bytes(range(256)), "c": b"", "d": b"4"}
+
+
+async def test_field_names_and_named_fields(store: StateStore) -> None:
+    await store.put_fields("k", {"meta": b"{}", "r:x": b"big", "c:x:1.5": b""}, ttl_s=None)
+    assert await store.field_names("k") == {"meta", "r:x", "c:x:1.5"}
+    assert await store.get_named("k", ["meta", "r:y"]) == {"meta": b"{}"}
+    assert await store.get_named("k", []) == {}
+    await store.delete_field("k", "r:x")
+    assert await store.field_names("k") == {"meta", "c:x:1.5"}
+    await store.delete("k")
+    assert await store.field_names("k") == set()
+
+
+async def test_get_fields_returns_a_copy(store: StateStore) -> None:
+    await store.put_field("k", "a", b"1", ttl_s=None)
+    fields = await store.get_fields("k")
+    fields["b"] = b"2"
+    assert await store.get_fields("k") == {"a": b"1"}
 
 
 async def test_delete_drops_the_entry_and_tolerates_absence(store: StateStore) -> None:
@@ -127,6 +156,19 @@ async def test_fields_expire_after_the_latest_put(store: StateStore) -> None:
     assert await store.get_fields("k") == {"a": b"1", "b": b"2"}
     await asyncio.sleep(ttl)
     assert await store.get_fields("k") == {}
+    assert await store.field_names("k") == set()
+
+
+async def test_put_fields_restarts_the_ttl(store: StateStore) -> None:
+    ttl = 1.0
+    assert await store.put_fields("k", {"a": b"1"}, ttl_s=ttl) == 1
+    await asyncio.sleep(ttl / 2)
+    assert await store.put_fields("k", {"b": b"2"}, ttl_s=ttl) == 2
+    await asyncio.sleep(ttl / 2 + 0.1)
+    assert await store.field_names("k") == {"a", "b"}
+    await asyncio.sleep(ttl)
+    assert await store.put_fields("k", {"c": b"3"}, ttl_s=None) == 1  # the expired fields are gone
+    assert await store.get_fields("k") == {"c": b"3"}
 
 
 async def test_counters_start_at_zero_and_add(store: StateStore) -> None:
@@ -188,6 +230,8 @@ async def test_non_positive_ttls_are_rejected(store: StateStore, ttl_s: float) -
         await store.mark_once("trained", "r1", ttl_s=ttl_s)
     with pytest.raises(ValueError):
         await store.put_field("k", "a", b"1", ttl_s=ttl_s)
+    with pytest.raises(ValueError):
+        await store.put_fields("k", {"a": b"1"}, ttl_s=ttl_s)
     with pytest.raises(ValueError):
         await store.heartbeat("rollout", "w1", {}, ttl_s=ttl_s)
 

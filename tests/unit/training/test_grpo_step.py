@@ -394,3 +394,29 @@ def test_groups_from_rollouts_joins_rewards_by_source() -> None:
     assert a0.routed_experts is not None and a0.routed_experts.shape == (2, 3, 2)
     with pytest.raises(ValueError, match="no reward"):
         groups_from_rollouts(rollouts, rewards[:3])
+
+
+def test_check_rollout_refuses_what_sample_from_rollout_refuses_without_building_tensors() -> None:
+    from msgspec.structs import replace
+
+    from rlbus.training.batch import check_rollout, sample_from_rollout
+
+    good = rollout("a1", "p1", 1, [1, 2, 3, 4, 5], [0, 0, 0, 0, 1], segments=True)
+    assert check_rollout(good) == ((0, 3), (3, 5)) == sample_from_rollout(good).spans
+    short = TensorData.from_numpy(np.zeros(4, dtype=np.float32))
+    opens = rollout("a2", "p1", 1, [1, 2, 3, 4, 5], [0, 0, 0, 1, 1], segments=True)  # token 3 opens segment 2
+    bad = [
+        replace(good, logprobs=short),
+        replace(good, routed_experts=TensorData.from_numpy(np.zeros((2, 4, 2), dtype=np.int16))),
+        replace(good, sampling=SamplingInfo(temperature=0.0, logprob_kind="sampled")),
+        opens,
+        replace(good, turns=[Turn(role="user", text="", start=0, end=3),
+                             Turn(role="assistant", text="", start=3, end=4, segment=1)]),  # 4 of 5 tokens
+    ]
+    for message in bad:
+        with pytest.raises(ValueError) as built:
+            sample_from_rollout(message)
+        with pytest.raises(ValueError) as checked:
+            check_rollout(message)
+        assert str(checked.value) == str(built.value)
+        assert str(checked.value).startswith(f"rollout {message.rollout_id}: ")
