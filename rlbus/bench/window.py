@@ -61,7 +61,14 @@ class TailEngine:
         self._median_s = median_s
         self._sigma = sigma
         self._lock = threading.Lock()
-        self.busy_s = 0.0
+        self._busy: list[float] = []
+
+    @property
+    def busy_s(self) -> float:
+        """Seconds spent generating, summed exactly (``math.fsum``): the same episodes give the same total
+        whatever order they finished in (float ``+=`` differs in the last bit between orders)."""
+        with self._lock:
+            return math.fsum(self._busy)
 
     @property
     def policy_version(self) -> int:
@@ -81,7 +88,7 @@ class TailEngine:
         seconds = self.duration(request.prompt_ids)
         time.sleep(seconds)
         with self._lock:
-            self.busy_s += seconds
+            self._busy.append(seconds)
         ids = [*self._tokenizer.encode("<answer>7</answer>"), *request.stop_token_ids[:1]]
         return GenerationResult(
             request_id=request.request_id, prompt_ids=request.prompt_ids, token_ids=tuple(ids),
