@@ -11,13 +11,17 @@ so a record is never committed before it was processed and is redelivered at mos
 from __future__ import annotations
 
 import abc
+import logging
 from collections.abc import Sequence
 from types import TracebackType
 from typing import Any, Self
 
 from rlbus.bus.topic import Topic
 from rlbus.bus.types import Headers, Record, RecordMetadata, TopicInfo, TopicPartition, TopicSpec
+from rlbus.errors import CommitFailed
 from rlbus.observe.metrics import count_out
+
+log = logging.getLogger("rlbus.bus")
 
 TopicLike = Topic[Any] | str
 
@@ -63,13 +67,33 @@ class Consumer(abc.ABC):
             self._marked[tp] = record.offset + 1
 
     async def commit(self) -> dict[TopicPartition, int]:
-        """Commit every marked position (next offset to read) and return what was committed."""
+        """Commit every marked position (next offset to read) and return what was committed. When the
+        group refuses the commit (``CommitFailed``: it is rebalancing) the positions stay marked, so the
+        next commit carries them, and the error is raised."""
         owned = self.assignment()
         offsets = {tp: off for tp, off in self._marked.items() if tp in owned}
         self._marked.clear()
         if offsets:
-            await self._commit(offsets)
+            try:
+                await self._commit(offsets)
+            except CommitFailed:
+                for tp, off in offsets.items():  # a position marked meanwhile is newer: it wins
+                    if off > self._marked.get(tp, -1):
+                        self._marked[tp] = off
+                raise
         return offsets
+
+    async def commit_or_defer(self) -> bool:
+        """A worker's routine commit: a commit refused while the group rebalances is no reason to stop.
+        Its positions stay marked for the next commit; partitions that moved to another member were
+        committed by the revoke listener or are replayed there (every effect is idempotent by id).
+        Returns whether it committed."""
+        try:
+            await self.commit()
+        except CommitFailed as exc:
+            log.warning("commit of group %s deferred to the next one: %s", self.group, exc)
+            return False
+        return True
 
     @abc.abstractmethod
     async def _commit(self, offsets: dict[TopicPartition, int]) -> None: ...

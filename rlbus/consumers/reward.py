@@ -115,4 +115,4 @@ class RewardWorker:
                 if not batch:
                     continue
                 await handle_batch(consumer, batch, self._handle, self.dead_letters, concurrency=self._concurrency)
-                await consumer.commit()
+                await consumer.commit_or_defer()

@@ -193,13 +193,13 @@ class RolloutWorker:
                         await asyncio.wait(playing, timeout=0.2, return_when=asyncio.FIRST_COMPLETED)
                     self._reap(playing, window)
                     if time.monotonic() - committed_at >= self._commit_interval_s:
-                        await consumer.commit()
+                        await consumer.commit_or_defer()
                         committed_at = time.monotonic()
                 while playing:  # graceful drain: no new prompts, the ones in play finish
                     await asyncio.wait(playing, return_when=asyncio.FIRST_COMPLETED)
                     window.forget_revoked()
                     self._reap(playing, window)
-                await consumer.commit()
+                await consumer.commit_or_defer()  # refused in a rebalance: close() commits what is still ours
             finally:
                 for task in playing:
                     task.cancel()

@@ -313,7 +313,7 @@ class TrainerWorker:
                 batch = await consumer.getmany(timeout_s=0.1, max_records=1000)
                 if batch:
                     await handle_batch(consumer, batch, self._handle, self.dead_letters)
-                    await consumer.commit()
+                    await consumer.commit_or_defer()
                 if time.monotonic() - last_expire > self._expire_every_s:
                     await self._queue(await self.join.expire())
                     last_expire = time.monotonic()
