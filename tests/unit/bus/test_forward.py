@@ -15,7 +15,7 @@ from rlbus.bus.types import TopicPartition, TopicSpec
 from rlbus.schemas import Prompt
 
 # Methods built on the others through ``self`` (so the wrapper's forwarding applies to them).
-DERIVED = {"send", "__aenter__", "__aexit__"}
+DERIVED = {"send", "commit_or_defer", "__aenter__", "__aexit__"}
 
 
 def contract(cls: type) -> set[str]:
