@@ -18,6 +18,7 @@ from __future__ import annotations
 import abc
 import json
 from collections.abc import Collection, Mapping
+from dataclasses import dataclass
 from types import TracebackType
 from typing import Any, Self, TypedDict
 
@@ -30,6 +31,20 @@ class WorkerRecord(TypedDict):
     info: dict[str, Any]
     last_seen: float
     """Unix time of the latest heartbeat, by the worker's clock."""
+
+
+@dataclass(frozen=True)
+class Merged:
+    """What `StateStore.merge_fields` did."""
+
+    size: int
+    """Fields the entry has afterwards."""
+    added: frozenset[str]
+    """The ``if_absent`` fields this call set (the others existed and kept their values)."""
+    read: dict[str, bytes]
+    """The ``read`` fields after the writes (absent ones left out)."""
+    skipped: bool = False
+    """Nothing was written: the ``unless`` id is marked (the other fields are then empty)."""
 
 
 class StateStore(abc.ABC):
@@ -51,6 +66,17 @@ class StateStore(abc.ABC):
     async def put_fields(self, key: str, fields: Mapping[str, bytes], ttl_s: float | None) -> int:
         """Set several fields of ``key`` at once (the TTL restarts at ``ttl_s``); returns how many fields
         the entry has afterwards."""
+
+    @abc.abstractmethod
+    async def merge_fields(
+        self, key: str, fields: Mapping[str, bytes], ttl_s: float | None, *,
+        if_absent: Mapping[str, bytes] | None = None, read: Collection[str] = (),
+        unless: tuple[str, str] | None = None,
+    ) -> Merged:
+        """In one atomic round trip: set ``fields``, set each field of ``if_absent`` only where ``key`` has
+        none of that name (the first writer's value stays: HSETNX), restart the TTL at ``ttl_s``, and read
+        the ``read`` fields back — or, when ``unless = (namespace, id)`` is marked (`mark_once`), do nothing
+        and say so (``skipped``). One arrival at the join, whatever the group's size."""
 
     @abc.abstractmethod
     async def get_fields(self, key: str) -> dict[str, bytes]:

@@ -11,11 +11,14 @@ on arrival and counted as a duplicate, never trained twice or dropped after it w
 whose value is not a finite number is refused (``MalformedMessage``, so the trainer dead-letters it)
 before it can turn a whole batch's advantages into NaN.
 
-Readiness is decided from field names, never values. Every write answers with the group's field count;
-only when that count could hold a complete group (``1 + G·(2 + sources)`` fields) are the names read, and
-only when the names show every rollout scored by every source is the group read and decoded — once, at
-release. So an arrival costs a constant number of round trips whatever G is (G = 16–128 in real runs),
-and a group of G rollouts costs O(G) to release, not O(G²).
+Readiness is decided from field names, never rollout or reward values. An arrival is one round trip
+whatever G is (G = 16–128 in real runs): one atomic merge (`StateStore.merge_fields`) that does nothing if
+the rollout already has an outcome, else writes the arrival (a rollout only where no copy of it is
+buffered yet), opens the group if it is new and answers with the group's meta and field count. Only when
+that count could hold a complete group (``1 + G·(2 + sources)`` fields) are the names (and the copies'
+creation times) read, and only when they show every rollout scored by every source is the group read and
+decoded — once, at release. A group of G rollouts costs O(G), not O(G²). Being one script, the merge also
+closes the window in which a rollout given its outcome between a check and a write was buffered again.
 
 Redelivered prompts. A rollout worker that dies after publishing part of a group has its prompt played
 again, under the same rollout ids but with other tokens. The first copy of a rollout id stays in the
@@ -36,8 +39,8 @@ trainer records at once.
 Store layout (``ns`` = namespace)::
 
     ns:group:<prompt_id>   meta → {"group_size", "first_seen"}; r:<rollout_id> → Rollout bytes;
-                           c:<rollout_id>:<copy> → b"" (which copy r: holds: its created_at, for
-                           readiness from names); w:<rollout_id>:<source>:<copy> → Reward bytes
+                           c:<rollout_id> → which copy r: holds (its created_at, for readiness without
+                           reading r:); w:<rollout_id>:<source>:<copy> → Reward bytes
                            (copy: the scored rollout's created_at, "" when the reward names none)
     ns:open                <prompt_id> → first-seen time (the groups the sweeper looks at)
     ns:held                <rollout_id> → step: trained, waiting for the checkpoint that holds the step
@@ -53,13 +56,13 @@ import json
 import logging
 import math
 import time
-from collections.abc import Callable, Collection, Iterable, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 
 from rlbus.errors import MalformedMessage
 from rlbus.schemas import Reward, Rollout, decode, encode
-from rlbus.state.base import StateStore
+from rlbus.state.base import Merged, StateStore
 from rlbus.state.progress import outcome_counter
 
 log = logging.getLogger("rlbus.state.join")
@@ -143,32 +146,41 @@ class JoinBuffer:
     def _group_key(self, prompt_id: str) -> str:
         return f"{self._ns}:group:{prompt_id}"
 
-    async def _open(self, prompt_id: str, raw_meta: bytes | None) -> dict[str, float]:
-        """The group's meta; a group seen for the first time is opened (and indexed for the timeout
-        sweep)."""
-        if raw_meta is not None:
-            meta: dict[str, float] = json.loads(raw_meta)
-            return meta
+    async def _merge(
+        self, prompt_id: str, rollout_id: str, fields: dict[str, bytes], first: dict[str, bytes]
+    ) -> tuple[Merged, dict[str, float]]:
+        """Write an arrival in one round trip, unless its rollout already has an outcome: ``fields``, and
+        ``first`` where absent (with the group's opening meta); returns what was written and the group's
+        meta. A group seen for the first time is also indexed for the timeout sweep."""
         now = self._clock()
-        await self._state.put_field(f"{self._ns}:open", prompt_id, str(now).encode(), None)
-        return {"first_seen": now}
+        merged = await self._state.merge_fields(
+            self._group_key(prompt_id), fields, self._ttl,
+            if_absent={**first, "meta": json.dumps({"first_seen": now}).encode()}, read=("meta",),
+            unless=(FINAL, rollout_id),
+        )
+        if merged.skipped:
+            return merged, {}
+        if "meta" in merged.added:
+            await self._state.put_field(f"{self._ns}:open", prompt_id, str(now).encode(), None)
+        meta: dict[str, float] = json.loads(merged.read["meta"])
+        return merged, meta
 
     async def add_rollout(self, rollout: Rollout) -> ScoredGroup | None:
         """Buffer a rollout; returns its group if that made the group ready."""
-        if await self._state.seen(FINAL, rollout.rollout_id):
+        name = f"r:{rollout.rollout_id}"
+        first = {name: encode(rollout), f"c:{rollout.rollout_id}": repr(rollout.created_at).encode()}
+        merged, meta = await self._merge(rollout.prompt_id, rollout.rollout_id, {}, first)
+        if merged.skipped:  # it already has an outcome: a redelivery
             await self._state.incr(outcome_counter(Outcome.DUPLICATE))
             return None
-        key, name = self._group_key(rollout.prompt_id), f"r:{rollout.rollout_id}"
-        got = await self._state.get_named(key, ("meta", name))
-        meta = await self._open(rollout.prompt_id, got.get("meta"))
-        if name in got:  # a redelivered prompt's second copy: the first one stays
+        if name not in merged.added:  # a redelivered prompt's second copy: the first one stays
             await self._state.incr(REDELIVERED_COUNTER)
             return None
-        writes = {name: encode(rollout), f"c:{rollout.rollout_id}:{rollout.created_at!r}": b""}
-        if "meta" not in got or meta.get("group_size") != rollout.group_size:
+        count = merged.size
+        if meta.get("group_size") != rollout.group_size:  # the group's first rollout (rewards may come first)
             meta["group_size"] = rollout.group_size
-            writes["meta"] = json.dumps(meta).encode()
-        count = await self._state.put_fields(key, writes, self._ttl)
+            count = await self._state.put_fields(self._group_key(rollout.prompt_id),
+                                                 {"meta": json.dumps(meta).encode()}, self._ttl)
         return await self._ready(rollout.prompt_id, meta, count)
 
     async def add_reward(self, reward: Reward) -> ScoredGroup | None:
@@ -177,17 +189,14 @@ class JoinBuffer:
         if not math.isfinite(reward.value) or not all(math.isfinite(v) for v in reward.components.values()):
             raise MalformedMessage(f"reward {reward.reward_id} for {reward.rollout_id}: value {reward.value} "
                                    "or a component is not a finite number")
-        if reward.source not in self.policy.sources or await self._state.seen(FINAL, reward.rollout_id):
+        if reward.source not in self.policy.sources:
             return None
-        key = self._group_key(reward.prompt_id)
-        got = await self._state.get_named(key, ("meta",))
-        meta = await self._open(reward.prompt_id, got.get("meta"))
         copy = "" if reward.rollout_created_at is None else repr(reward.rollout_created_at)
-        writes = {f"w:{reward.rollout_id}:{reward.source}:{copy}": encode(reward)}
-        if "meta" not in got:
-            writes["meta"] = json.dumps(meta).encode()
-        count = await self._state.put_fields(key, writes, self._ttl)
-        return await self._ready(reward.prompt_id, meta, count)
+        field = f"w:{reward.rollout_id}:{reward.source}:{copy}"
+        merged, meta = await self._merge(reward.prompt_id, reward.rollout_id, {field: encode(reward)}, {})
+        if merged.skipped:  # its rollout already has an outcome
+            return None
+        return await self._ready(reward.prompt_id, meta, merged.size)
 
     def _assemble(self, prompt_id: str, fields: dict[str, bytes]) -> ScoredGroup:
         rollouts = {k[2:]: decode(Rollout, v) for k, v in fields.items() if k.startswith("r:")}
@@ -212,12 +221,14 @@ class JoinBuffer:
 
     async def _complete(self, prompt_id: str, meta: dict[str, float], count: int) -> bool:
         """Whether every rollout of the group is scored by every source — from the field count, then
-        the field names; no value is read."""
+        the field names and the copies' creation times; no rollout or reward is read."""
         size = meta.get("group_size")
         if size is None or count < 1 + size * (2 + len(self.policy.sources)):
             return False
-        names = await self._state.field_names(self._group_key(prompt_id))
-        return len(scored_from_names(names, self.policy.sources)) >= size
+        key = self._group_key(prompt_id)
+        names = await self._state.field_names(key)
+        copies = await self._state.get_named(key, [n for n in names if n.startswith("c:")])
+        return len(scored_from_names(names, copies, self.policy.sources)) >= size
 
     async def _read(self, prompt_id: str) -> ScoredGroup:
         """The group as buffered, rollouts and rewards decoded (once per release)."""
@@ -326,16 +337,16 @@ class JoinBuffer:
         return {o.value: await self._state.get_counter(outcome_counter(o)) for o in Outcome}
 
 
-def scored_from_names(names: Iterable[str], sources: Sequence[str]) -> set[str]:
-    """Rollout ids of a group's field names that have a reward from every source for the copy buffered
-    (the names-only twin of :meth:`JoinBuffer._assemble`'s pairing)."""
-    names = list(names)
-    copies = dict(name[2:].rsplit(":", 1) for name in names if name.startswith("c:"))
+def scored_from_names(names: Iterable[str], copies: Mapping[str, bytes], sources: Sequence[str]) -> set[str]:
+    """Rollout ids of a group that have a reward from every source for the copy buffered, from the field
+    names and the ``c:<rollout_id>`` fields (the buffered copy's created_at): the names-only twin of
+    :meth:`JoinBuffer._assemble`'s pairing."""
+    buffered = {name[2:]: value.decode() for name, value in copies.items()}
     got: dict[str, set[str]] = {}
     for name in names:
         if name.startswith("w:"):
             rollout_id, source, copy = name[2:].rsplit(":", 2)
-            if rollout_id in copies and (not copy or copy == copies[rollout_id]):
+            if rollout_id in buffered and (not copy or copy == buffered[rollout_id]):
                 got.setdefault(rollout_id, set()).add(source)
     need = set(sources)
     return {rollout_id for rollout_id, have in got.items() if need <= have}

@@ -12,6 +12,7 @@ from collections.abc import Callable, Collection, Mapping
 from typing import Any
 
 from rlbus.state.base import (
+    Merged,
     StateStore,
     WorkerRecord,
     by_role,
@@ -71,6 +72,21 @@ class MemoryStateStore(StateStore):
         current.update((field, bytes(value)) for field, value in fields.items())
         self._buffers[key] = (current, deadline)
         return len(current)
+
+    async def merge_fields(
+        self, key: str, fields: Mapping[str, bytes], ttl_s: float | None, *,
+        if_absent: Mapping[str, bytes] | None = None, read: Collection[str] = (),
+        unless: tuple[str, str] | None = None,
+    ) -> Merged:
+        if unless is not None and await self.seen(*unless):
+            return Merged(0, frozenset(), {}, skipped=True)
+        deadline = self._deadline(ttl_s)
+        current = self._live_fields(key)
+        current.update((field, bytes(value)) for field, value in fields.items())
+        added = frozenset(field for field in (if_absent or {}) if field not in current)
+        current.update((field, bytes((if_absent or {})[field])) for field in added)
+        self._buffers[key] = (current, deadline)
+        return Merged(len(current), added, {name: current[name] for name in read if name in current})
 
     def _live_fields(self, key: str) -> dict[str, bytes]:
         """The entry's own dict (updated in place: a write costs O(1), not a copy of the entry)."""

@@ -113,6 +113,38 @@ async def test_put_fields_sets_several_and_returns_the_field_count(store: StateS
     assert await store.get_fields("k") == {"a": b"3", "b": bytes(range(256)), "c": b"", "d": b"4"}
 
 
+async def test_merge_fields_keeps_the_first_writer_of_if_absent_fields(store: StateStore) -> None:
+    first = await store.merge_fields("k", {"w": b"1"}, None, if_absent={"meta": b"A", "r:x": b"x1"}, read=["meta"])
+    assert (first.size, first.added, first.read) == (3, frozenset({"meta", "r:x"}), {"meta": b"A"})
+    again = await store.merge_fields("k", {"w": b"2"}, None, if_absent={"meta": b"B", "r:x": b"x2", "r:y": b"y"},
+                                     read=["meta", "r:x", "absent"])
+    assert (again.size, again.added) == (4, frozenset({"r:y"}))
+    assert again.read == {"meta": b"A", "r:x": b"x1"}  # the first writer's values stay; ``fields`` overwrite
+    assert await store.get_fields("k") == {"w": b"2", "meta": b"A", "r:x": b"x1", "r:y": b"y"}
+    plain = await store.merge_fields("k", {}, None)
+    assert (plain.size, plain.added, plain.read) == (4, frozenset(), {})
+
+
+async def test_merge_fields_writes_nothing_for_a_marked_id(store: StateStore) -> None:
+    assert not (await store.merge_fields("k", {"w": b"1"}, None, unless=("final", "r1"))).skipped
+    assert await store.mark_once("final", "r1")
+    blocked = await store.merge_fields("k", {"w": b"2"}, None, if_absent={"x": b"3"}, read=["w"],
+                                       unless=("final", "r1"))
+    assert blocked.skipped and (blocked.size, blocked.added, blocked.read) == (0, frozenset(), {})
+    assert await store.get_fields("k") == {"w": b"1"}
+
+
+async def test_merge_fields_restarts_the_ttl(store: StateStore) -> None:
+    ttl = 1.0
+    await store.merge_fields("t", {}, ttl, if_absent={"a": b"1"})
+    await asyncio.sleep(ttl / 2)
+    await store.merge_fields("t", {"b": b"2"}, ttl)
+    await asyncio.sleep(ttl / 2 + 0.1)
+    assert await store.field_names("t") == {"a", "b"}
+    await asyncio.sleep(ttl)
+    assert (await store.merge_fields("t", {"c": b"3"}, None)).size == 1  # the expired fields are gone
+
+
 async def test_field_names_and_named_fields(store: StateStore) -> None:
     await store.put_fields("k", {"meta": b"{}", "r:x": b"big", "c:x:1.5": b""}, ttl_s=None)
     assert await store.field_names("k") == {"meta", "r:x", "c:x:1.5"}
