@@ -74,9 +74,10 @@ class StateStore(abc.ABC):
         unless: tuple[str, str] | None = None,
     ) -> Merged:
         """In one atomic round trip: set ``fields``, set each field of ``if_absent`` only where ``key`` has
-        none of that name (the first writer's value stays: HSETNX), restart the TTL at ``ttl_s``, and read
-        the ``read`` fields back — or, when ``unless = (namespace, id)`` is marked (`mark_once`), do nothing
-        and say so (``skipped``). One arrival at the join, whatever the group's size."""
+        none of that name (the first writer's value stays: HSETNX), restart the TTL at ``ttl_s`` if anything
+        was written (a call that wrote nothing leaves it: an entry kept without expiry stays so), and read
+        the ``read`` fields back — or, when ``unless = (namespace, id)`` is marked (`mark_once`), do
+        nothing and say so (``skipped``). One arrival at the join, whatever the group's size."""
 
     @abc.abstractmethod
     async def get_fields(self, key: str) -> dict[str, bytes]:

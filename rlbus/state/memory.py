@@ -80,12 +80,12 @@ class MemoryStateStore(StateStore):
     ) -> Merged:
         if unless is not None and await self.seen(*unless):
             return Merged(0, frozenset(), {}, skipped=True)
-        deadline = self._deadline(ttl_s)
         current = self._live_fields(key)
         current.update((field, bytes(value)) for field, value in fields.items())
         added = frozenset(field for field in (if_absent or {}) if field not in current)
         current.update((field, bytes((if_absent or {})[field])) for field in added)
-        self._buffers[key] = (current, deadline)
+        if fields or added:  # a call that wrote nothing leaves the TTL as it was
+            self._buffers[key] = (current, self._deadline(ttl_s))
         return Merged(len(current), added, {name: current[name] for name in read if name in current})
 
     def _live_fields(self, key: str) -> dict[str, bytes]:

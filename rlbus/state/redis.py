@@ -80,7 +80,9 @@ for _ = 1, nabsent do
   if redis.call('HSETNX', key, ARGV[i], ARGV[i + 1]) == 1 then added[#added + 1] = ARGV[i] end
   i = i + 2
 end
-if ttl > 0 then redis.call('PEXPIRE', key, ttl) else redis.call('PERSIST', key) end
+if nset + #added > 0 then
+  if ttl > 0 then redis.call('PEXPIRE', key, ttl) else redis.call('PERSIST', key) end
+end
 local size = redis.call('HLEN', key)
 local values = {}
 if nread > 0 then

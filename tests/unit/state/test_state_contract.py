@@ -143,6 +143,9 @@ async def test_merge_fields_restarts_the_ttl(store: StateStore) -> None:
     assert await store.field_names("t") == {"a", "b"}
     await asyncio.sleep(ttl)
     assert (await store.merge_fields("t", {"c": b"3"}, None)).size == 1  # the expired fields are gone
+    assert (await store.merge_fields("t", {}, ttl, if_absent={"c": b"4"})).added == frozenset()
+    await asyncio.sleep(ttl + 0.4)
+    assert await store.field_names("t") == {"c"}  # writing nothing set no TTL on the persistent entry
 
 
 async def test_field_names_and_named_fields(store: StateStore) -> None:
