@@ -4,10 +4,11 @@ Every role runs as its own asyncio task on the embedded bus (:class:`rlbus.bus.m
 local-directory blob store and the in-memory state store — the same classes the distributed mode runs
 against Kafka, Redis and the HTTP blob store:
 
-* a small MoE policy is warm-started ("mid-training") on worked solutions of a built-in verifiable task
-  from a *sloppy teacher*: on ``teacher_error`` of the examples (55 % by default) the teacher's answer
-  is off by one. The warm-started policy learns the arithmetic and the teacher's habit with it, so its
-  greedy answer is usually the habit (≈ 25 % right) while the right answer is among its samples — the
+* a small MoE policy is warm-started ("mid-training", `rlbus.training.warm`) on worked solutions of a
+  built-in verifiable task from a *sloppy teacher*: on ``trainer.teacher_error`` of the examples (55 % in
+  the demo's run config, `DEMO_RUN`) the teacher's answer is off by one. The warm-started policy learns the
+  arithmetic and the teacher's habit with it, so its greedy answer is usually the habit (30–40 % right)
+  while the right answer is among its samples — the
   situation RL with a verifier is for: imitation cannot tell the habit from the skill, the exact-match
   reward can;
 * the prompt producer publishes prompts under admission control (bounded staleness);
@@ -15,6 +16,9 @@ against Kafka, Redis and the HTTP blob store:
   the trainer's weight versions as deltas, swapping them in between decode steps (double-buffered);
 * a reward worker scores rollouts with the task's verifier;
 * the trainer joins rollouts with rewards, trains GRPO steps and publishes a delta every step.
+
+Every part is built by the builders of `rlbus.build` from the demo's run config (through
+`rlbus.launch.build`, as ``rlbus worker`` builds each role), so the demo runs what a distributed run runs.
 
 A live view shows reward, versions per worker, staleness, delta bytes and swap pauses; at the end the demo
 evaluates the policy again, prints a summary, writes ``summary.json`` and ``demo.png`` into the run
@@ -28,7 +32,7 @@ Why a sloppy teacher. With a clean teacher, this 0.6M-parameter policy's errors 
 problem (it half-knows each of the 100 sums), and REINFORCE-style updates fix such errors one problem
 at a time: 60 RL steps moved greedy accuracy only from 45 % to ≈ 55 % (bench/RESULTS.md, "demo settings
 tried"). A systematic error is what RL on a small budget fixes visibly, and it is the common real case —
-SFT data from a teacher with a consistent flaw. Set ``teacher_error = 0`` for the clean-teacher run.
+SFT data from a teacher with a consistent flaw. ``rlbus demo --teacher-error 0`` is the clean-teacher run.
 """
 
 from __future__ import annotations
