@@ -62,7 +62,14 @@ from rlbus.engines.base import GenerationRequest
 from rlbus.engines.torch_engine import TorchEngine
 from rlbus.envs.chat import ChatFormat, parse_action
 from rlbus.envs.tasks import generate_prompts
-from rlbus.launch.build import policy_shape, producer_args, rollout_args, trainer_args, warm_start_args
+from rlbus.launch.build import (
+    policy_shape,
+    producer_args,
+    reward_args,
+    rollout_args,
+    trainer_args,
+    warm_start_args,
+)
 from rlbus.launch.config import RunConfig, StateSection, TrainerSection, config_from_dict, to_tables
 from rlbus.models.policy import Policy
 from rlbus.models.tokenizer import ByteTokenizer
@@ -218,14 +225,14 @@ class Demo:
         self._update()
 
         # sync: nothing may lag (the trainer drops stale rollouts, the producer admits one batch per version)
-        staleness = 0 if c.mode == "sync" else run.trainer.max_staleness
+        produce, train = producer_args(run), trainer_args(run)
+        staleness = 0 if c.mode == "sync" else produce["max_staleness"]
         bus = open_bus(None, partitions=4)
         await bus.start()
         state = open_state(run.state.url)
         self.bus, self.state = bus, state
         store_url = str(self.run_dir / "blobs")
         store = open_store(store_url)
-        train = trainer_args(run)
         train["grpo"] = msgspec.structs.replace(train["grpo"], max_staleness=staleness)
         trainer = trainer_stack(bus=bus, state=state, store=store, store_url=store_url, model=model, **train,
                                 max_steps=c.rl_steps, on_step=self._on_step)
@@ -240,10 +247,10 @@ class Demo:
         self.syncs = [s.sync for s in stacks if s.sync is not None]
         self.rollout_workers = [s.worker for s in stacks]
         producer = prompt_producer(
-            bus=bus, state=state, **{**producer_args(run), "max_staleness": staleness},
+            bus=bus, state=state, **{**produce, "max_staleness": staleness},
             run_id=f"demo-s{c.seed}",  # prompt ids, hence partitions, follow the seed: runs repeat
         )
-        reward_worker = RewardWorker(bus=bus, concurrency=run.reward.concurrency)
+        reward_worker = RewardWorker(bus=bus, **reward_args(run))
         stop = asyncio.Event()
         rl_started = self.rl_started = time.monotonic()
         async with asyncio.TaskGroup() as tasks:

@@ -109,6 +109,11 @@ def producer_args(config: RunConfig) -> dict[str, Any]:
     }
 
 
+def reward_args(config: RunConfig) -> dict[str, Any]:
+    """`rlbus.consumers.reward.RewardWorker`'s scoring arguments."""
+    return {"kind": config.reward.kind, "concurrency": config.reward.concurrency}
+
+
 def warm_start_args(config: RunConfig) -> dict[str, Any]:
     """`rlbus.training.warm.warm_start`'s arguments: the task's reference solutions, the warm-start budget."""
     task, t = config.task, config.trainer

@@ -55,6 +55,7 @@ from rlbus.launch.build import (
     initial_policy,
     policy_shape,
     producer_args,
+    reward_args,
     rollout_args,
     state_for,
     store_for,
@@ -182,8 +183,7 @@ async def reward_main(
 
     with stopping(stop) as stop:
         async with connected(config, region, bus=bus, state=state, store=store) as (bus, state, _, _):
-            worker = RewardWorker(bus=bus, kind=config.reward.kind, worker_id=worker_id,
-                                  concurrency=config.reward.concurrency)
+            worker = RewardWorker(bus=bus, worker_id=worker_id, **reward_args(config))
             log.info("%s: scoring rollouts (%s)", worker_id, config.reward.kind)
             watch = observed(config, state, "reward", worker_id, region, worker.stats)
             async with asyncio.TaskGroup() as tasks:
