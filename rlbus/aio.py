@@ -30,6 +30,16 @@ async def wait_event(event: asyncio.Event, timeout_s: float) -> bool:
     return event.is_set()
 
 
+async def wait_any(*events: asyncio.Event) -> None:
+    """Wait until any of ``events`` is set (e.g. a worker's first weight version, or its stop)."""
+    waiters = [asyncio.ensure_future(event.wait()) for event in events]
+    try:
+        await asyncio.wait(waiters, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for waiter in waiters:
+            waiter.cancel()
+
+
 async def until(
     condition: Callable[[], Any],
     what: str,

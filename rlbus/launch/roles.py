@@ -45,7 +45,7 @@ from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from rlbus.aio import wait_event
+from rlbus.aio import wait_any, wait_event
 from rlbus.build.producer import prompt_producer
 from rlbus.bus.base import Bus
 from rlbus.errors import RlbusError
@@ -224,23 +224,13 @@ async def rollout_main(
                     if runlog is not None:
                         tasks.create_task(follow_syncs(sync, runlog, worker_id, stop))
                     log.info("%s (%s): waiting for the first weight version", worker_id, region or "no region")
-                    await _first_of(sync.ready, stop)
+                    await wait_any(sync.ready, stop)
                     if not stop.is_set():
                         log.info("%s: on v%s, joining the rollout group", worker_id, sync.version)
                         tasks.create_task(worker.run(stop))
             finally:
                 if runlog is not None:
                     runlog.close()
-
-
-async def _first_of(*events: asyncio.Event) -> None:
-    """Wait until any of ``events`` is set."""
-    waiters = [asyncio.ensure_future(e.wait()) for e in events]
-    try:
-        await asyncio.wait(waiters, return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        for waiter in waiters:
-            waiter.cancel()
 
 
 async def beat_on_swap(sync: WeightSync, heartbeat: Heartbeat, stop: asyncio.Event, every_s: float = 0.05) -> None:

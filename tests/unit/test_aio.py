@@ -60,3 +60,13 @@ async def test_until_names_what_it_waited_for_and_lets_a_check_give_up() -> None
 
     with pytest.raises(RuntimeError, match="the worker exited"):
         await until(lambda: False, "anything", timeout_s=30, check=dead)
+
+
+async def test_wait_any_returns_on_the_first_event_set() -> None:
+    from rlbus.aio import wait_any
+
+    first, second = asyncio.Event(), asyncio.Event()
+    asyncio.get_running_loop().call_later(0.01, second.set)
+    async with asyncio.timeout(5):
+        await wait_any(first, second)
+    assert second.is_set() and not first.is_set()
