@@ -16,6 +16,7 @@ Conventions shared by every implementation:
 
 from __future__ import annotations
 
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -32,6 +33,18 @@ class LMOutput:
     """The cache to pass to the next call (may be the same object, updated in place)."""
     routed_experts: torch.Tensor | None = None
     """[L_moe, B, T, k] int64: the model's own top-k experts per MoE layer and token; None if dense."""
+    aux_loss: torch.Tensor | None = None
+    """Scalar MoE load-balancing loss with its coefficient applied; None if the model has none."""
+
+
+@dataclass
+class Features:
+    """A training forward's output before the vocabulary projection (what chunked log-probs consume)."""
+
+    hidden: torch.Tensor
+    """[B, T, D] final hidden states (after the last norm): logits = hidden @ output_weight().T."""
+    routed_experts: torch.Tensor | None = None
+    """[L_moe, B, T, k] int64: the model's own top-k experts; None if dense."""
     aux_loss: torch.Tensor | None = None
     """Scalar MoE load-balancing loss with its coefficient applied; None if the model has none."""
 
@@ -67,3 +80,57 @@ class CausalLM(Protocol):
     def state_dict(self) -> dict[str, Any]:
         """The live weight tensors: writing into them in place changes what the model computes."""
         ...
+
+
+class TrainableLM(Protocol):
+    """What the trainer, SFT, checkpoints and weight publishing need from a model (an ``nn.Module``).
+
+    Implemented by the in-repo `Policy` and by `rlbus.models.hf.HFCausalLM`. The trainer never asks for
+    full logits: it takes `features` and projects them onto `output_weight` a chunk of positions at a time
+    (`rlbus.rl.logprobs.chunked_token_logprobs`), so no fp32 [B, S, V] tensor exists (V is 49 k for
+    SmolLM2, 150 k for Qwen).
+    """
+
+    @property
+    def is_moe(self) -> bool:
+        """True when the model routes tokens to experts (router replay and flip rates apply)."""
+        ...
+
+    def features(
+        self, idx: torch.Tensor, *, key_mask: torch.Tensor | None = None, routed_experts: torch.Tensor | None = None
+    ) -> Features:
+        """Hidden states of a full (uncached) forward over ``idx`` [B, T]; ``routed_experts`` replays routing."""
+        ...
+
+    def output_weight(self) -> torch.Tensor:
+        """[V, D] the vocabulary projection (tied to the input embedding or not)."""
+        ...
+
+    def set_gradient_checkpointing(self, enabled: bool) -> None:
+        """Recompute each block's activations in backward instead of keeping them (memory for compute)."""
+        ...
+
+    def describe(self) -> dict[str, Any]:
+        """What rebuilds this model's architecture (`rlbus.models.sources.model_from_description`)."""
+        ...
+
+    # nn.Module's own API, as the trainer uses it
+    def parameters(self, recurse: bool = True) -> Iterator[torch.nn.Parameter]: ...
+
+    def named_parameters(self, prefix: str = "", recurse: bool = True, remove_duplicate: bool = True
+                         ) -> Iterator[tuple[str, torch.nn.Parameter]]: ...
+
+    def state_dict(self, *args: Any, **kwargs: Any) -> dict[str, Any]: ...
+
+    def load_state_dict(self, state_dict: Mapping[str, Any], strict: bool = True, assign: bool = False) -> Any: ...
+
+    def train(self, mode: bool = True) -> Any: ...
+
+    def eval(self) -> Any: ...
+
+
+def weight_tensors(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """The model's weights as weight sync ships them: parameters only (buffers such as RoPE tables are
+    rebuilt by every copy), each tied tensor once under its first name (a tied embedding/LM head is one
+    tensor, so a delta carries it once). The tensors share storage with the model."""
+    return {name: p.detach() for name, p in model.named_parameters()}

@@ -36,6 +36,7 @@ always attend to its own slot, which keeps rows made only of padding finite (the
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 from typing import Any
@@ -43,8 +44,9 @@ from typing import Any
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+import torch.utils.checkpoint
 
-from rlbus.models.base import LMOutput
+from rlbus.models.base import Features, LMOutput
 from rlbus.models.config import PolicyConfig
 
 __all__ = ["KVCache", "Policy", "PolicyConfig"]
@@ -236,7 +238,7 @@ class Block(nn.Module):
 
 
 class Policy(nn.Module):
-    """Decoder-only transformer; implements `rlbus.models.base.CausalLM`."""
+    """Decoder-only transformer; implements `rlbus.models.base.CausalLM` and `TrainableLM`."""
 
     def __init__(self, config: PolicyConfig) -> None:
         super().__init__()
@@ -245,6 +247,7 @@ class Policy(nn.Module):
         self.blocks = nn.ModuleList(Block(config) for _ in range(config.n_layer))
         self.norm_f = RMSNorm(config.d_model, config.norm_eps)
         self.lm_head = nn.Linear(config.d_model, config.vocab, bias=False)
+        self._checkpointing = False
         self.apply(self._init_weights)
         # GPT-2: scale the residual-writing projections so the residual stream's variance does not grow
         # with depth.
@@ -286,7 +289,6 @@ class Policy(nn.Module):
         True at real tokens; ``cache`` is a `KVCache` updated in place; ``routed_experts`` [L, B, T, k]
         replays recorded routing (see the module docstring).
         """
-        cfg = self.config
         B, T = idx.shape
         if cache is not None and not isinstance(cache, KVCache):
             raise TypeError(f"cache must be a KVCache, got {type(cache).__name__}")
@@ -312,24 +314,78 @@ class Policy(nn.Module):
             mask = allowed[:, None]  # [B, 1, T, S]
         token_mask = None if key_mask is None else key_mask[:, start:].bool()  # [B, T]
 
+        x, own, aux = self._trunk(idx, positions, mask, cache, token_mask, routed_experts)
+        if cache is not None:
+            cache.pos = S
+        logits = self.lm_head(x).float()  # [B, T, V]
+        if own is None:
+            return LMOutput(logits=logits, cache=cache, routed_experts=None, aux_loss=None)
+        return LMOutput(logits=logits, cache=cache, routed_experts=own, aux_loss=aux)
+
+    def features(
+        self, idx: torch.Tensor, *, key_mask: torch.Tensor | None = None, routed_experts: torch.Tensor | None = None
+    ) -> Features:
+        """Final hidden states of an uncached forward (`rlbus.models.base.TrainableLM`)."""
+        B, T = idx.shape
+        if key_mask is not None and tuple(key_mask.shape) != (B, T):
+            raise ValueError(f"key_mask must be [B, T] = {(B, T)}, got {tuple(key_mask.shape)}")
+        if routed_experts is not None:
+            self._check_replay(routed_experts, B, T)
+        positions = torch.arange(T, device=idx.device).expand(B, T)
+        mask = None
+        token_mask = None
+        if key_mask is not None:
+            slot = torch.arange(T, device=idx.device)
+            allowed = (slot[None, :] <= slot[:, None]).expand(B, T, T) & key_mask[:, None, :].bool()
+            mask = (allowed | torch.eye(T, dtype=torch.bool, device=idx.device))[:, None]  # [B, 1, T, T]
+            token_mask = key_mask.bool()
+        x, own, aux = self._trunk(idx, positions, mask, None, token_mask, routed_experts)
+        return Features(hidden=x, routed_experts=own, aux_loss=aux)
+
+    def _trunk(
+        self,
+        idx: torch.Tensor,
+        positions: torch.Tensor,
+        mask: torch.Tensor | None,
+        cache: KVCache | None,
+        token_mask: torch.Tensor | None,
+        routed_experts: torch.Tensor | None,
+    ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+        """(final-normed hidden [B, T, C], own experts [L, B, T, k] | None, aux loss | None)."""
+        cfg = self.config
         cos, sin = rope_cos_sin(positions, cfg.head_dim, cfg.rope_theta)  # [B, 1, T, D/2] each
         x = self.wte(idx)  # [B, T, C]
         own: list[torch.Tensor] = []
         aux: list[torch.Tensor] = []
         for i, block in enumerate(self.blocks):
             replay = None if routed_experts is None else routed_experts[i]  # [B, T, k]
-            x, experts, layer_aux = block(x, cos, sin, mask, cache, i, token_mask, replay)
+            if self._checkpointing and self.training and cache is None:
+                x, experts, layer_aux = torch.utils.checkpoint.checkpoint(
+                    block, x, cos, sin, mask, cache, i, token_mask, replay, use_reentrant=False
+                )
+            else:
+                x, experts, layer_aux = block(x, cos, sin, mask, cache, i, token_mask, replay)
             if experts is not None and layer_aux is not None:
                 own.append(experts)
                 aux.append(layer_aux)
-        if cache is not None:
-            cache.pos = S
-        logits = self.lm_head(self.norm_f(x)).float()  # [B, T, V]
-
+        x = self.norm_f(x)
         if not own:
-            return LMOutput(logits=logits, cache=cache, routed_experts=None, aux_loss=None)
-        aux_loss = cfg.aux_loss_coef * torch.stack(aux).mean()
-        return LMOutput(logits=logits, cache=cache, routed_experts=torch.stack(own), aux_loss=aux_loss)
+            return x, None, None
+        return x, torch.stack(own), cfg.aux_loss_coef * torch.stack(aux).mean()
+
+    @property
+    def is_moe(self) -> bool:
+        return self.config.moe
+
+    def output_weight(self) -> torch.Tensor:
+        return self.lm_head.weight
+
+    def set_gradient_checkpointing(self, enabled: bool) -> None:
+        self._checkpointing = enabled
+
+    def describe(self) -> dict[str, Any]:
+        """``{"kind": "policy", "shape": PolicyConfig fields}``: the architecture, no weights."""
+        return {"kind": "policy", "shape": dataclasses.asdict(self.config)}
 
     def _check_replay(self, routed: torch.Tensor, B: int, T: int) -> None:
         cfg = self.config
