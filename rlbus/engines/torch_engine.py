@@ -1,21 +1,44 @@
-"""Batched generation in plain PyTorch: KV cache, processed log-probs, routed experts, in-flight swaps.
+"""Continuous batching in plain PyTorch: KV cache, processed log-probs, routed experts, in-flight swaps.
 
-Batching uses **left padding**. Prompts are right-aligned in a [B, P] block; a key mask marks real
-tokens and each row gets its own RoPE positions (0 at its first real token), so a padded row computes what
-it would compute alone (up to float rounding). Left padding keeps every row's newest token in the last
-column and lets all rows share one cache offset: each decode step appends one slot to every row. Rows that
-finish early keep being fed a masked pad token until the whole batch is done.
+Layout: **left padding with one shared cache offset**. The rows in flight form one [B, S] block of cache
+slots; each row is right-aligned (its real slots are its last ones), a key mask [B, S] marks real slots and
+each row carries its own RoPE positions (0 at its first real token), so a row computes what it would
+compute alone (up to float rounding). Right alignment puts every row's newest token in the last column,
+so one decode step feeds [B, 1] and appends one slot to every row: the cache offset is a single int,
+which both cache types (the in-house preallocated `KVCache` and transformers' `DynamicCache`) need, and
+padding costs a mask, never a ragged index.
+
+Continuous batching. At most ``max_batch`` rows are in flight; the rest wait in a FIFO queue that
+`submit` (and so every concurrent `generate`) appends to. At every step boundary the engine
+
+1. runs the boundary hooks (``between_steps``, then pending swaps) when a batch is in flight;
+2. decodes one token for every row in flight;
+3. retires finished rows: their results are delivered at once, their rows are dropped from the cache
+   and so are the leading slots no remaining row uses (compaction — the only moment such slots can
+   appear, so S never exceeds the longest context in flight);
+4. fills free slots from the queue: the newcomers are prefilled as their own small left-padded batch,
+   sample their first token, and are merged into the running batch — the shorter of the two caches is
+   left padded with masked zero slots so both end at the same offset (`rlbus.engines.kv`).
+
+A row's tokens, log-probs and experts therefore depend only on its own prompt, sampling parameters, seed
+and the weights: greedy results equal running the request alone. ``continuous=False`` keeps the same
+machinery but admits a new wave only when the batch is empty (static batching, the baseline).
+
+Driving. There is no engine thread: every thread waiting in `generate` (or `drive`) may run steps. One
+at a time drives; it runs steps until its own requests are done, then hands over to a waiter whose
+requests are still pending, so a short request joining a long one returns as soon as it finishes.
 
 Per step: forward → `sampling.processed_logprobs` → sample → record (token, log π'(token), policy
-version, experts) → stop checks → step boundary. The log-prob is of the distribution actually sampled
-from (after temperature and top-k/top-p truncation, renormalised); `GenerationResult.logprob_spec` says
-so. The policy version of a token is the engine's ``policy_version`` when its distribution was computed.
+version, experts). The log-prob is of the distribution actually sampled from (after temperature and
+top-k/top-p truncation, renormalised); `GenerationResult.logprob_spec` says so. The policy version of a
+token is the engine's ``policy_version`` when its distribution was computed.
 
-Weight swaps. Between decode steps (never before the prefill, never after the last step) the engine runs
-its ``between_steps`` hook, then every swap pending on its `SwapPoint`. A swap writes into the live
-tensors of `state_dict()` in place and sets ``policy_version``; the following tokens carry the new
-version. Keys/values already in the cache were computed by the old weights and are not recomputed — the
-usual in-flight update trade-off, visible to the trainer through the per-token versions.
+Weight swaps. Between decode steps (never before a batch's first prefill, never after its last step) the
+engine runs its ``between_steps`` hook, then every swap pending on its `SwapPoint`; a swap submitted
+between two steps runs at once. A swap writes into the live tensors of `state_dict()` in place and sets
+``policy_version``; the following tokens carry the new version. Keys/values already in the cache were
+computed by the old weights and are not recomputed — the usual in-flight update trade-off, visible to
+the trainer through the per-token versions.
 
 `generate` blocks; call it from a worker thread (``asyncio.to_thread``) so the event loop stays free.
 """
@@ -24,12 +47,15 @@ from __future__ import annotations
 
 import threading
 import time
+from collections import deque
 from collections.abc import Callable, Iterable, Sequence
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
+from rlbus.engines import kv
 from rlbus.engines.base import (
     FinishReason,
     GenerationRequest,
@@ -44,15 +70,35 @@ from rlbus.models.base import CausalLM
 
 @dataclass
 class _Row:
-    """Mutable per-request state during one `generate` call."""
+    """Mutable per-request state from `submit` to its result."""
 
     request: GenerationRequest
     generator: torch.Generator
+    future: Future[GenerationResult]
+    submitted: float
+    admitted: float = 0.0
     tokens: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
     versions: list[int] = field(default_factory=list)
+    experts: list[torch.Tensor] = field(default_factory=list)  # [L, t, k] per forward that fed this row
     finish: FinishReason | None = None
     text: str = ""
+
+    @property
+    def remaining(self) -> int:
+        """Tokens it may still sample (each one a decode step after the first)."""
+        return self.request.max_new_tokens - len(self.tokens)
+
+
+@dataclass
+class _Batch:
+    """The rows in flight and their shared cache; every row has sampled ``last`` but not fed it yet."""
+
+    rows: list[_Row]
+    cache: Any
+    key_mask: torch.Tensor  # [B, S] True at real slots; rows right-aligned
+    next_pos: torch.Tensor  # [B] RoPE position of each row's next token
+    last: torch.Tensor  # [B] each row's newest sampled token
 
 
 class TorchEngine:
@@ -68,17 +114,28 @@ class TorchEngine:
         policy_version: int = 0,
         between_steps: Callable[[], None] | None = None,
         swap_point: SwapPoint | None = None,
+        max_batch: int = 32,
+        continuous: bool = True,
     ) -> None:
         """``pad_id`` is fed at padding slots (any valid id: those slots are masked);
-        ``between_steps`` runs between decode steps, before pending swaps."""
+        ``between_steps`` runs between decode steps, before pending swaps; ``max_batch`` bounds the rows
+        in flight; ``continuous=False`` refills only once the whole batch is done (static batching)."""
+        if max_batch < 1:
+            raise ValueError("max_batch must be >= 1")
         self.model = model
         self.tokenizer = tokenizer
         self.pad_id = pad_id
         self.policy_version = policy_version
         self.between_steps = between_steps
         self.swap_point = swap_point if swap_point is not None else SwapPoint()
+        self.max_batch = max_batch
+        self.continuous = continuous
         self._generator = torch.Generator(device=model.device).manual_seed(seed)
-        self._lock = threading.Lock()
+        self._cond = threading.Condition()
+        self._waiting: deque[_Row] = deque()  # guarded by _cond
+        self._driving = False  # guarded by _cond
+        self._batch: _Batch | None = None  # touched only by the driving thread
+        self._admitting: list[_Row] = []  # rows being prefilled (failed with the batch on an error)
 
     def state_dict(self) -> dict[str, torch.Tensor]:
         """The model's live tensors: in-place writes (at a step boundary) change generation."""
@@ -107,9 +164,13 @@ class TorchEngine:
         self.swap_point.submit(apply).result()
 
     def generate(self, requests: Sequence[GenerationRequest]) -> list[GenerationResult]:
-        """Complete ``requests`` as one left-padded batch; results come back in request order."""
-        if not requests:
-            return []
+        """Complete ``requests`` (joining whatever is in flight); results come back in request order."""
+        futures = self.submit(requests)
+        self.drive(futures)
+        return [f.result() for f in futures]
+
+    def submit(self, requests: Sequence[GenerationRequest]) -> list[Future[GenerationResult]]:
+        """Queue ``requests`` for the next step boundary; never blocks. Someone must `drive` them."""
         for r in requests:
             if len(r.prompt_ids) + r.max_new_tokens > self.model.max_seq_len:
                 raise ValueError(
@@ -118,67 +179,155 @@ class TorchEngine:
                 )
             if r.stop and self.tokenizer is None:
                 raise ValueError(f"request {r.request_id!r} has stop strings but the engine has no tokenizer")
-        with self._lock, self.swap_point.generating(), torch.no_grad():
-            return self._generate(requests)
+        now = time.perf_counter()
+        rows = [_Row(request=r, generator=self._row_generator(r), future=Future(), submitted=now) for r in requests]
+        with self._cond:
+            self._waiting.extend(rows)
+        return [row.future for row in rows]
 
-    def _generate(self, requests: Sequence[GenerationRequest]) -> list[GenerationResult]:
-        started = time.perf_counter()
+    def drive(self, futures: Sequence[Future[Any]]) -> None:
+        """Run steps until every one of ``futures`` (of submitted requests) is done.
+
+        Any number of threads may call it; one drives at a time, the others wait for their results or
+        for the driver to hand over (it stops once its own futures are done).
+        """
+        with self._cond:
+            self._cond.wait_for(lambda: _all_done(futures) or not self._driving)
+            if _all_done(futures):
+                return
+            self._driving = True
+        try:
+            while not _all_done(futures):
+                if self._batch is None and not self._waiting:
+                    raise RuntimeError("waiting for futures that were not submitted to this engine")
+                self._step()
+                with self._cond:
+                    self._cond.notify_all()
+        finally:
+            with self._cond:
+                self._driving = False
+                self._cond.notify_all()
+
+    # -- one step -------------------------------------------------------------------------------------
+
+    def _step(self) -> None:
+        """Boundary, decode, retire, refill (see the module docstring); a failure fails every row in play."""
+        with self.swap_point.generating(), torch.no_grad():
+            try:
+                if self._batch is not None:
+                    self._boundary()
+                    self._batch = self._retire(self._decode(self._batch))
+                self._admit()
+            except Exception as exc:
+                self._fail(exc)
+
+    def _admit(self) -> None:
+        in_flight = 0 if self._batch is None else len(self._batch.rows)
+        if in_flight and not self.continuous:
+            return
+        with self._cond:
+            take = min(self.max_batch - in_flight, len(self._waiting))
+            newcomers = [self._waiting.popleft() for _ in range(take)]
+        if not newcomers:
+            return
+        self._admitting = newcomers
+        fresh = self._retire(self._prefill(newcomers))
+        self._admitting = []
+        if fresh is not None:
+            self._batch = fresh if self._batch is None else self._merge(self._batch, fresh)
+
+    def _prefill(self, rows: list[_Row]) -> _Batch:
+        """The newcomers' prompts as one left-padded [B, P] forward; samples each row's first token."""
         device = self.model.device
-        rows = [_Row(request=r, generator=self._row_generator(r)) for r in requests]
-        B = len(rows)
-        lengths = [len(r.prompt_ids) for r in requests]
-        P, N = max(lengths), max(r.max_new_tokens for r in requests)
-
+        admitted = time.perf_counter()
+        lengths = [len(row.request.prompt_ids) for row in rows]
+        B, P = len(rows), max(lengths)
         ids = torch.full((B, P), self.pad_id, dtype=torch.long, device=device)  # [B, P] left padded
         valid = torch.zeros(B, P, dtype=torch.bool, device=device)  # [B, P]
-        for i, r in enumerate(requests):
-            ids[i, P - lengths[i] :] = torch.tensor(r.prompt_ids, dtype=torch.long, device=device)
+        for i, row in enumerate(rows):
+            row.admitted = admitted
+            ids[i, P - lengths[i] :] = torch.tensor(row.request.prompt_ids, dtype=torch.long, device=device)
             valid[i, P - lengths[i] :] = True
         positions = (valid.long().cumsum(dim=1) - 1).clamp(min=0)  # [B, P] per-row positions
-        next_pos = positions[:, -1] + 1  # [B] position of each row's next token
 
-        temperature = torch.tensor([r.temperature for r in requests], device=device)  # [B]
-        top_k = torch.tensor([r.top_k for r in requests], dtype=torch.long, device=device)  # [B]
-        top_p = torch.tensor([r.top_p for r in requests], device=device)  # [B]
+        version = self.policy_version
+        cache = self.model.new_cache(B, P + max(row.remaining for row in rows))
+        out = self.model.forward(ids, positions=positions, key_mask=valid, cache=cache)
+        if out.routed_experts is not None:  # [L, B, P, k]
+            for i, row in enumerate(rows):
+                row.experts.append(out.routed_experts[:, i, P - lengths[i] :])  # [L, lengths[i], k]
+        last = self._sample(rows, out.logits[:, -1], version)  # [B]
+        return _Batch(rows=rows, cache=out.cache, key_mask=valid, next_pos=positions[:, -1] + 1, last=last)
 
-        cache = self.model.new_cache(B, P + N)
-        key_mask = valid  # [B, S] grows by one column per step
-        step_ids, step_pos = ids, positions  # [B, T] new tokens of this step
-        expert_chunks: list[torch.Tensor] = []  # [L, B, T, k] per forward
-        for step in range(N):
-            if step > 0:
-                self._boundary()
-            version = self.policy_version
-            out = self.model.forward(step_ids, positions=step_pos, key_mask=key_mask, cache=cache)
-            cache = out.cache
-            if out.routed_experts is not None:
-                expert_chunks.append(out.routed_experts)
-            logp = processed_logprobs(out.logits[:, -1], temperature, top_k, top_p)  # [B, V]
-            tokens = sample(logp, [row.generator for row in rows])  # [B]
-            token_logp = logp.gather(1, tokens[:, None]).squeeze(1)  # [B]
+    def _decode(self, batch: _Batch) -> _Batch:
+        """Feed every row its newest token: one slot more for all rows, one token sampled per row."""
+        B = len(batch.rows)
+        version = self.policy_version
+        key_mask = torch.cat([batch.key_mask, batch.key_mask.new_ones(B, 1)], dim=1)  # [B, S + 1]
+        out = self.model.forward(
+            batch.last[:, None], positions=batch.next_pos[:, None], key_mask=key_mask, cache=batch.cache
+        )
+        if out.routed_experts is not None:  # [L, B, 1, k]
+            for i, row in enumerate(batch.rows):
+                row.experts.append(out.routed_experts[:, i])  # [L, 1, k]
+        batch.cache, batch.key_mask, batch.next_pos = out.cache, key_mask, batch.next_pos + 1
+        batch.last = self._sample(batch.rows, out.logits[:, -1], version)  # [B]
+        return batch
 
-            for row, token, lp in zip(rows, tokens.tolist(), token_logp.tolist(), strict=True):
-                if row.finish is None:
-                    self._append(row, token, lp, version)
-            active = torch.tensor([row.finish is None for row in rows], device=device)  # [B]
-            if not bool(active.any()):
-                break
-            step_ids = torch.where(active, tokens, torch.full_like(tokens, self.pad_id))[:, None]  # [B, 1]
-            step_pos = next_pos[:, None]  # [B, 1]
-            next_pos = next_pos + active.long()
-            key_mask = torch.cat([key_mask, active[:, None]], dim=1)  # [B, S + 1]
+    def _sample(self, rows: list[_Row], logits: torch.Tensor, version: int) -> torch.Tensor:
+        """Sample one token per row from logits [B, V] and record it; returns the tokens [B]."""
+        device = logits.device
+        temperature = torch.tensor([row.request.temperature for row in rows], device=device)  # [B]
+        top_k = torch.tensor([row.request.top_k for row in rows], dtype=torch.long, device=device)  # [B]
+        top_p = torch.tensor([row.request.top_p for row in rows], device=device)  # [B]
+        logp = processed_logprobs(logits, temperature, top_k, top_p)  # [B, V]
+        tokens = sample(logp, [row.generator for row in rows])  # [B]
+        token_logp = logp.gather(1, tokens[:, None]).squeeze(1)  # [B]
+        for row, token, lp in zip(rows, tokens.tolist(), token_logp.tolist(), strict=True):
+            self._append(row, token, lp, version)
+        return tokens
 
-        experts = torch.cat(expert_chunks, dim=2) if expert_chunks else None  # [L, B, P + steps - 1, k]
-        elapsed = time.perf_counter() - started
-        results = []
-        for i, row in enumerate(rows):
-            routed = None
-            if experts is not None:
-                # Row i's inputs: its prompt (last lengths[i] of the P prompt columns), then its generated
-                # tokens but the last, which were fed at the columns right after the prompt block.
-                routed = experts[:, i, P - lengths[i] : P + len(row.tokens) - 1].to(torch.int16).cpu()
-            results.append(self._result(row, routed, elapsed))
-        return results
+    def _retire(self, batch: _Batch) -> _Batch | None:
+        """Deliver finished rows and drop them, with the leading slots no remaining row uses."""
+        keep = [i for i, row in enumerate(batch.rows) if row.finish is None]
+        for row in batch.rows:
+            if row.finish is not None:
+                row.future.set_result(self._result(row))
+        if len(keep) == len(batch.rows):
+            return batch
+        if not keep:
+            return None
+        idx = torch.tensor(keep, dtype=torch.long, device=batch.key_mask.device)  # [B']
+        rows = [batch.rows[i] for i in keep]
+        key_mask = batch.key_mask[idx]  # [B', S]
+        start = int(key_mask.any(dim=0).int().argmax())  # first slot a remaining row uses (rows right-aligned)
+        key_mask = key_mask[:, start:]  # [B', S - start]
+        capacity = key_mask.shape[1] + max(row.remaining for row in rows)
+        cache = kv.select(batch.cache, idx, start, capacity=capacity)
+        return _Batch(rows=rows, cache=cache, key_mask=key_mask, next_pos=batch.next_pos[idx], last=batch.last[idx])
+
+    def _merge(self, a: _Batch, b: _Batch) -> _Batch:
+        """Rows of ``a`` then ``b``; the shorter side is left padded so both end at one offset."""
+        S = max(a.key_mask.shape[1], b.key_mask.shape[1])
+        rows = a.rows + b.rows
+        key_mask = torch.cat([_left_pad(a.key_mask, S), _left_pad(b.key_mask, S)])  # [B_a + B_b, S]
+        cache = kv.merge(a.cache, b.cache, capacity=S + max(row.remaining for row in rows))
+        return _Batch(
+            rows=rows,
+            cache=cache,
+            key_mask=key_mask,
+            next_pos=torch.cat([a.next_pos, b.next_pos]),
+            last=torch.cat([a.last, b.last]),
+        )
+
+    def _fail(self, exc: Exception) -> None:
+        rows = ([] if self._batch is None else self._batch.rows) + self._admitting
+        self._batch, self._admitting = None, []
+        for row in rows:
+            if not row.future.done():
+                row.future.set_exception(exc)
+
+    # -- per row --------------------------------------------------------------------------------------
 
     def _row_generator(self, request: GenerationRequest) -> torch.Generator:
         if request.seed is None:
@@ -197,25 +346,32 @@ class TorchEngine:
         row.logprobs.append(logprob)
         row.versions.append(version)
         if token in req.stop_token_ids:
-            row.finish, row.text = "stop", self._decode(row.tokens[:-1])
+            row.finish, row.text = "stop", self._decode_text(row.tokens[:-1])
             return
         if req.stop:
-            text = self._decode(row.tokens)
+            text = self._decode_text(row.tokens)
             hits = [i for i in (text.find(s) for s in req.stop) if i >= 0]
             if hits:
                 row.finish, row.text = "stop", text[: min(hits)]
                 return
         if len(row.tokens) >= req.max_new_tokens:
-            row.finish, row.text = "length", self._decode(row.tokens)
+            row.finish, row.text = "length", self._decode_text(row.tokens)
 
-    def _decode(self, tokens: list[int]) -> str:
+    def _decode_text(self, tokens: list[int]) -> str:
         return "" if self.tokenizer is None else self.tokenizer.decode(tokens)
 
     @staticmethod
-    def _result(row: _Row, routed: torch.Tensor | None, elapsed: float) -> GenerationResult:
+    def _result(row: _Row) -> GenerationResult:
         req = row.request
         assert row.finish is not None, "every row finishes within max_new_tokens steps"
-        extra: dict[str, Any] = {"engine": "torch", "batch_seconds": elapsed}
+        # The experts of every input token: the prompt (prefill), then each generated token but the last
+        # (one decode step each; a row is dropped as soon as it finishes, so it is never fed padding).
+        routed = torch.cat(row.experts, dim=1).to(torch.int16).cpu() if row.experts else None  # [L, P + N - 1, k]
+        extra: dict[str, Any] = {
+            "engine": "torch",
+            "wait_seconds": row.admitted - row.submitted,
+            "run_seconds": time.perf_counter() - row.admitted,
+        }
         return GenerationResult(
             request_id=req.request_id,
             prompt_ids=tuple(req.prompt_ids),
@@ -228,3 +384,12 @@ class TorchEngine:
             routed_experts=routed,
             extra=extra,
         )
+
+
+def _all_done(futures: Sequence[Future[Any]]) -> bool:
+    return all(f.done() for f in futures)
+
+
+def _left_pad(mask: torch.Tensor, S: int) -> torch.Tensor:
+    """[B, n] → [B, S] with S - n False columns in front."""
+    return torch.cat([mask.new_zeros(mask.shape[0], S - mask.shape[1]), mask], dim=1)
