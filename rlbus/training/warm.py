@@ -33,7 +33,7 @@ def sft_examples(task: Task[Any], prompts: list[Prompt], chat: ChatFormat) -> li
     async def one(prompt: Prompt) -> SFTExample:
         episode = await reference_episode(task, prompt, chat=chat)
         first = episode.loss_mask.index(1)
-        return SFTExample(tuple(episode.token_ids[:first]), tuple(episode.token_ids[first:]))
+        return SFTExample.from_completion(episode.token_ids[:first], episode.token_ids[first:])
 
     async def all_examples() -> list[SFTExample]:
         return [await one(p) for p in prompts]
