@@ -70,11 +70,11 @@ def chunked_token_logprobs(
     tau = temperature.float()[:, None].expand(B, S).reshape(B * S)[where]  # [M]
     if where.numel() == 0:  # nothing to score: zeros that still hang off the graph, so backward works
         return 0.0 * hidden.sum(-1).float()  # [B, S]
-    pieces = [
-        checkpoint(_chunk_logprobs, h[a : a + chunk_tokens], weight, t[a : a + chunk_tokens],
-                   tau[a : a + chunk_tokens], use_reentrant=False)
-        for a in range(0, where.numel(), chunk_tokens)
-    ]  # each [≤ chunk_tokens]
+    pieces = []  # each [≤ chunk_tokens]
+    for a in range(0, where.numel(), chunk_tokens):
+        args = (h[a : a + chunk_tokens], weight, t[a : a + chunk_tokens], tau[a : a + chunk_tokens])
+        grad = torch.is_grad_enabled() and (h.requires_grad or weight.requires_grad)
+        pieces.append(checkpoint(_chunk_logprobs, *args, use_reentrant=False) if grad else _chunk_logprobs(*args))
     flat = torch.zeros(B * S, device=hidden.device)  # [B*S]
     return flat.index_copy(0, where, torch.cat(pieces)).view(B, S)  # [B, S]
 
