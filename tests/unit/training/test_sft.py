@@ -1,6 +1,6 @@
 """Supervised warm start: the loss covers the trained (model-written) tokens only — completions, assistant
 turns, never tool results — training is seeded, chat JSONL rows load, main writes a checkpoint the trainer
-can start from."""
+can start from, and the built-in warm start trains exactly what a rollout would."""
 
 from __future__ import annotations
 
@@ -12,10 +12,13 @@ from typing import Any, ClassVar
 import pytest
 import torch
 
+from rlbus.envs.chat import ChatFormat
+from rlbus.envs.tasks import generate_prompts
 from rlbus.models.policy import Policy, PolicyConfig
-from rlbus.models.tokenizer import BOS_ID, EOS_ID
+from rlbus.models.tokenizer import BOS_ID, EOS_ID, ByteTokenizer
 from rlbus.training.checkpoint import load_checkpoint, model_from_state
 from rlbus.training.sft import SFTExample, load_examples, main, pretrain
+from rlbus.training.warm import sft_examples
 
 CFG = PolicyConfig(vocab=272, d_model=32, n_layer=2, n_head=2, max_seq=64, n_experts=4, top_k=2, d_ff=32)
 
@@ -126,6 +129,23 @@ def test_load_examples_renders_chat_rows(tmp_path: Path) -> None:
     assert written == [*b"get a", EOS_ID, *b"7", EOS_ID]
     with pytest.raises(ValueError, match=r"chat\.jsonl:2: .*needs a chat format"):
         load_examples(path)
+
+
+def test_warm_start_trains_the_model_turns_and_not_the_tool_results() -> None:
+    chat = ChatFormat.for_byte_tokenizer(ByteTokenizer())
+    prompts = generate_prompts("kv", seed=3, n=2, config={"hops": 2})
+    tok = ByteTokenizer()
+    for prompt, example in zip(prompts, sft_examples(prompts, chat), strict=True):
+        trained = [i for i, keep in enumerate(example.trained) if keep]
+        first, last = trained[0], trained[-1]
+        between = [i for i in range(first, last) if not example.trained[i]]
+        assert between, "a two-hop episode has tool results between the model's turns"
+        written = tok.decode([example.token_ids[i] for i in trained])
+        context = tok.decode([example.token_ids[i] for i in between])
+        table = dict(prompt.env_config["table"])
+        assert written.count("get") == 2 and prompt.reference in written  # the model's calls and answer
+        assert table[table[prompt.env_config["start"]]] == prompt.reference  # this prompt's own chain…
+        assert table[prompt.env_config["start"]] in context  # …whose first hop is a tool result: context
 
 
 def test_main_writes_a_checkpoint_the_trainer_can_start_from(tmp_path: Path) -> None:
