@@ -87,7 +87,7 @@ def train(setup: Setup, seed: int = 0) -> Policy:
     """The fp32 master model after a brief warm-up on `corpus` (see the module docstring for why)."""
     torch.manual_seed(seed)
     model = Policy(model_config(setup.d_model))
-    examples = [SFTExample((BOS_ID,), tuple(line.encode())) for line in corpus(512, seed)]
+    examples = [SFTExample.from_completion((BOS_ID,), tuple(line.encode())) for line in corpus(512, seed)]
     pretrain(model, examples, setup.train_steps, 3e-3, 16, seed)
     return model.eval()
 

@@ -3,8 +3,9 @@
 Joining rollouts with their rewards off the bus and handing complete groups to `Trainer.train_on` is the
 pipeline's job; this class owns what happens next: the step itself (in a worker thread, so the event loop
 that also serves the bus stays responsive — STYLE 8), publishing every K-th step's weights through the
-`WeightPublisher` (which casts them to the inference dtype and delta-encodes them, DESIGN §4), and
-checkpoints that make a restart continue bit-exactly.
+`WeightPublisher` (the model's parameters, a tied embedding once: `rlbus.models.base.weight_tensors`; the
+publisher casts them to the inference dtype and delta-encodes them, DESIGN §4), and checkpoints that make
+a restart continue bit-exactly. The model is any `rlbus.models.base.TrainableLM`.
 
 Versions. ``version`` is the newest policy version published (0 = the initial weights every engine starts
 from) and the reference for staleness. Without a publisher it still advances every K steps, so staleness
@@ -35,7 +36,7 @@ from rlbus.bus.dlq import DeadLetters, handle_batch
 from rlbus.bus.topics import REWARDS, ROLLOUTS
 from rlbus.bus.types import Record
 from rlbus.errors import BlobStoreError, MalformedMessage
-from rlbus.models.policy import Policy
+from rlbus.models.base import TrainableLM, weight_tensors
 from rlbus.observe.lag import LagProbe
 from rlbus.observe.metrics import observe_processing, record_step
 from rlbus.schemas import Rollout
@@ -47,7 +48,6 @@ from rlbus.training.checkpoint import (
     TrainerState,
     capture_rng,
     load_checkpoint,
-    policy_config_dict,
     restore_rng,
     save_checkpoint,
 )
@@ -63,7 +63,7 @@ class Trainer:
     def __init__(
         self,
         *,
-        model: Policy,
+        model: TrainableLM,
         optim: OptimConfig,
         grpo: GRPOConfig | None = None,
         publisher: WeightPublisher | None = None,
@@ -74,7 +74,8 @@ class Trainer:
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         """``publish_every`` = K steps per weight version; ``checkpoint_every`` steps per checkpoint (0 = only
-        when `save` is called); ``clock`` times the phases reported in the metrics."""
+        when `save` is called); ``clock`` times the phases reported in the metrics. The model is switched to
+        ``grpo.gradient_checkpointing`` here."""
         if publish_every < 1 or checkpoint_every < 0:
             raise ValueError("publish_every must be >= 1 and checkpoint_every >= 0")
         if checkpoint_every and checkpoint_dir is None:
@@ -82,6 +83,7 @@ class Trainer:
         self.model = model
         self.optimizer = build_optimizer(model, optim)
         self.grpo = grpo or GRPOConfig()
+        model.set_gradient_checkpointing(self.grpo.gradient_checkpointing)
         self.publisher = publisher
         self.checkpoint_dir = checkpoint_dir
         self.publish_every = publish_every
@@ -178,7 +180,9 @@ class Trainer:
             self.version += 1
             return True
         try:
-            manifest = await self.publisher.publish(self.model.state_dict(), version=self.version + 1, step=self.step)
+            manifest = await self.publisher.publish(
+                weight_tensors(self.model), version=self.version + 1, step=self.step
+            )
         except BlobStoreError as exc:  # the store is down past its retries: train on, publish next time
             log.warning("publishing after step %d failed (%s); still on v%d", self.step, exc, self.version)
             return False
@@ -195,7 +199,7 @@ class Trainer:
             optimizer=self.optimizer.state_dict(),
             rng=capture_rng(),
             offsets=dict(self.offsets),
-            policy_config=policy_config_dict(self.model.config),
+            model_description=self.model.describe(),
             rollouts_trained=self.rollouts_trained,
         )
         return await asyncio.to_thread(save_checkpoint, self.checkpoint_dir, state, keep=self.keep_checkpoints)
@@ -274,7 +278,7 @@ class TrainerWorker:
         message = record.value
         if isinstance(message, Rollout):
             spans = check_rollout(message)  # raises ValueError for arrays that do not line up → DLQ
-            longest, limit = max(e - s for s, e in spans), self.trainer.model.config.max_seq
+            longest, limit = max(e - s for s, e in spans), self.trainer.model.max_seq_len
             if longest > limit:  # would fail the whole step later, taking its groups with it
                 raise MalformedMessage(f"rollout {message.rollout_id}: {longest}-token context exceeds max_seq {limit}")
             group = await self.join.add_rollout(message)

@@ -96,6 +96,11 @@ class TrainableLM(Protocol):
         """True when the model routes tokens to experts (router replay and flip rates apply)."""
         ...
 
+    @property
+    def max_seq_len(self) -> int:
+        """Longest sequence the model is meant to handle (the trainer refuses longer rollouts on arrival)."""
+        ...
+
     def features(
         self, idx: torch.Tensor, *, key_mask: torch.Tensor | None = None, routed_experts: torch.Tensor | None = None
     ) -> Features:
@@ -129,7 +134,7 @@ class TrainableLM(Protocol):
     def eval(self) -> Any: ...
 
 
-def weight_tensors(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+def weight_tensors(model: torch.nn.Module | TrainableLM) -> dict[str, torch.Tensor]:
     """The model's weights as weight sync ships them: parameters only (buffers such as RoPE tables are
     rebuilt by every copy), each tied tensor once under its first name (a tied embedding/LM head is one
     tensor, so a delta carries it once). The tensors share storage with the model."""

@@ -3,8 +3,9 @@
 A checkpoint holds the fp32 master weights, the optimizer state (Adam moments and step counts), the
 trainer step and the last published policy version, the RNG states (torch CPU and CUDA, Python's
 `random`), the bus offsets the caller has consumed (so a restarted trainer reads exactly the records after
-them) and the policy config (so a checkpoint describes its own model). Restoring all of it and feeding the
-same data makes the next step bit-identical to an uninterrupted run.
+them) and the model's description (`TrainableLM.describe`: an in-repo policy's shape, or a Hugging Face
+model's config or source), so a checkpoint rebuilds its own model (`model_from_state`). Restoring all of
+it and feeding the same data makes the next step bit-identical to an uninterrupted run.
 
 Layout and atomicity::
 
@@ -23,12 +24,13 @@ import os
 import random
 import re
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, BinaryIO
 
 import torch
 
+from rlbus.models.base import TrainableLM
 from rlbus.models.policy import Policy, PolicyConfig
 
 LATEST = "latest"
@@ -44,15 +46,16 @@ class TrainerState:
     version: int
     """Last policy version published (0 before the first)."""
     model: dict[str, torch.Tensor]
-    """fp32 master weights (``model.state_dict()``), on CPU."""
+    """fp32 master weights (``model.state_dict()``, a tied tensor under each of its names), on CPU."""
     optimizer: dict[str, Any] | None = None
     """``optimizer.state_dict()``; None for a weights-only checkpoint (e.g. after the supervised warm start)."""
     rng: dict[str, Any] = field(default_factory=dict)
     """`capture_rng()` at save time."""
     offsets: dict[str, int] = field(default_factory=dict)
     """Consumed bus offsets as the caller names them (e.g. ``"rl.rollouts.v1:3" → 1042``)."""
-    policy_config: dict[str, Any] | None = None
-    """The `PolicyConfig` fields, so the model can be rebuilt from the checkpoint alone."""
+    model_description: dict[str, Any] | None = None
+    """``model.describe()``, so the model can be rebuilt from the checkpoint alone (`model_from_state`).
+    Read from a checkpoint that predates it as ``{"kind": "policy", "shape": <its policy_config>}``."""
     rollouts_trained: int = 0
     """Rollouts in the updates this model holds (cumulative): equal to the ledger's "trained" count
     when the trainer settles outcomes with its checkpoints (what the chaos suite checks)."""
@@ -90,7 +93,7 @@ def save_checkpoint(directory: Path, state: TrainerState, *, keep: int = 2) -> P
         "optimizer": state.optimizer,
         "rng": state.rng,
         "offsets": dict(state.offsets),
-        "policy_config": state.policy_config,
+        "model_description": state.model_description,
         "rollouts_trained": state.rollouts_trained,
     }
     _atomic_write(directory / name, lambda f: torch.save(payload, f))
@@ -126,23 +129,41 @@ def load_checkpoint(path: Path) -> TrainerState | None:
         optimizer=data["optimizer"],
         rng=data["rng"],
         offsets={str(k): int(v) for k, v in data["offsets"].items()},
-        policy_config=data["policy_config"],
+        model_description=_description(data),
         rollouts_trained=int(data.get("rollouts_trained", 0)),  # absent in checkpoints before it existed
     )
 
 
-def policy_config_dict(config: PolicyConfig) -> dict[str, Any]:
-    """``TrainerState.policy_config`` for a policy config."""
-    return asdict(config)
+def model_from_state(state: TrainerState) -> TrainableLM:
+    """Rebuild the model a checkpoint was taken from (fp32, on CPU), with its weights."""
+    description = state.model_description
+    if description is None:
+        raise ValueError("this checkpoint does not describe its model")
+    model: TrainableLM
+    if description.get("kind") == "policy":
+        model = Policy(PolicyConfig(**description["shape"]))
+    else:
+        from rlbus.models.sources import model_from_description
+
+        model = model_from_description(description, dtype=torch.float32)
+    model.load_state_dict(state.model)
+    return model
 
 
 def policy_from_state(state: TrainerState) -> Policy:
-    """Rebuild the policy a checkpoint was taken from, with its weights."""
-    if state.policy_config is None:
-        raise ValueError("this checkpoint does not record its policy config")
-    model = Policy(PolicyConfig(**state.policy_config))
-    model.load_state_dict(state.model)
+    """`model_from_state` for callers that need the in-repo `Policy` (its config); ValueError for another kind."""
+    model = model_from_state(state)
+    if not isinstance(model, Policy):
+        raise ValueError(f"this checkpoint holds a {type(model).__name__}, not an in-repo policy")
     return model
+
+
+def _description(data: dict[str, Any]) -> dict[str, Any] | None:
+    if data.get("model_description") is not None:
+        return dict(data["model_description"])
+    if data.get("policy_config") is not None:  # written before checkpoints described any model kind
+        return {"kind": "policy", "shape": dict(data["policy_config"])}
+    return None
 
 
 def _atomic_write(path: Path, write: Callable[[BinaryIO], object]) -> None:

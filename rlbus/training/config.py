@@ -43,6 +43,12 @@ class GRPOConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_onl
     minibatches: int = 1
     #: Rows per forward/backward chunk (gradient accumulation); 0 = a whole minibatch at once.
     micro_batch_rows: int = 0
+    #: Trained tokens per chunk of the vocabulary projection: the fp32 logits held at once are
+    #: ``logprob_chunk × V`` (and recomputed in backward), never the full batch's.
+    logprob_chunk: int = 1024
+    #: Recompute each block's activations in backward instead of keeping them (memory for ~⅓ more
+    #: compute); the trainer sets it on the model once, at start.
+    gradient_checkpointing: bool = False
     #: Clip the global gradient norm to this; 0 = no clipping (the norm is still reported).
     max_grad_norm: float = 1.0
     #: Forward precision: fp32, or bf16 autocast over the fp32 master weights.
@@ -59,6 +65,8 @@ class GRPOConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_onl
             raise ValueError("max_staleness and micro_batch_rows must be >= 0, minibatches >= 1")
         if self.max_grad_norm < 0:
             raise ValueError("max_grad_norm must be >= 0 (0 = off)")
+        if self.logprob_chunk < 1:
+            raise ValueError("logprob_chunk must be >= 1")
 
 
 class OptimConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):

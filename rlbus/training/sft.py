@@ -1,67 +1,84 @@
-"""Supervised warm start: cross-entropy on reference completions, so RL starts from a model that is
-sometimes right.
+"""Supervised warm start: cross-entropy on reference tokens, so RL starts from a model that is sometimes
+right.
 
 GRPO learns only from groups whose rewards differ. A randomly initialised policy essentially never answers
 correctly, every group scores the same, every advantage is 0 and RL has no gradient. A short supervised
-phase on (prompt, reference completion) pairs fixes that. For examples j with prompt p_j and completion
-c_j = (c_1 … c_n_j):
+phase on reference sequences fixes that. Example j is a token sequence x_1 … x_{T_j} with a mask m_t that
+marks the tokens the model itself would write (a completion; in a multi-turn chat, the assistant turns and
+each one's end-of-turn token, never the prompt, the headers or a tool's output):
 
-    L = (1 / Σ_j n_j) · Σ_j Σ_i −log π(c_i | p_j, c_<i)        (+ the MoE balancing loss)
+    L = (1 / Σ_j Σ_t m_t) · Σ_j Σ_t m_t · −log π(x_t | x_<t)        (+ the MoE balancing loss)
 
-a token-level mean over completion tokens only: the prompt is context, not something to imitate.
+a token-level mean over trained tokens only: everything else is context, not something to imitate.
 Batches are drawn without replacement from a seeded permutation (a fresh one each epoch); AdamW with
-gradient-norm clipping at 1. Sequences are packed exactly like RL rollouts (`rlbus.training.batch.pack`),
-with the completion as the loss mask.
+gradient-norm clipping at 1. Sequences are packed exactly like RL rollouts (`rlbus.training.batch.pack`)
+with m as the loss mask, and scored like them: hidden states projected onto the LM head a chunk of trained
+tokens at a time (`rlbus.rl.logprobs.chunked_token_logprobs`), for any `rlbus.models.base.TrainableLM`.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, Protocol
 
 import torch
 
+from rlbus.models.base import TrainableLM
 from rlbus.models.policy import Policy, PolicyConfig
 from rlbus.models.tokenizer import ByteTokenizer
-from rlbus.rl.logprobs import sampled_token_logprobs
+from rlbus.rl.logprobs import chunked_token_logprobs
 from rlbus.training.batch import Sample, pack
-from rlbus.training.checkpoint import (
-    TrainerState,
-    load_checkpoint,
-    policy_config_dict,
-    policy_from_state,
-    save_checkpoint,
-)
+from rlbus.training.checkpoint import TrainerState, load_checkpoint, model_from_state, save_checkpoint
 
 
 @dataclass(frozen=True)
 class SFTExample:
-    """A prompt and the completion the model should produce after it (token ids)."""
+    """A token sequence and which of its tokens the model is trained to produce."""
 
-    prompt_ids: tuple[int, ...]
-    """At least one token (something must predict the first completion token)."""
-    completion_ids: tuple[int, ...]
-    """At least one token; usually ends with EOS so the model learns to stop."""
+    token_ids: tuple[int, ...]
+    trained: tuple[bool, ...]
+    """Per token: True where the model writes it (the loss covers it), False for context."""
 
     def __post_init__(self) -> None:
-        if not self.prompt_ids or not self.completion_ids:
+        if len(self.trained) != len(self.token_ids):
+            raise ValueError(f"{len(self.token_ids)} token ids but {len(self.trained)} loss-mask entries")
+        if not any(self.trained):
+            raise ValueError("an SFT example needs at least one trained token")
+        if self.trained[0]:
+            raise ValueError("the first token cannot be trained: nothing before it predicts it")
+
+    @classmethod
+    def from_completion(cls, prompt_ids: Sequence[int], completion_ids: Sequence[int]) -> SFTExample:
+        """A prompt (context, at least one token) followed by the completion trained after it."""
+        if not prompt_ids or not completion_ids:
             raise ValueError("an SFT example needs a non-empty prompt and a non-empty completion")
+        trained = (False,) * len(prompt_ids) + (True,) * len(completion_ids)
+        return cls(tuple(prompt_ids) + tuple(completion_ids), trained)
+
+
+class ChatRenderer(Protocol):
+    """What `load_examples` needs to read chat rows (`rlbus.envs.chat.ChatFormat` implements it)."""
+
+    def render_messages(self, messages: Sequence[Mapping[str, Any]]) -> tuple[list[int], list[bool]]:
+        """(ids, trained): True exactly on assistant content tokens and each assistant turn's end-of-turn."""
+        ...
 
 
 def _sample(example: SFTExample) -> Sample:
-    P, C = len(example.prompt_ids), len(example.completion_ids)
+    T = len(example.token_ids)
     return Sample(
-        token_ids=torch.tensor(example.prompt_ids + example.completion_ids, dtype=torch.long),
-        loss_mask=torch.cat([torch.zeros(P, dtype=torch.bool), torch.ones(C, dtype=torch.bool)]),
-        logprobs=torch.zeros(P + C),
-        versions=torch.full((P + C,), -1, dtype=torch.long),
+        token_ids=torch.tensor(example.token_ids, dtype=torch.long),
+        loss_mask=torch.tensor(example.trained, dtype=torch.bool),
+        logprobs=torch.zeros(T),
+        versions=torch.full((T,), -1, dtype=torch.long),
     )
 
 
 def pretrain(
-    model: Policy,
+    model: TrainableLM,
     examples: Sequence[SFTExample],
     steps: int,
     lr: float,
@@ -69,12 +86,14 @@ def pretrain(
     seed: int,
     *,
     weight_decay: float = 0.0,
+    logprob_chunk: int = 1024,
     on_step: Callable[[int, float], None] | None = None,
 ) -> list[float]:
     """Train ``model`` in place for ``steps`` AdamW steps; returns the cross-entropy of every step.
 
     ``on_step(step, loss)`` is called after each step (progress output). The batch order depends only on
-    ``seed``, so two runs from the same weights give the same losses.
+    ``seed``, so two runs from the same weights give the same losses. ``logprob_chunk`` trained tokens are
+    projected onto the vocabulary at a time.
     """
     if not examples:
         raise ValueError("pretrain needs at least one example")
@@ -92,9 +111,12 @@ def pretrain(
             order += torch.randperm(len(samples), generator=generator).tolist()
         picked, order = order[:batch_size], order[batch_size:]
         batch = pack([samples[i] for i in picked], torch.zeros(len(picked))).to(device)
-        out = model(batch.inputs, key_mask=batch.key_mask)
-        logp = sampled_token_logprobs(out.logits, batch.targets)  # [B, S]
-        ce = -(logp * batch.loss_mask).sum() / batch.loss_mask.sum().clamp(min=1)
+        out = model.features(batch.inputs, key_mask=batch.key_mask)
+        logp = chunked_token_logprobs(
+            out.hidden, model.output_weight(), batch.targets, batch.temperature, mask=batch.loss_mask,
+            chunk_tokens=logprob_chunk,
+        )  # [B, S], 0 off the mask
+        ce = -logp.sum() / batch.loss_mask.sum().clamp(min=1)
         loss = ce if out.aux_loss is None else ce + out.aux_loss
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
@@ -106,11 +128,15 @@ def pretrain(
     return losses
 
 
-def load_examples(path: Path, tokenizer: ByteTokenizer | None = None) -> list[SFTExample]:
-    """Examples from a JSONL file, one object per line, either as text or as token ids:
+def load_examples(
+    path: Path, chat: ChatRenderer | None = None, *, tokenizer: ByteTokenizer | None = None
+) -> list[SFTExample]:
+    """Examples from a JSONL file, one object per line, as text, as token ids or as a chat:
 
     ``{"prompt": "3+4=", "completion": "7"}`` — byte-tokenized: BOS + prompt, completion + EOS;
-    ``{"prompt_ids": [...], "completion_ids": [...]}`` — taken as is (any chat format, any special tokens).
+    ``{"prompt_ids": [...], "completion_ids": [...]}`` — taken as is (any chat format, any special tokens);
+    ``{"messages": [{"role": "user", "content": ...}, ...]}`` — rendered by ``chat.render_messages``,
+    training the assistant turns only (needs ``chat``).
     """
     tok = tokenizer or ByteTokenizer()
     examples = []
@@ -118,13 +144,21 @@ def load_examples(path: Path, tokenizer: ByteTokenizer | None = None) -> list[SF
         if not line.strip():
             continue
         row = json.loads(line)
-        if "prompt_ids" in row:
-            examples.append(SFTExample(tuple(row["prompt_ids"]), tuple(row["completion_ids"])))
-        elif "prompt" in row:
-            prompt = tok.encode(row["prompt"], bos=True)
-            examples.append(SFTExample(tuple(prompt), tuple(tok.encode(row["completion"], eos=True))))
-        else:
-            raise ValueError(f"{path}:{n}: expected prompt/completion or prompt_ids/completion_ids")
+        try:
+            if "messages" in row:
+                if chat is None:
+                    raise ValueError("a chat row (messages) needs a chat format to render it")
+                ids, trained = chat.render_messages(row["messages"])
+                examples.append(SFTExample(tuple(ids), tuple(bool(t) for t in trained)))
+            elif "prompt_ids" in row:
+                examples.append(SFTExample.from_completion(row["prompt_ids"], row["completion_ids"]))
+            elif "prompt" in row:
+                prompt = tok.encode(row["prompt"], bos=True)
+                examples.append(SFTExample.from_completion(prompt, tok.encode(row["completion"], eos=True)))
+            else:
+                raise ValueError("expected prompt/completion, prompt_ids/completion_ids or messages")
+        except ValueError as exc:
+            raise ValueError(f"{path}:{n}: {exc}") from None
     return examples
 
 
@@ -143,15 +177,17 @@ def main(
     """``rlbus pretrain``: warm-start a policy on a JSONL file and write a weights-only checkpoint.
 
     ``model`` names a `PolicyConfig` preset (``tiny`` or ``bench``) for a fresh policy seeded with
-    ``seed``; ``init`` starts from an existing checkpoint (file or directory) instead. The result goes to
-    the checkpoint directory ``out`` (step 0, version 0, no optimizer state), which the trainer resumes from.
+    ``seed``; ``init`` starts from an existing checkpoint (file or directory, any model kind) instead. The
+    result goes to the checkpoint directory ``out`` (step 0, version 0, no optimizer state), which the
+    trainer resumes from.
     """
     examples = load_examples(data)
+    policy: TrainableLM
     if init is not None:
         state = load_checkpoint(init)
         if state is None:
             raise FileNotFoundError(f"no checkpoint in {init}")
-        policy = policy_from_state(state)
+        policy = model_from_state(state)
     else:
         presets = {"tiny": PolicyConfig.tiny, "bench": PolicyConfig.bench}
         if model not in presets:
@@ -164,11 +200,10 @@ def main(
         if step % every == 0 or step == steps - 1:
             log(f"step {step + 1}/{steps}  loss {loss:.4f}")
 
-    log(f"{len(examples)} examples, {policy.num_params():,} parameters")
+    log(f"{len(examples)} examples, {sum(p.numel() for p in policy.parameters()):,} parameters")
     losses = pretrain(policy, examples, steps, lr, batch_size, seed, on_step=report)
     path = save_checkpoint(
-        out,
-        TrainerState(step=0, version=0, model=policy.state_dict(), policy_config=policy_config_dict(policy.config)),
+        out, TrainerState(step=0, version=0, model=policy.state_dict(), model_description=policy.describe())
     )
     log(f"wrote {path}")
     return losses

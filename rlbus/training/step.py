@@ -26,6 +26,12 @@ accumulate gradients; the policy-gradient term is unchanged (up to float roundin
 divides by the same N, while the balancing loss is computed per chunk (its f · P product is not
 additive) and weighted by the chunk's share of real tokens.
 
+The model is any `rlbus.models.base.TrainableLM` (the in-repo policy or a Hugging Face causal LM). Its
+forward stops at the final hidden states h_t; the logits z_t = h_t · Wᵀ (W = the LM head, [V, D]) exist
+only ``logprob_chunk`` trained tokens at a time (`rlbus.rl.logprobs.chunked_token_logprobs`, recomputed in
+backward), so no fp32 [B, S, V] tensor is ever built. ``compute_dtype = "bfloat16"`` runs the forward
+and the projection under bf16 autocast over the fp32 master weights; the log-softmax is always fp32.
+
 Reported per step: loss, mean reward, KL(μ ‖ π_old) by k3, max |log π_old − log μ|, the router-flip rate
 (the trainer's own top-k against the engine's experts, computed even under replay), IS-weight ESS, clip
 and mask fractions, the staleness histogram, token count and gradient norm.
@@ -40,10 +46,10 @@ from typing import Any, Literal
 
 import torch
 
-from rlbus.models.policy import Policy
+from rlbus.models.base import TrainableLM
 from rlbus.rl.advantages import group_advantages
 from rlbus.rl.correction import ISCorrection, masked_is, truncated_is
-from rlbus.rl.logprobs import sampled_token_logprobs
+from rlbus.rl.logprobs import chunked_token_logprobs
 from rlbus.rl.losses import clipped_pg_loss
 from rlbus.rl.metrics import clip_fraction, is_ess, kl_k3, mask_fraction, max_abs_logprob_diff, router_flip_rate
 from rlbus.rl.staleness import fresh_mask, staleness_histogram
@@ -56,7 +62,7 @@ __all__ = ["GRPOConfig", "OptimConfig", "StepMetrics", "build_optimizer", "grpo_
 # optimizer
 
 
-def build_optimizer(model: torch.nn.Module, config: OptimConfig) -> torch.optim.AdamW:
+def build_optimizer(model: TrainableLM, config: OptimConfig) -> torch.optim.AdamW:
     """AdamW with two parameter groups: decayed (≥ 2-D) and not decayed (gains), nanoGPT's split."""
     params = [p for p in model.parameters() if p.requires_grad]
     decay = [p for p in params if p.dim() >= 2]
@@ -109,7 +115,7 @@ class StepMetrics:
 
 
 def grpo_step(
-    model: Policy,
+    model: TrainableLM,
     optimizer: torch.optim.Optimizer,
     groups: Sequence[Group],
     *,
@@ -156,14 +162,14 @@ def grpo_step(
 
     device = next(model.parameters()).device
     batch = pack([samples[i] for i in train_idx], advantages[train_idx], pad_id=config.pad_id).to(device)
-    replay = config.router_replay and batch.routed_experts is not None and model.config.moe
+    replay = config.router_replay and batch.routed_experts is not None and model.is_moe
     B, S = batch.inputs.shape
     old = torch.zeros(B, S, device=device)  # [B, S] log π_old
     ratio = torch.ones(B, S, device=device)  # [B, S] π_θ / π_old at the time of each row's update
     weights = torch.zeros(B, S, device=device)  # [B, S] IS weights
     keep = torch.zeros(B, S, dtype=torch.bool, device=device)  # [B, S]
     own = None  # [L, B, S, k] the trainer's own top-k
-    if batch.routed_experts is not None and model.config.moe:
+    if batch.routed_experts is not None and model.is_moe:
         own = batch.routed_experts.clone()
 
     model.train()
@@ -171,7 +177,9 @@ def grpo_step(
         with torch.no_grad():
             for a, b in _chunks(0, B, config.micro_batch_rows):
                 part = batch.select(a, b)
-                logp, experts, _ = _score(model, part, replay=replay, dtype=config.compute_dtype)
+                logp, experts, _ = _score(
+                    model, part, replay=replay, dtype=config.compute_dtype, chunk=config.logprob_chunk
+                )
                 w = part.inputs.shape[1]
                 old[a:b, :w] = logp
                 if own is not None and experts is not None:
@@ -187,7 +195,9 @@ def grpo_step(
         for a, b in _chunks(mb_a, mb_b, config.micro_batch_rows):
             part = batch.select(a, b)
             w = part.inputs.shape[1]
-            logp, experts, aux = _score(model, part, replay=replay, dtype=config.compute_dtype)  # [b-a, w]
+            logp, experts, aux = _score(
+                model, part, replay=replay, dtype=config.compute_dtype, chunk=config.logprob_chunk
+            )  # [b-a, w]
             if config.minibatches == 1:
                 old[a:b, :w] = logp.detach()
                 if own is not None and experts is not None:
@@ -238,23 +248,33 @@ def grpo_step(
 
 
 def score(
-    model: Policy, batch: PackedBatch, *, replay: bool, dtype: Literal["float32", "bfloat16"] = "float32"
+    model: TrainableLM,
+    batch: PackedBatch,
+    *,
+    replay: bool,
+    dtype: Literal["float32", "bfloat16"] = "float32",
+    chunk: int = 1024,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """No-grad trainer log-probs [B, S] and own top-k experts [L, B, S, k] of a packed batch (for benches)."""
+    """No-grad trainer log-probs [B, S] (at the loss mask, 0 elsewhere) and own top-k experts [L, B, S, k]
+    of a packed batch (for benches)."""
     with torch.no_grad():
-        logp, experts, _ = _score(model, batch, replay=replay and batch.routed_experts is not None, dtype=dtype)
+        replay = replay and batch.routed_experts is not None
+        logp, experts, _ = _score(model, batch, replay=replay, dtype=dtype, chunk=chunk)
     return logp, experts
 
 
 def _score(
-    model: Policy, part: PackedBatch, *, replay: bool, dtype: str
+    model: TrainableLM, part: PackedBatch, *, replay: bool, dtype: str, chunk: int
 ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
-    """(log π(targets) [B, S] at each row's temperature, own experts [L, B, S, k] | None, aux loss | None)."""
+    """(log π(targets) [B, S] at each row's temperature, at the loss mask, 0 elsewhere; own experts
+    [L, B, S, k] | None; aux loss | None)."""
     device = part.inputs.device
     with torch.autocast(device_type=device.type, dtype=torch.bfloat16, enabled=dtype == "bfloat16"):
-        out = model(part.inputs, key_mask=part.key_mask, routed_experts=part.routed_experts if replay else None)
-    logits = out.logits.float() / part.temperature[:, None, None]  # [B, S, V]
-    logp = sampled_token_logprobs(logits, part.targets)  # [B, S]
+        routed = part.routed_experts if replay else None
+        out = model.features(part.inputs, key_mask=part.key_mask, routed_experts=routed)
+        logp = chunked_token_logprobs(
+            out.hidden, model.output_weight(), part.targets, part.temperature, mask=part.loss_mask, chunk_tokens=chunk
+        )  # [B, S]
     return logp, out.routed_experts, out.aux_loss
 
 

@@ -17,23 +17,25 @@ from typing import Any
 from msgspec.structs import replace
 
 from rlbus.envs.agent import reference_episode
-from rlbus.envs.base import Task, env_for
+from rlbus.envs.base import env_for
 from rlbus.envs.chat import ChatFormat
 from rlbus.envs.tasks import generate_prompts
-from rlbus.models.policy import Policy
+from rlbus.models.base import TrainableLM
 from rlbus.models.tokenizer import ByteTokenizer
 from rlbus.schemas import Prompt
 from rlbus.training.sft import SFTExample, pretrain
 
 
-def sft_examples(task: Task[Any], prompts: list[Prompt], chat: ChatFormat) -> list[SFTExample]:
-    """Reference solutions played through the real harness: prompt tokens → the model's tokens. Blocking
-    (runs its own event loop: call it from a thread)."""
+def sft_examples(prompts: list[Prompt], chat: ChatFormat) -> list[SFTExample]:
+    """Reference solutions played through the real harness, each prompt in its own environment (its
+    ``env_config``: a kv prompt's table). Exactly the tokens a policy rollout would sample are trained —
+    the model's turns — never the prompt, headers or tool results between them. Blocking (runs its own
+    event loop: call it from a thread)."""
 
     async def one(prompt: Prompt) -> SFTExample:
+        task: Any = env_for(prompt)
         episode = await reference_episode(task, prompt, chat=chat)
-        first = episode.loss_mask.index(1)
-        return SFTExample(tuple(episode.token_ids[:first]), tuple(episode.token_ids[first:]))
+        return SFTExample(tuple(episode.token_ids), tuple(bool(m) for m in episode.loss_mask))
 
     async def all_examples() -> list[SFTExample]:
         return [await one(p) for p in prompts]
@@ -55,13 +57,12 @@ def sloppy_teacher(prompts: list[Prompt], error: float, *, seed: int) -> list[Pr
 
 
 def warm_start(
-    model: Policy, *, env: str, env_config: dict[str, Any] | None, seed: int, steps: int, lr: float,
+    model: TrainableLM, *, env: str, env_config: dict[str, Any] | None, seed: int, steps: int, lr: float,
     teacher_error: float = 0.0, examples: int = 400, batch_size: int = 32,
 ) -> None:
     """``steps`` supervised steps of ``model`` on ``examples`` reference solutions of ``env`` (seed + 1),
     a share ``teacher_error`` of them off by one. Blocking: run it in a thread."""
-    task: Any = env_for(generate_prompts(env, seed=0, n=1, config=env_config)[0])
     train = generate_prompts(env, seed=seed + 1, n=examples, config=env_config)
     train = sloppy_teacher(train, teacher_error, seed=seed)
     chat = ChatFormat.for_byte_tokenizer(ByteTokenizer())
-    pretrain(model, sft_examples(task, train, chat), steps=steps, lr=lr, batch_size=batch_size, seed=seed)
+    pretrain(model, sft_examples(train, chat), steps=steps, lr=lr, batch_size=batch_size, seed=seed)

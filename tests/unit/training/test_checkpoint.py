@@ -1,8 +1,13 @@
-"""Checkpoints: atomic writes, retention, and a restart that continues bit-identically."""
+"""Checkpoints: atomic writes, retention, rebuilding the model they describe (in-repo policy, Hugging Face,
+older checkpoints), and a restart that continues bit-identically."""
 
 from __future__ import annotations
 
+import dataclasses
 import random
+import sys
+import types
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -13,7 +18,13 @@ from rlbus.consumers.trainer import Trainer
 from rlbus.models.policy import Policy, PolicyConfig
 from rlbus.training import checkpoint as ckpt
 from rlbus.training.batch import Group, Sample
-from rlbus.training.checkpoint import TrainerState, load_checkpoint, policy_from_state, save_checkpoint
+from rlbus.training.checkpoint import (
+    TrainerState,
+    load_checkpoint,
+    model_from_state,
+    policy_from_state,
+    save_checkpoint,
+)
 from rlbus.training.step import GRPOConfig, OptimConfig
 
 CFG = PolicyConfig(vocab=272, d_model=32, n_layer=2, n_head=2, max_seq=64, n_experts=4, top_k=2, d_ff=32)
@@ -28,7 +39,7 @@ def state(step: int) -> TrainerState:
         model=model.state_dict(),
         offsets={"rl.rollouts.v1:0": 10 * step},
         rng=ckpt.capture_rng(),
-        policy_config=ckpt.policy_config_dict(CFG),
+        model_description=model.describe(),
     )
 
 
@@ -40,12 +51,58 @@ def test_round_trip_and_retention(tmp_path: Path) -> None:
     loaded = load_checkpoint(tmp_path)
     assert loaded is not None
     assert (loaded.step, loaded.version, loaded.offsets) == (3, 1, {"rl.rollouts.v1:0": 30})
-    model = policy_from_state(loaded)
+    model = model_from_state(loaded)
+    assert isinstance(model, Policy) and model.config == CFG
     want = state(3).model
     assert all(torch.equal(model.state_dict()[k], want[k]) for k in want)
     assert load_checkpoint(tmp_path / "step-000000002.pt").step == 2  # type: ignore[union-attr]
     (tmp_path / "empty").mkdir()
     assert load_checkpoint(tmp_path / "empty") is None
+
+
+def test_a_checkpoint_from_before_model_descriptions_still_loads(tmp_path: Path) -> None:
+    new = state(1)
+    payload = {"step": 1, "version": 0, "model": new.model, "optimizer": None, "rng": {}, "offsets": {},
+               "policy_config": dataclasses.asdict(CFG)}  # the old layout: no model_description, no rollouts_trained
+    torch.save(payload, tmp_path / "old.pt")
+    loaded = load_checkpoint(tmp_path / "old.pt")
+    assert loaded is not None and loaded.model_description == {"kind": "policy", "shape": dataclasses.asdict(CFG)}
+    model = policy_from_state(loaded)  # the Policy-typed shim build.py / roles.py still use
+    assert model.config == CFG and all(torch.equal(model.state_dict()[k], v) for k, v in new.model.items())
+
+
+def test_hf_model_round_trip_keeps_weights_and_the_tied_embedding(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    transformers = pytest.importorskip("transformers")
+    from rlbus.models.hf import HFCausalLM
+
+    def model_from_description(desc: Mapping[str, Any], *, dtype: torch.dtype = torch.float32,
+                               device: str = "cpu") -> HFCausalLM:
+        """The builder `rlbus.models.sources` provides, for the one kind this test writes (a config)."""
+        config = transformers.AutoConfig.for_model(**desc["config"])
+        return HFCausalLM.from_config(config, seed=123, dtype=dtype)
+
+    sources = types.ModuleType("rlbus.models.sources")
+    sources.model_from_description = model_from_description  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "rlbus.models.sources", sources)
+
+    config = transformers.LlamaConfig(vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
+                                      tie_word_embeddings=True)
+    model = HFCausalLM.from_config(config, seed=0)
+    save_checkpoint(tmp_path, TrainerState(step=1, version=1, model=model.state_dict(),
+                                           model_description=model.describe()))
+    loaded = load_checkpoint(tmp_path)
+    assert loaded is not None and loaded.model_description == model.describe()
+    restored = model_from_state(loaded)
+    assert isinstance(restored, HFCausalLM)
+    want = model.state_dict()
+    assert restored.state_dict().keys() == want.keys()
+    assert all(torch.equal(restored.state_dict()[k], v) for k, v in want.items())  # not the seed-123 init
+    assert restored.hf.lm_head.weight is restored.hf.model.embed_tokens.weight
+    with pytest.raises(ValueError, match="not an in-repo policy"):
+        policy_from_state(loaded)
 
 
 def test_crash_while_saving_keeps_the_previous_checkpoint(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

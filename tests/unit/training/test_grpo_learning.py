@@ -55,7 +55,8 @@ def accuracy(engine: TorchEngine) -> float:
 async def test_grpo_raises_reward_above_the_warm_start() -> None:
     torch.manual_seed(0)
     policy = Policy(CFG)
-    pretrain(policy, [SFTExample(prompt(d), answer(d)) for d in DIGITS], steps=20, lr=3e-3, batch_size=32, seed=0)
+    examples = [SFTExample.from_completion(prompt(d), answer(d)) for d in DIGITS]
+    pretrain(policy, examples, steps=20, lr=3e-3, batch_size=32, seed=0)
 
     engine = TorchEngine(copy.deepcopy(policy).eval().to(torch.bfloat16), seed=0)
     warm_start = accuracy(engine)

@@ -1,5 +1,6 @@
 """The trainer worker: publish cadence through a real WeightPublisher, staleness against the published
-version, publisher continuity after a restart, and a free event loop while a step runs."""
+version, publisher continuity after a restart, a Hugging Face model end to end (tied embedding published
+once, described in its checkpoint), and a free event loop while a step runs."""
 
 from __future__ import annotations
 
@@ -13,9 +14,11 @@ import torch
 from rlbus.bus import MemoryBus
 from rlbus.bus.topics import WEIGHTS, topic_specs
 from rlbus.consumers.trainer import Trainer
+from rlbus.models.base import weight_tensors
 from rlbus.models.policy import Policy, PolicyConfig
 from rlbus.schemas import WeightVersion
 from rlbus.training.batch import Group, Sample
+from rlbus.training.checkpoint import load_checkpoint
 from rlbus.training.step import GRPOConfig, OptimConfig
 from rlbus.weights.digest import state_digest
 from rlbus.weights.publish import WeightPublisher
@@ -32,7 +35,7 @@ async def bus() -> AsyncIterator[MemoryBus]:
     await instance.close()
 
 
-def groups(version: int, seed: int = 0, *, rows: int = 4, length: int = 12) -> list[Group]:
+def groups(version: int, seed: int = 0, *, rows: int = 4, length: int = 12, routed: bool = True) -> list[Group]:
     g = torch.Generator().manual_seed(seed)
     out = []
     for _ in range(2):
@@ -45,7 +48,9 @@ def groups(version: int, seed: int = 0, *, rows: int = 4, length: int = 12) -> l
                     loss_mask=mask,
                     logprobs=torch.where(mask, -5.5, 0.0),
                     versions=torch.where(mask, version, -1),
-                    routed_experts=torch.rand(CFG.n_layer, length, CFG.n_experts, generator=g).argsort(-1)[..., :2],
+                    routed_experts=torch.rand(CFG.n_layer, length, CFG.n_experts, generator=g).argsort(-1)[..., :2]
+                    if routed
+                    else None,
                 )
             )
         out.append(Group(samples=tuple(samples), rewards=torch.arange(rows, dtype=torch.float32)))
@@ -119,6 +124,32 @@ async def test_restart_continues_the_version_sequence(bus: MemoryBus, tmp_path: 
     assert (restarted.step, restarted.version, fresh.version) == (2, 2, 0)
     await restarted.train_on(groups(restarted.version, seed=5))
     assert fresh.history[-1].version == 3 and fresh.history[-1].kind == "keyframe"  # no base yet: a keyframe
+
+
+async def test_an_hf_model_trains_publishes_its_tied_embedding_once_and_checkpoints_its_description(
+    bus: MemoryBus, tmp_path: Path
+) -> None:
+    transformers = pytest.importorskip("transformers")
+    from rlbus.models.hf import HFCausalLM
+
+    config = transformers.LlamaConfig(vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
+                                      tie_word_embeddings=True)
+    model = HFCausalLM.from_config(config, seed=0)
+    publisher = WeightPublisher(bus=bus, store=LocalStore(tmp_path / "blobs"))
+    trainer = Trainer(model=model, optim=OptimConfig(lr=1e-2), grpo=GRPOConfig(gradient_checkpointing=True),
+                      publisher=publisher, checkpoint_dir=tmp_path / "ckpt", checkpoint_every=1)
+    assert model.hf.is_activation_checkpointing
+    metrics = await trainer.train_on(groups(0, routed=False))
+    assert metrics["published"] and metrics["checkpointed"] and metrics["router_flip_rate"] is None
+    async with bus.consumer([WEIGHTS]) as consumer:
+        [announced] = [r.value for r in await consumer.getmany(timeout_s=1.0)]
+    names = {t.name for t in announced.tensors}
+    assert "model.embed_tokens.weight" in names and "lm_head.weight" not in names  # one tensor, sent once
+    assert names == set(weight_tensors(model)) and len(names) == len(list(model.parameters()))
+    assert announced.model_digest == state_digest(publisher.snapshot(weight_tensors(model)))
+    state = load_checkpoint(tmp_path / "ckpt")
+    assert state is not None and state.model_description == model.describe()
 
 
 async def test_the_event_loop_stays_free_during_a_step() -> None:
