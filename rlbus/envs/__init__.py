@@ -1,7 +1,9 @@
 """Environments (DESIGN §6): the harness that runs an agent episode, its world state, and its reward.
 
     base.py       Environment / Task protocol, HarnessConfig, Tool, World, register_env / make_env
-    chat.py       role headers and the tagged action format (<tool name=…>, <answer>, <summary>)
+    chat.py       ChatFormat: role openings/closings (byte tokens or derived from a chat template), the
+                  tagged action format (<tool name=…>, <answer>, <summary>), render_messages
+    tool_calls.py native tool calls for chat templates: JSON schemas, the Hermes prompt, <tool_call> parsing
     agent.py      the multi-turn agent loop with self-summarization (imports the engine, hence torch)
     episode.py    Episode, and its conversion to and from the Rollout message
     scripted.py   ScriptedEngine: replays fixed turns (reference solutions, tests)

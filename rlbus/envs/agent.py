@@ -3,12 +3,19 @@
 One episode, step by step:
 
 1. The context opens with BOS, the environment's system message (action format and tools) and the task.
-2. The model samples a turn after the ``assistant`` header (engine stop strings ``</tool>``,
-   ``</answer>``, and the EOS token), at most ``max_new_tokens`` and never past the context or episode
-   budget. Its tokens are the only trained ones (loss mask 1, behaviour log-prob and policy version kept).
-3. The turn's first action is parsed (`rlbus.envs.chat.parse_action`): an answer ends the episode
-   (``stop``); a tool call runs the tool (with a timeout) and appends its output as a ``tool`` message;
-   a malformed or missing action appends an error message instead. Observations are masked.
+   With native tool calls (a chat-template format) the tools' JSON schemas go into the system message
+   as the template writes them (`rlbus.envs.chat.ChatFormat.system_text`); without a system message a
+   template's default one is used.
+2. The model samples a turn after the generation prompt (the ``assistant`` header), stopping on the
+   format's action stop strings (``</tool>`` / ``</tool_call>``, ``</answer>``) and its end-of-turn token,
+   at most ``max_new_tokens`` and never past the context or episode budget. Its tokens are the only
+   trained ones (loss mask 1, behaviour log-prob and policy version kept). Whatever the template puts after
+   a turn (ChatML's newline after ``<|im_end|>``, or the whole closing when the model was cut short) is
+   appended masked. The context grows only by appending ids: sampled ids are never decoded and re-encoded.
+3. The turn's first action is parsed (`ChatFormat.parse`: tagged tags, or native ``<tool_call>`` JSON):
+   an answer ends the episode (``stop``); a tool call runs the tool (with a timeout) and appends its
+   output as a ``tool`` message; a malformed or missing action appends an error message instead.
+   Observations are masked.
 4. The episode also ends after ``max_turns`` model turns (``max_turns``) or when no token budget is left
    (``length``). The observation after the last allowed turn is not appended.
 
@@ -36,17 +43,9 @@ import torch
 
 from rlbus.engines.base import Engine, GenerationRequest, GenerationResult
 from rlbus.envs.base import Environment, Limits, Task, Tool
-from rlbus.envs.chat import (
-    ACTION_STOPS,
-    SUMMARY_STOPS,
-    Answer,
-    ChatFormat,
-    Malformed,
-    ToolCall,
-    parse_action,
-    parse_summary,
-)
+from rlbus.envs.chat import SUMMARY_STOPS, Answer, ChatFormat, Malformed, ToolCall, parse_summary
 from rlbus.envs.episode import Episode
+from rlbus.envs.tool_calls import tool_schema
 from rlbus.errors import ToolError
 from rlbus.schemas import Prompt, SamplingInfo, Turn
 
@@ -94,7 +93,11 @@ class _Run:
 
     def __init__(self, loop: AgentLoop, tools: dict[str, Tool], system: str | None, task: str) -> None:
         self.loop, self.chat, self.limits = loop, loop.chat, loop.limits
-        self.tools, self.system, self.task = tools, system, task
+        self.tools, self.task = tools, task
+        schemas = (
+            [tool_schema(t.name, t.description) for t in tools.values()] if self.chat.actions == "native" else None
+        )
+        self.system = self.chat.system_text(system, schemas)
         self.seq = _Sequence(loop.chat)
         self.answer: str | None = None
         self.sampling = loop.sampling
@@ -112,7 +115,7 @@ class _Run:
             budget = min(self.limits.max_new_tokens, *self._turn_rooms())
             if budget < 1:
                 return "length"
-            action = parse_action(await self._model_turn(budget, ACTION_STOPS))
+            action = self.chat.parse(await self._model_turn(budget, self.chat.action_stops))
             self.stats["turns"] += 1
             self.turns_in_segment += 1
             if isinstance(action, Answer):
@@ -144,14 +147,14 @@ class _Run:
         return self.limits.context_tokens - len(self.seq.context), self.limits.max_total_tokens - len(self.seq.ids)
 
     def _turn_rooms(self) -> tuple[int, int]:
-        """Tokens a model turn may sample after its header (in this context, in the episode)."""
-        header = len(self.chat.header("assistant"))
+        """Tokens a model turn may sample besides its header and closing (in this context, in the episode)."""
+        frame = self.chat.turn_reserve()
         context, total = self._rooms()
-        return context - header, total - header
+        return context - frame, total - frame
 
     def _summary_reserve(self) -> int:
-        request = len(self.chat.header("user")) + len(self.chat.encode(self.loop.summary_request))
-        return request + len(self.chat.header("assistant")) + self.limits.summary_max_tokens
+        request = self.chat.framing("user") + len(self.chat.encode(self.loop.summary_request))
+        return request + self.chat.turn_reserve() + self.limits.summary_max_tokens
 
     def _should_summarize(self) -> bool:
         if not self.limits.summarize or self.turns_in_segment == 0:
@@ -167,7 +170,7 @@ class _Run:
         The summary is paid for twice — sampled here, copied into the new context — so it gets at most
         half of what the episode has left after the request and the new segment's opening.
         """
-        request = len(self.chat.header("user")) + len(self.chat.encode(self.loop.summary_request))
+        request = self.chat.framing("user") + len(self.chat.encode(self.loop.summary_request))
         opening = self._opening_cost()
         context, total = self._turn_rooms()
         budget = min(
@@ -185,11 +188,11 @@ class _Run:
         return True
 
     def _opening_cost(self) -> int:
-        """Tokens a summarized segment needs besides the summary: BOS, system, task, headers, one token."""
-        system = 0 if self.system is None else len(self.chat.header("system")) + len(self.chat.encode(self.system))
-        task = len(self.chat.header("user")) + len(self.chat.encode(self.task))
-        headers = len(self.chat.header("summary")) + len(self.chat.header("assistant"))
-        return len(self.chat.bos) + system + task + headers + 1
+        """Tokens a summarized segment needs besides the summary: BOS, system, task, framing, one token."""
+        system = 0 if self.system is None else self.chat.framing("system") + len(self.chat.encode(self.system))
+        task = self.chat.framing("user") + len(self.chat.encode(self.task))
+        frames = self.chat.framing("summary") + self.chat.turn_reserve()
+        return len(self.chat.bos) + system + task + frames + 1
 
     def _open_segment(self, *, summary: list[int] | None) -> None:
         self.seq.new_segment()
@@ -201,7 +204,7 @@ class _Run:
             self.seq.add_message("summary", self.chat.tokenizer.decode(summary), ids=summary)
 
     async def _model_turn(self, budget: int, stops: tuple[str, ...]) -> str:
-        header = self.chat.header("assistant")
+        header = self.chat.model_header
         request = GenerationRequest(
             prompt_ids=(*self.seq.context, *header),
             max_new_tokens=budget,
@@ -209,14 +212,14 @@ class _Run:
             top_p=self.sampling.top_p,
             top_k=self.sampling.top_k,
             stop=stops,
-            stop_token_ids=(self.chat.eos_id,),
+            stop_token_ids=self.chat.stop_ids,
         )
         start = self.loop.clock()
         [result] = await asyncio.to_thread(self.loop.engine.generate, [request])
         self.timings["generate"] += self.loop.clock() - start
         self.sampling = _sampling_of(request, result)
         text = self.chat.decode(result.token_ids)
-        self.seq.add_model_turn(header, result, text)
+        self.seq.add_model_turn(header, result, text, closing=self.chat.turn_closing(result.token_ids))
         return text
 
     async def _observe(self, action: ToolCall | Malformed) -> str:
@@ -247,7 +250,7 @@ class _Run:
         """Append tool output, cut to the observation limit and so that a summary request still fits."""
         context, total = self._rooms()
         reserve = self._summary_reserve() if self.limits.summarize else 0
-        room = min(context - reserve, total) - len(self.chat.header("tool"))
+        room = min(context - reserve, total) - self.chat.framing("tool")
         if room < 1:
             return  # not even one token of it fits; the next iteration summarizes or ends with "length"
         limit = min(self.limits.max_observation_tokens, room)
@@ -289,14 +292,18 @@ class _Sequence:
         self._extend(self.chat.bos)
 
     def add_message(self, role: str, text: str, *, ids: list[int] | None = None) -> None:
-        """An environment message (masked): header and text; the segment's BOS belongs to its first turn."""
+        """An environment message (masked): header, text, closing; the segment's BOS belongs to its first turn."""
         first = not any(t.segment == self.segment for t in self.turns)
         start = self.segment_start if first else len(self.ids)
         self._extend(self.chat.header(role))
         self._extend(self.chat.encode(text) if ids is None else ids)
+        self._extend(self.chat.closing(role))
         self.turns.append(Turn(role=role, text=text, start=start, end=len(self.ids), segment=self.segment))
 
-    def add_model_turn(self, header: Sequence[int], result: GenerationResult, text: str) -> None:
+    def add_model_turn(
+        self, header: Sequence[int], result: GenerationResult, text: str, *, closing: Sequence[int] = ()
+    ) -> None:
+        """The header (masked), the sampled ids exactly as the engine returned them, the closing (masked)."""
         tokens = list(result.token_ids)
         logprobs = _as_floats(result.logprobs)
         versions = list(result.policy_versions)
@@ -311,6 +318,7 @@ class _Sequence:
         self.mask += [1] * len(tokens)
         self.logprobs += logprobs
         self.versions += versions
+        self._extend(closing)
         self.turns.append(Turn(role="assistant", text=text, start=start, end=len(self.ids), segment=self.segment))
 
     def _extend(self, ids: Iterable[int]) -> None:
@@ -381,7 +389,10 @@ async def run_episode(
     async with env.world(prompt) as world:
         loop = AgentLoop(engine=engine, chat=chat, limits=env.limits(), sampling=sampling)
         return await loop.run(
-            task=prompt.text, tools=world.tools, system=env.instructions(world), episode_id=episode_id
+            task=prompt.text,
+            tools=world.tools,
+            system=env.instructions(world, native_tools=chat.actions == "native"),
+            episode_id=episode_id,
         )
 
 

@@ -95,7 +95,8 @@ class Limits:
 
 @dataclass(frozen=True)
 class Tool:
-    """A tool the model can call with ``<tool name="NAME">INPUT</tool>``; ``run`` maps INPUT to output."""
+    """A tool the model can call with ``<tool name="NAME">INPUT</tool>`` (or a native ``<tool_call>`` whose
+    ``arguments.input`` is INPUT: `rlbus.envs.tool_calls`); ``run`` maps INPUT to output."""
 
     name: str
     description: str
@@ -127,11 +128,14 @@ class Environment(abc.ABC, Generic[C]):
         """The episode's world; the default has no state and no tools."""
         return contextlib.nullcontext(World())
 
-    def instructions(self, world: World) -> str | None:
-        """The system message (action format and tools), or None when ``instructions`` is off."""
+    def instructions(self, world: World, *, native_tools: bool = False) -> str | None:
+        """The system message (action format and tools), or None when ``instructions`` is off.
+
+        With ``native_tools`` the chat template describes the tools (their schemas), so this says only how
+        to answer."""
         if not self.config.instructions:
             return None
-        return describe_actions(world.tools)
+        return describe_actions(world.tools, native_tools=native_tools)
 
     @abc.abstractmethod
     async def score(self, episode: Episode, prompt: Prompt) -> Reward:
@@ -156,8 +160,10 @@ def config_data(config: HarnessConfig) -> dict[str, Any]:
     return data
 
 
-def describe_actions(tools: Mapping[str, Tool]) -> str:
+def describe_actions(tools: Mapping[str, Tool], *, native_tools: bool = False) -> str:
     lines = [f"Give the final answer as {format_answer('ANSWER')}."]
+    if native_tools:
+        return lines[0]
     if tools:
         lines.insert(0, f"Call a tool with {format_tool_call('NAME', 'INPUT')}.")
         lines.append("Tools:")

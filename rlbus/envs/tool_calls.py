@@ -1,0 +1,113 @@
+"""Native tool calls for chat-template models: JSON tool schemas, the Hermes tool prompt, and parsing.
+
+A Hugging Face chat model calls a tool the way its template family was tuned to (Hermes / Qwen2.5 style):
+
+    <tool_call>
+    {"name": "NAME", "arguments": {"input": "INPUT"}}
+    </tool_call>
+
+Every rlbus `Tool` takes one free-text INPUT (``Tool.run(str)``), so its JSON schema has exactly one
+required string parameter, ``input``; the call's ``arguments.input`` is what ``run`` receives. A template
+that renders ``tools=`` itself (Qwen2.5, Llama 3.1 …) gets these schemas; for one that ignores them
+(SmolLM2's) `hermes_tool_prompt` writes them into the system message — one JSON function signature per line
+inside ``<tools>…</tools>``, with the instruction to answer in ``<tool_call>`` blocks.
+
+The final answer stays the text tag ``<answer>…</answer>``: chat templates have no "final answer" message
+of their own (an assistant turn without a tool call is just text), and the verifiers need an unambiguous
+span to score — the same one the tagged format uses, so rewards read both formats alike.
+
+A turn whose first action is a broken call (bad JSON, no name, no arguments, arguments not an object, no
+string ``input``) is `Malformed`: the model gets the problem as the tool message and may try again. A call
+of a tool the episode does not have is answered by the agent loop, as in the tagged format.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from rlbus.envs.chat import Action, Answer, Malformed, ToolCall
+
+#: Stop strings for a native-format turn: the first complete call or answer ends it.
+NATIVE_STOPS = ("</tool_call>", "</answer>")
+
+_TOOL_CALL = re.compile(r"<tool_call>(.*?)</tool_call>", re.DOTALL)
+_ANSWER = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
+_CALL_HELP = 'write <tool_call>{"name": "NAME", "arguments": {"input": "INPUT"}}</tool_call>'
+
+
+def tool_schema(name: str, description: str) -> dict[str, Any]:
+    """The JSON schema (OpenAI function format) of an rlbus tool: one required string ``input``."""
+    return {
+        "type": "function",
+        "function": {
+            "name": name,
+            "description": description,
+            "parameters": {
+                "type": "object",
+                "properties": {"input": {"type": "string", "description": "the tool's input, as free text"}},
+                "required": ["input"],
+            },
+        },
+    }
+
+
+def hermes_tool_prompt(tools: Sequence[Mapping[str, Any]]) -> str:
+    """The Hermes tool block for a system message, for templates that do not render ``tools=``."""
+    signatures = "\n".join(json.dumps(t.get("function", t), ensure_ascii=False) for t in tools)
+    return (
+        "You may call one or more functions to assist with the user query.\n\n"
+        "You are provided with function signatures within <tools></tools> XML tags:\n"
+        f"<tools>\n{signatures}\n</tools>\n\n"
+        "For each function call, return a json object with function name and arguments within "
+        "<tool_call></tool_call> XML tags:\n"
+        '<tool_call>\n{"name": <function-name>, "arguments": <args-json-object>}\n</tool_call>'
+    )
+
+
+def format_native_call(name: str, arguments: Mapping[str, Any]) -> str:
+    """A call as the model writes it (and as Hermes-style templates render an assistant's ``tool_calls``)."""
+    call = json.dumps({"name": name, "arguments": dict(arguments)}, ensure_ascii=False)
+    return f"<tool_call>\n{call}\n</tool_call>"
+
+
+def parse_native_action(text: str) -> Action:
+    """The first complete ``<tool_call>`` or ``<answer>`` of a turn, or what is wrong with it."""
+    call, answer = _TOOL_CALL.search(text), _ANSWER.search(text)
+    if call and (answer is None or call.start() < answer.start()):
+        return _parse_call(call.group(1))
+    if answer:
+        return Answer(text=answer.group(1).strip())
+    if "<tool_call" in text:
+        return Malformed(f"unfinished tool call: {_CALL_HELP}")
+    if "<answer" in text:
+        return Malformed("malformed answer: write <answer>ANSWER</answer>")
+    return Malformed(f"no action: {_CALL_HELP} or <answer>ANSWER</answer>")
+
+
+def _parse_call(body: str) -> Action:
+    try:
+        call = json.loads(body)
+    except json.JSONDecodeError as exc:
+        return Malformed(f"tool call is not valid JSON ({exc.msg} at char {exc.pos}): {_CALL_HELP}")
+    if not isinstance(call, dict):
+        return Malformed(f"tool call must be a JSON object: {_CALL_HELP}")
+    name = call.get("name")
+    if not isinstance(name, str) or not name:
+        return Malformed(f'tool call has no "name": {_CALL_HELP}')
+    if "arguments" not in call:
+        return Malformed(f'tool call has no "arguments": {_CALL_HELP}')
+    arguments = call["arguments"]
+    if isinstance(arguments, str):  # some models write the arguments object as a JSON string
+        try:
+            arguments = json.loads(arguments)
+        except json.JSONDecodeError:
+            pass
+    if not isinstance(arguments, dict):
+        return Malformed(f'"arguments" must be a JSON object: {_CALL_HELP}')
+    argument = arguments.get("input")
+    if not isinstance(argument, str):
+        return Malformed(f'"arguments" must have a string "input": {_CALL_HELP}')
+    return ToolCall(name=name, argument=argument)
