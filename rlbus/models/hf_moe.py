@@ -38,6 +38,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 import torch
@@ -92,8 +93,9 @@ class RouterTap:
         self._active: _Session | None = None
         self._recompute: dict[int, tuple[torch.Tensor | None, torch.Tensor | None]] = {}  # `_Session.armed`
         for layer, (router, block) in enumerate(zip(routers, blocks, strict=True)):
-            block.register_forward_pre_hook(self._shape_hook(layer), with_kwargs=True)
-            router.register_forward_hook(self._router_hook(layer))
+            # Bound methods in partials, not closures: `copy.deepcopy` of the model rebinds them to the copy's tap.
+            block.register_forward_pre_hook(partial(self._on_block, layer), with_kwargs=True)
+            router.register_forward_hook(partial(self._on_router, layer))
 
     @classmethod
     def attach(cls, model: Any) -> RouterTap | None:
@@ -166,50 +168,42 @@ class RouterTap:
             raise ValueError(f"routed_experts ids must be in [0, {E})")
         return replay
 
-    def _shape_hook(self, layer: int) -> Any:
-        def hook(block: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
-            state = self._active
-            if state is None:
-                return
-            hidden = args[0] if args else kwargs["hidden_states"]  # [B, T, C]
-            B, T = hidden.shape[:2]
-            if state.replay is not None and tuple(state.replay.shape[1:3]) != (B, T):
-                raise ValueError(f"routed_experts cover [B, T] = {tuple(state.replay.shape[1:3])}; "
-                                 f"the forward runs {(B, T)}")
-            if state.token_mask is not None and tuple(state.token_mask.shape) != (B, T):
-                raise ValueError(f"token mask is {tuple(state.token_mask.shape)}; the forward runs {(B, T)}")
-            state.shapes[layer] = (B, T)
+    def _on_block(self, layer: int, block: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        state = self._active
+        if state is None:
+            return
+        hidden = args[0] if args else kwargs["hidden_states"]  # [B, T, C]
+        B, T = hidden.shape[:2]
+        if state.replay is not None and tuple(state.replay.shape[1:3]) != (B, T):
+            raise ValueError(f"routed_experts cover [B, T] = {tuple(state.replay.shape[1:3])}; "
+                             f"the forward runs {(B, T)}")
+        if state.token_mask is not None and tuple(state.token_mask.shape) != (B, T):
+            raise ValueError(f"token mask is {tuple(state.token_mask.shape)}; the forward runs {(B, T)}")
+        state.shapes[layer] = (B, T)
 
-        return hook
-
-    def _router_hook(self, layer: int) -> Any:
-        renorm = self._renorm[layer]
-
-        def hook(router: torch.nn.Module, args: tuple[Any, ...], output: Any) -> Any:
-            logits, weights, own = output  # [N, E], [N, k], [N, k]
-            N, k = own.shape
-            state = self._active
-            if state is None:  # outside a session: a checkpointed layer's recompute in backward, or plain use
-                armed = self._recompute.get(layer)
-                if armed is None or any(t is not None and t.shape[0] != N for t in armed):
-                    return None
-                replayed, mask = armed
-            else:
-                replayed = None if state.replay is None else state.replay[layer].reshape(N, k)  # [N, k]
-                mask = None if state.token_mask is None else state.token_mask.reshape(N)  # [N]
-            chosen = own
-            if replayed is not None:
-                chosen, weights = replayed, _replayed_weights(logits, replayed, renorm, weights.dtype)
-            # Also on recompute (its result unused there): the checkpoint checks the same tensors are saved.
-            aux = switch_aux(logits, chosen, mask, self.num_experts)
-            if state is not None:
-                B, T = state.shapes[layer]
-                state.own[layer] = own.view(B, T, k)
-                state.aux[layer] = aux
-                state.armed[layer] = (replayed, mask)
-            return logits, weights, chosen
-
-        return hook
+    def _on_router(self, layer: int, router: torch.nn.Module, args: tuple[Any, ...], output: Any) -> Any:
+        logits, weights, own = output  # [N, E], [N, k], [N, k]
+        N, k = own.shape
+        state = self._active
+        if state is None:  # outside a session: a checkpointed layer's recompute in backward, or plain use
+            armed = self._recompute.get(layer)
+            if armed is None or any(t is not None and t.shape[0] != N for t in armed):
+                return None
+            replayed, mask = armed
+        else:
+            replayed = None if state.replay is None else state.replay[layer].reshape(N, k)  # [N, k]
+            mask = None if state.token_mask is None else state.token_mask.reshape(N)  # [N]
+        chosen = own
+        if replayed is not None:
+            chosen, weights = replayed, _replayed_weights(logits, replayed, self._renorm[layer], weights.dtype)
+        # Also on recompute (its result unused there): the checkpoint checks the same tensors are saved.
+        aux = switch_aux(logits, chosen, mask, self.num_experts)
+        if state is not None:
+            B, T = state.shapes[layer]
+            state.own[layer] = own.view(B, T, k)
+            state.aux[layer] = aux
+            state.armed[layer] = (replayed, mask)
+        return logits, weights, chosen
 
 
 def _looks_like_moe(name: str) -> bool:

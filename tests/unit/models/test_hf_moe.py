@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 from typing import Any
 
 import pytest
@@ -195,6 +196,15 @@ def test_engine_records_and_trainer_replays_with_zero_flips(lm: HFCausalLM) -> N
     assert torch.equal(used_experts[real], routed[real])  # zero flips against the replayed record
     # The same fp32 model on both sides: the trainer's own router agrees with the engine's record too.
     assert torch.equal(feats.routed_experts[real], routed[real])
+
+
+def test_a_deep_copy_records_through_its_own_tap(lm: HFCausalLM) -> None:
+    twin = copy.deepcopy(lm).to(torch.bfloat16)  # how a bench makes its bf16 engine copy
+    assert twin.router is not None and twin.router is not lm.router
+    x = ids(1, 5)
+    with torch.no_grad():
+        mine, theirs = lm.forward(x).routed_experts, twin.forward(x).routed_experts
+    assert mine is not None and theirs is not None and mine.shape == theirs.shape
 
 
 def test_dense_model_has_no_tap_and_unknown_routers_are_refused() -> None:
