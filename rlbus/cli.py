@@ -746,6 +746,10 @@ def bench(
     seed: Annotated[
         int | None, typer.Option(help="pipeline and chaos: the seed (default 0); repeat runs to see the spread.")
     ] = None,
+    model: Annotated[
+        str | None,
+        typer.Option(help="mismatch only: policy (rlbus's MoE, the default) or hf-moe (a random Qwen3-MoE)."),
+    ] = None,
 ) -> None:
     """Run a benchmark: prints a short table (with its same-run baseline) and optionally writes JSON."""
     if name not in BENCHMARKS:
@@ -760,6 +764,10 @@ def bench(
         if name not in ("pipeline", "chaos"):
             raise typer.BadParameter("--seed is for the pipeline and chaos benchmarks")
         kwargs["seed"] = seed
+    if model is not None:
+        if name != "mismatch" or model not in ("policy", "hf-moe"):
+            raise typer.BadParameter("--model is policy or hf-moe, for the mismatch benchmark only")
+        kwargs["model"] = model
     try:
         result = module.run(quick=quick, json_path=json_path, **kwargs)
     except RlbusError as exc:

@@ -20,6 +20,13 @@ trains the policy briefly on a synthetic, seeded corpus (word sentences and sums
 `rlbus.training.sft.pretrain`: next-token distributions become peaked, experts specialise and the router
 logits spread out, as in a real model. Router weights are not rescaled by hand — training sets their
 scale, so the flip rate is whatever the numerics produce.
+
+``--model hf-moe`` runs the same measurement on a ``transformers`` MoE instead: a randomly initialised
+Qwen3-MoE of the same shape (`hf_moe_config`, no warm-up), whose routers `rlbus.models.hf_moe.RouterTap`
+records in the engine and replays in the trainer. The engine is its bf16 copy; the trainer is the fp32
+master scoring through `HFCausalLM.features` and the LM head, with and without replay (cases ``fp32`` and
+``fp32 + replay``). Its figures are a random model's (see above for what that leaves out); what holds at any
+size is that replay through the hooks runs the engine's experts token for token (flip rate 0).
 """
 
 from __future__ import annotations
@@ -27,7 +34,9 @@ from __future__ import annotations
 import copy
 import random
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any, Literal
 
@@ -36,10 +45,13 @@ import torch
 from rlbus.bench.common import meta, print_table, write_json
 from rlbus.engines.base import GenerationRequest
 from rlbus.engines.torch_engine import TorchEngine
+from rlbus.models.base import CausalLM
+from rlbus.models.hf import HFCausalLM
 from rlbus.models.policy import Policy, PolicyConfig
 from rlbus.models.tokenizer import BOS_ID
+from rlbus.rl.logprobs import sampled_token_logprobs
 from rlbus.rl.metrics import kl_k3, max_abs_logprob_diff, router_flip_rate
-from rlbus.training.batch import pack, sample_from_generation
+from rlbus.training.batch import PackedBatch, Sample, pack, sample_from_generation
 from rlbus.training.sft import SFTExample, pretrain
 from rlbus.training.step import score
 
@@ -92,6 +104,24 @@ def train(setup: Setup, seed: int = 0) -> Policy:
     return model.eval()
 
 
+def hf_moe_config(d_model: int) -> Any:
+    """A ``transformers`` Qwen3-MoE of the same shape: 4 layers, 16 experts top-2 (renormalised), 8 heads
+    (4 key/value), the byte vocabulary, untied LM head."""
+    from transformers import Qwen3MoeConfig
+
+    return Qwen3MoeConfig(
+        vocab_size=272, hidden_size=d_model, intermediate_size=2 * d_model, moe_intermediate_size=d_model,
+        num_hidden_layers=4, num_attention_heads=8, num_key_value_heads=4,
+        num_experts=16, num_experts_per_tok=2, norm_topk_prob=True, decoder_sparse_step=1, mlp_only_layers=[],
+        max_position_embeddings=160, tie_word_embeddings=False,
+    )  # fmt: skip
+
+
+def random_hf_moe(setup: Setup, seed: int = 0) -> HFCausalLM:
+    """The fp32 master for ``--model hf-moe``: randomly initialised from `hf_moe_config`, not warmed up."""
+    return HFCausalLM.from_config(hf_moe_config(setup.d_model), seed=seed).eval()
+
+
 TRAINERS: tuple[tuple[str, Literal["float32", "bfloat16"]], ...] = (
     ("bf16", "float32"),
     ("amp", "bfloat16"),
@@ -112,6 +142,33 @@ def measure(master: Policy, setup: Setup, seed: int = 1) -> list[dict[str, Any]]
     the number the GRPO step reports.
     """
     engine_model = copy.deepcopy(master).to(torch.bfloat16)
+    samples, engine_lp, recorded = generate(engine_model, setup, seed)
+    cases = []
+    for name, dtype in TRAINERS:
+        trainer = engine_model if name == "bf16" else master
+        for replay in (False, True):
+            scored = rescore(samples, setup, partial(score, trainer, replay=replay, dtype=dtype), replay=replay)
+            cases.append(case(name, replay, engine_lp, recorded, *scored))
+    return cases
+
+
+def measure_hf(master: HFCausalLM, setup: Setup, seed: int = 1) -> list[dict[str, Any]]:
+    """`measure` for an HF MoE: the bf16 engine copy generates, the fp32 master re-scores through the
+    trainer's path (`HFCausalLM.features` and the LM head), with and without router replay."""
+    engine_model = copy.deepcopy(master).to(torch.bfloat16)
+    samples, engine_lp, recorded = generate(engine_model, setup, seed)
+    cases = []
+    for replay in (False, True):
+        scored = rescore(samples, setup, partial(score_features, master, replay=replay), replay=replay)
+        cases.append(case("fp32", replay, engine_lp, recorded, *scored))
+    return cases
+
+
+def generate(
+    engine_model: CausalLM, setup: Setup, seed: int
+) -> tuple[list[Sample], torch.Tensor, torch.Tensor]:
+    """(samples, engine log-probs [N] of every generated token, engine experts [L, N, k] at the input
+    position of every generated token) of `setup.prompts` seeded prompts, ``engine_batch`` at a time."""
     engine = TorchEngine(engine_model, seed=seed)
     prompts = [(BOS_ID, *line.encode()[: 8 + i % 9]) for i, line in enumerate(corpus(setup.prompts, seed + 1))]
     requests = [GenerationRequest(prompt_ids=p, max_new_tokens=setup.new_tokens, temperature=1.0) for p in prompts]
@@ -119,49 +176,69 @@ def measure(master: Policy, setup: Setup, seed: int = 1) -> list[dict[str, Any]]
     for i in range(0, len(requests), setup.engine_batch):
         results += engine.generate(requests[i : i + setup.engine_batch])
     samples = [sample_from_generation(r) for r in results]
-    engine_lp = torch.cat([r.logprobs for r in results])  # [N] every generated token
-    recorded = torch.cat(  # [L, N, k] engine experts at the input position of every generated token
+    engine_lp = torch.cat([r.logprobs for r in results])  # [N]
+    recorded = torch.cat(  # [L, N, k]
         [r.routed_experts[:, len(r.prompt_ids) - 1 :] for r in results if r.routed_experts is not None], dim=1
     ).long()
+    return samples, engine_lp, recorded
 
-    cases = []
-    for name, dtype in TRAINERS:
-        trainer = engine_model if name == "bf16" else master
-        for replay in (False, True):
-            trainer_lp, own, used = [], [], []
-            for i in range(0, len(samples), setup.trainer_batch):
-                chunk = samples[i : i + setup.trainer_batch]
-                batch = pack(chunk, torch.zeros(len(chunk)))
-                logp, experts = score(trainer, batch, replay=replay, dtype=dtype)  # [B, S], [L, B, S, k]
-                if experts is None or batch.routed_experts is None:
-                    raise RuntimeError("the benchmark model is an MoE: routing must be reported")
-                mask = batch.loss_mask  # [B, S]
-                trainer_lp.append(logp[mask])
-                own.append(experts[:, mask])
-                used.append(batch.routed_experts[:, mask] if replay else experts[:, mask])
-            t = torch.cat(trainer_lp)  # [N]
-            everywhere = torch.ones_like(t, dtype=torch.bool)  # [N]
-            as_batch = (everywhere[None], recorded[:, None])  # mask [1, N], experts [L, 1, N, k]
-            cases.append(
-                {
-                    "name": f"{name}{' + replay' if replay else ''}",
-                    "trainer": name,
-                    "replay": replay,
-                    "kl": kl_k3(engine_lp, t, everywhere),
-                    "max_abs_dlogprob": max_abs_logprob_diff(t, engine_lp, everywhere),
-                    "router_flip_rate": router_flip_rate(torch.cat(used, 1)[:, None], as_batch[1], as_batch[0]),
-                    "router_own_flip_rate": router_flip_rate(torch.cat(own, 1)[:, None], as_batch[1], as_batch[0]),
-                    "tokens": int(t.numel()),
-                }
-            )
-    return cases
+
+Scorer = Callable[[PackedBatch], tuple[torch.Tensor, torch.Tensor | None]]
+"""A packed batch → (trainer log-probs [B, S], own top-k experts [L, B, S, k])."""
+
+
+def rescore(
+    samples: list[Sample], setup: Setup, scorer: Scorer, *, replay: bool
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(trainer log-probs [N], experts used [L, N, k], own top-k [L, N, k]) at every generated token, scored
+    ``trainer_batch`` right-padded rows at a time."""
+    trainer_lp, own, used = [], [], []
+    for i in range(0, len(samples), setup.trainer_batch):
+        chunk = samples[i : i + setup.trainer_batch]
+        batch = pack(chunk, torch.zeros(len(chunk)))
+        logp, experts = scorer(batch)  # [B, S], [L, B, S, k]
+        if experts is None or batch.routed_experts is None:
+            raise RuntimeError("the benchmark model is an MoE: routing must be reported")
+        mask = batch.loss_mask  # [B, S]
+        trainer_lp.append(logp[mask])
+        own.append(experts[:, mask])
+        used.append(batch.routed_experts[:, mask] if replay else experts[:, mask])
+    return torch.cat(trainer_lp), torch.cat(used, 1), torch.cat(own, 1)
+
+
+def score_features(model: HFCausalLM, batch: PackedBatch, *, replay: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """No-grad trainer log-probs [B, S] and own experts [L, B, S, k] via `features` → LM head (fp32)."""
+    with torch.no_grad():
+        feats = model.features(batch.inputs, key_mask=batch.key_mask,
+                               routed_experts=batch.routed_experts if replay else None)
+        logits = (feats.hidden.float() @ model.output_weight().float().T) / batch.temperature[:, None, None]
+        return sampled_token_logprobs(logits, batch.targets), feats.routed_experts  # [B, S, V] → [B, S]
+
+
+def case(
+    trainer: str, replay: bool, engine_lp: torch.Tensor, recorded: torch.Tensor,
+    t: torch.Tensor, used: torch.Tensor, own: torch.Tensor,
+) -> dict[str, Any]:
+    """One row of figures: trainer log-probs ``t`` [N] and experts [L, N, k] against the engine's."""
+    everywhere = torch.ones_like(t, dtype=torch.bool)  # [N]
+    return {
+        "name": f"{trainer}{' + replay' if replay else ''}",
+        "trainer": trainer,
+        "replay": replay,
+        "kl": kl_k3(engine_lp, t, everywhere),
+        "max_abs_dlogprob": max_abs_logprob_diff(t, engine_lp, everywhere),
+        # as a batch: experts [L, 1, N, k], mask [1, N]
+        "router_flip_rate": router_flip_rate(used[:, None], recorded[:, None], everywhere[None]),
+        "router_own_flip_rate": router_flip_rate(own[:, None], recorded[:, None], everywhere[None]),
+        "tokens": int(t.numel()),
+    }
 
 
 def summarize(cases: list[dict[str, Any]]) -> dict[str, Any]:
-    """KL reduction by replay per trainer variant, and the worst of them (bf16, amp and fp32)."""
+    """KL reduction by replay per trainer variant (bf16, amp and fp32, or fp32 alone), and the worst."""
     by = {(c["trainer"], c["replay"]): c for c in cases}
     reductions = {}
-    for name, _ in TRAINERS:
+    for name in dict.fromkeys(c["trainer"] for c in cases):
         with_replay = by[(name, True)]["kl"]
         reductions[name] = by[(name, False)]["kl"] / with_replay if with_replay > 0 else float("inf")
     return {
@@ -180,17 +257,38 @@ def json_meta() -> dict[str, Any]:
     return info
 
 
-def run(quick: bool = False, json_path: Path | None = None) -> dict[str, Any]:
+MODELS = ("policy", "hf-moe")
+"""``--model``: ``policy`` (rlbus's MoE, warmed up first: the default) or ``hf-moe`` (a random Qwen3-MoE
+from ``transformers``, routed through `rlbus.models.hf_moe.RouterTap`)."""
+
+
+def run(quick: bool = False, json_path: Path | None = None, model: str = "policy") -> dict[str, Any]:
+    if model not in MODELS:
+        raise ValueError(f"model must be one of {', '.join(MODELS)}, got {model!r}")
     setup = QUICK if quick else FULL
     t0 = time.perf_counter()
-    master = train(setup)
-    t1 = time.perf_counter()
-    cases = measure(master, setup)
+    if model == "hf-moe":
+        hf = random_hf_moe(setup)
+        t1 = time.perf_counter()
+        cases = measure_hf(hf, setup)
+        cfg = hf.hf.config
+        shape = {"kind": "hf-moe", "family": cfg.model_type, "d_model": cfg.hidden_size,
+                 "n_layer": cfg.num_hidden_layers, "n_experts": cfg.num_experts, "top_k": cfg.num_experts_per_tok,
+                 "params": hf.num_params(), "warmup_steps": 0}  # fmt: skip
+        title = "random Qwen3-MoE (transformers)"
+    else:
+        policy = train(setup)
+        t1 = time.perf_counter()
+        cases = measure(policy, setup)
+        pc = policy.config
+        shape = {"kind": "policy", "d_model": pc.d_model, "n_layer": pc.n_layer, "n_experts": pc.n_experts,
+                 "top_k": pc.top_k, "params": policy.num_params(), "warmup_steps": setup.train_steps}  # fmt: skip
+        title = "MoE"
     t2 = time.perf_counter()
     summary = summarize(cases)
-    cfg = master.config
     print_table(
-        f"trainer vs bf16 engine, MoE {cfg.n_layer}L {cfg.n_experts}E top-{cfg.top_k} d{cfg.d_model}",
+        f"trainer vs bf16 engine, {title} {shape['n_layer']}L {shape['n_experts']}E top-{shape['top_k']} "
+        f"d{shape['d_model']}",
         ["case", "KL k3", "max|Δlp|", "flips used", "flips own", "tokens"],
         [
             [
@@ -213,14 +311,7 @@ def run(quick: bool = False, json_path: Path | None = None) -> dict[str, Any]:
         "benchmark": "mismatch",
         "quick": quick,
         "meta": json_meta(),
-        "model": {
-            "d_model": cfg.d_model,
-            "n_layer": cfg.n_layer,
-            "n_experts": cfg.n_experts,
-            "top_k": cfg.top_k,
-            "params": master.num_params(),
-            "warmup_steps": setup.train_steps,
-        },
+        "model": shape,
         "setup": {
             "prompts": setup.prompts,
             "new_tokens": setup.new_tokens,

@@ -35,3 +35,16 @@ def test_train_bench_measures_both_modes() -> None:
         assert row["steps"] == 2 and row["steps_per_s"] > 0
         assert row["trained_tokens_per_s"] == pytest.approx(row["steps_per_s"] * 4 * 6)
         assert row["tokens_per_s"] == pytest.approx(row["steps_per_s"] * 4 * 9)
+
+
+def test_mismatch_on_a_random_hf_moe_replays_with_zero_flips() -> None:
+    pytest.importorskip("transformers", reason="the hf-moe mode needs the 'transformers' package")
+    setup = mismatch.Setup(d_model=32, train_steps=0, prompts=5, new_tokens=6, engine_batch=2, trainer_batch=3)
+    cases = mismatch.measure_hf(mismatch.random_hf_moe(setup), setup)
+    assert [c["name"] for c in cases] == ["fp32", "fp32 + replay"]
+    plain, replayed = cases
+    for c in cases:
+        assert c["tokens"] == 5 * 6 and c["kl"] >= 0 and c["max_abs_dlogprob"] > 0
+    assert replayed["router_flip_rate"] == 0.0  # the trainer ran exactly the engine's experts
+    assert plain["router_flip_rate"] == plain["router_own_flip_rate"]
+    assert mismatch.summarize(cases)["replay_flip_rate_max"] == 0.0
