@@ -21,6 +21,7 @@ $(BIN)/rlbus: pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q -U pip
 	$(BIN)/pip install -q -e '.[dev]'
+	$(BIN)/rlbus models install smollm2-135m-instruct
 	touch $@
 
 venv: $(BIN)/rlbus

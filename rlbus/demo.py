@@ -38,14 +38,13 @@ SFT data from a teacher with a consistent flaw. ``rlbus demo --teacher-error 0``
 from __future__ import annotations
 
 import asyncio
-import copy
 import dataclasses
 import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import msgspec
 import torch
@@ -58,12 +57,10 @@ from rlbus.bus.base import Bus
 from rlbus.consumers.reward import RewardWorker
 from rlbus.consumers.rollout import RolloutWorker, episode_threads
 from rlbus.consumers.trainer import Trainer
-from rlbus.engines.base import GenerationRequest
-from rlbus.engines.torch_engine import TorchEngine
-from rlbus.envs.chat import ChatFormat, parse_action
+from rlbus.envs.evaluate import evaluate as run_evaluation
 from rlbus.envs.tasks import generate_prompts
 from rlbus.launch.build import (
-    policy_shape,
+    model_source,
     producer_args,
     reward_args,
     rollout_args,
@@ -71,8 +68,6 @@ from rlbus.launch.build import (
     warm_start_args,
 )
 from rlbus.launch.config import RunConfig, StateSection, TrainerSection, config_from_dict, to_tables
-from rlbus.models.policy import Policy
-from rlbus.models.tokenizer import ByteTokenizer
 from rlbus.observe.runlog import STEPS, WEIGHTS, RunLog, syncs_name
 from rlbus.observe.stats import percentile
 from rlbus.schemas import Prompt
@@ -81,6 +76,9 @@ from rlbus.state.join import JoinBuffer, Outcome
 from rlbus.training.warm import warm_start
 from rlbus.weights.publish import WeightPublisher
 from rlbus.weights.sync import WeightSync
+
+if TYPE_CHECKING:
+    from rlbus.build.model import Model, ModelSource
 
 log = logging.getLogger("rlbus.demo")
 
@@ -155,23 +153,9 @@ class DemoResult:
         return {k: getattr(self, k) for k in keys} | {"outcomes": self.outcomes}
 
 
-def evaluate(model: Policy, prompts: list[Prompt], chat: ChatFormat) -> float:
-    """Greedy exact-match accuracy of the bf16 cast of ``model`` (what the workers serve)."""
-    engine = TorchEngine(copy.deepcopy(model).to(torch.bfloat16).eval(), tokenizer=chat.tokenizer)
-    requests = [
-        GenerationRequest(
-            prompt_ids=(*chat.bos, *chat.header("user"), *chat.encode(p.text), *chat.header("assistant")),
-            max_new_tokens=24, temperature=0.0, stop_token_ids=(chat.eos_id,),
-        )
-        for p in prompts
-    ]
-    results = engine.generate(requests)
-    correct = 0
-    for prompt, result in zip(prompts, results, strict=True):
-        action = parse_action(result.text)
-        answer = getattr(action, "text", None)
-        correct += int(answer is not None and answer.strip() == (prompt.reference or "").strip())
-    return correct / len(prompts)
+def evaluate(model: Model, prompts: list[Prompt], source: ModelSource) -> float:
+    """Greedy held-out accuracy of the bf16 cast of ``model`` (what the workers serve), through the harness."""
+    return run_evaluation(model, prompts, source.chat, pad_id=source.pad_id).accuracy
 
 
 class Demo:
@@ -181,8 +165,8 @@ class Demo:
         self.config = config
         self.run_dir = run_dir
         self.on_update = on_update
-        self.tokenizer = ByteTokenizer()
-        self.chat = ChatFormat.for_byte_tokenizer(self.tokenizer)
+        self.source = model_source(config.run, progress=log.info)
+        self.chat = self.source.chat
         self.started = time.monotonic()
         self.phase = "warm start"
         self.reward_points: list[tuple[float, float]] = []
@@ -206,11 +190,11 @@ class Demo:
         task = self.config.run.task
         return generate_prompts(task.env, seed=10_000 + task.seed, n=self.config.eval_size, config=task.env_config)
 
-    def warm_start(self, model: Policy) -> None:
+    def warm_start(self, model: Model) -> None:
         """The run config's warm start (`rlbus.training.warm`): blocking."""
-        warm_start(model, **warm_start_args(self.config.run))
+        warm_start(model, chat=self.chat, **warm_start_args(self.config.run))
 
-    async def run(self, model: Policy | None = None) -> DemoResult:
+    async def run(self, model: Model | None = None) -> DemoResult:
         """Warm start (unless ``model`` is given: RL starts from it), async RL, evaluation."""
         c, run = self.config, self.config.run
         torch.manual_seed(c.seed)
@@ -218,9 +202,10 @@ class Demo:
         episode_threads(run.rollout.episode_threads)
         eval_prompts = self.eval_prompts()
         if model is None:
-            model = Policy(policy_shape(run))
-            await asyncio.to_thread(self.warm_start, model)
-        self.accuracy_start = await asyncio.to_thread(evaluate, model, eval_prompts, self.chat)
+            model = self.source.build(seed=c.seed)
+            if run.trainer.warm_steps:
+                await asyncio.to_thread(self.warm_start, model)
+        self.accuracy_start = await asyncio.to_thread(evaluate, model, eval_prompts, self.source)
         self.phase = "async RL"
         self._update()
 
@@ -239,7 +224,7 @@ class Demo:
         self.trainer, self.publisher, self.join = trainer.trainer, trainer.publisher, trainer.join
         await self.trainer.publish()  # version 1: the warm-started weights, as a keyframe
         stacks: list[RolloutStack] = [
-            rollout_stack(bus=bus, store=store, shape=policy_shape(run), worker_id=f"rollout-{i}",
+            rollout_stack(bus=bus, store=store, model=self.source, worker_id=f"rollout-{i}",
                           region=c.regions[i % len(c.regions)], seed=c.seed + 100 + i, on_policy=c.mode == "sync",
                           **rollout_args(run))
             for i in range(c.workers)
@@ -271,7 +256,7 @@ class Demo:
             stop.set()
         self.phase = "evaluating"
         self._update()
-        self.accuracy_end = await asyncio.to_thread(evaluate, model, eval_prompts, self.chat)
+        self.accuracy_end = await asyncio.to_thread(evaluate, model, eval_prompts, self.source)
         self.phase = "done"
         self._update()
         result = await self._result()

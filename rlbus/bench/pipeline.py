@@ -80,7 +80,7 @@ def run_mode(config: DemoConfig, warm: Policy, run_dir: Path, target: float) -> 
     for t, step, weights in demo.snapshots:
         model = copy.deepcopy(warm)
         model.load_state_dict(weights)
-        curve.append((t, step, evaluate(model, prompts, demo.chat)))
+        curve.append((t, step, evaluate(model, prompts, demo.source)))
     return _figures(demo, result, curve, target)
 
 

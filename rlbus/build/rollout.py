@@ -1,6 +1,7 @@
 """The rollout stack: model → engine → weight sync → rollout worker.
 
-Every rollout worker of every entry point is built here: a bf16 copy of the policy, the torch engine over
+Every rollout worker of every entry point is built here: a bf16 copy of the run's model (the in-house
+policy or an HF model, `rlbus.build.model.ModelSource`), the torch engine over
 it (behind the batching engine that merges the episodes' decode calls), the `WeightSync` that follows
 the trainer's versions and swaps them in between decode steps, and the `RolloutWorker` on the bus. The
 stack's one notion of "the version this engine serves" is set inside the swap, so the engine stamps
@@ -19,12 +20,11 @@ from rlbus.weights.store import BlobStore
 if TYPE_CHECKING:
     import torch
 
+    from rlbus.build.model import Model, ModelSource
     from rlbus.consumers.rollout import RolloutWorker
     from rlbus.engines.batching import BatchingEngine
     from rlbus.engines.torch_engine import TorchEngine
     from rlbus.envs.chat import ChatFormat
-    from rlbus.models.config import PolicyConfig
-    from rlbus.models.policy import Policy
     from rlbus.schemas import Rollout
     from rlbus.weights.sync import WeightSync
 
@@ -33,7 +33,7 @@ if TYPE_CHECKING:
 class RolloutStack:
     """One rollout worker's parts; ``sync`` is None when the worker serves fixed weights."""
 
-    weights: Policy
+    weights: Model
     engine: TorchEngine
     batching: BatchingEngine
     sync: WeightSync | None
@@ -45,7 +45,7 @@ def rollout_stack(
     *,
     bus: Bus,
     store: BlobStore | None,
-    shape: PolicyConfig,
+    model: ModelSource,
     worker_id: str,
     seed: int,
     region: str = "",
@@ -56,10 +56,10 @@ def rollout_stack(
     max_batch: int = 64,
     batch_window_s: float = 0.003,
     on_policy: bool = False,
-    on_swap: Callable[[int, Policy], None] | None = None,
+    on_swap: Callable[[int, Model], None] | None = None,
     on_rollout: Callable[[Rollout], None] | None = None,
 ) -> RolloutStack:
-    """A rollout worker over a bf16 policy of ``shape``, sampling with ``seed``.
+    """A rollout worker over a bf16 copy of ``model``, sampling with ``seed``.
 
     With a ``store`` the worker follows the trainer's versions through a `WeightSync` (double-buffered:
     the swap re-points parameters); without one it serves ``initial`` (fp32 or bf16 weights, cast) as
@@ -70,17 +70,14 @@ def rollout_stack(
     from rlbus.consumers.rollout import RolloutWorker
     from rlbus.engines.batching import BatchingEngine
     from rlbus.engines.torch_engine import TorchEngine
-    from rlbus.envs.chat import ChatFormat
-    from rlbus.models.policy import Policy
-    from rlbus.models.tokenizer import ByteTokenizer
     from rlbus.schemas import SamplingInfo
     from rlbus.weights.sync import WeightSync, bind_module, live_state
 
-    weights = Policy(shape).to(torch.bfloat16).eval()
+    weights = model.build(torch.bfloat16).eval()
     if initial is not None:
         weights.load_state_dict({name: t.to(torch.bfloat16) for name, t in initial.items()})
-    tokenizer = ByteTokenizer()
-    engine = TorchEngine(weights, tokenizer=tokenizer, seed=seed, policy_version=0)
+    chat = model.chat
+    engine = TorchEngine(weights, tokenizer=chat, seed=seed, pad_id=model.pad_id, policy_version=0, max_batch=max_batch)
 
     def swapped(version: int) -> None:  # inside the swap: the engine now serves ``version``
         engine.policy_version = version
@@ -92,7 +89,6 @@ def rollout_stack(
         sync = WeightSync(bus=bus, store=store, state=live_state(weights), bind=bind_module(weights),
                           swap=engine.swap_point.apply, on_swap=swapped, model_id=model_id, worker_id=worker_id)
     batching = BatchingEngine(engine, max_batch=max_batch, window_s=batch_window_s)
-    chat = ChatFormat.for_byte_tokenizer(tokenizer)
     worker = RolloutWorker(
         bus=bus, engine=batching, chat=chat, worker_id=worker_id, region=region, model_id=model_id,
         sampling=SamplingInfo(temperature=temperature), prompts_in_flight=prompts_in_flight, on_policy=on_policy,

@@ -19,7 +19,7 @@ from rlbus.weights.store import BlobStore
 
 if TYPE_CHECKING:
     from rlbus.consumers.trainer import Trainer, TrainerWorker
-    from rlbus.models.policy import Policy
+    from rlbus.models.base import TrainableLM
     from rlbus.state.join import JoinBuffer, ScoredGroup
     from rlbus.training.config import GRPOConfig
     from rlbus.weights.publish import WeightPublisher
@@ -40,7 +40,7 @@ def trainer_stack(
     bus: Bus,
     state: StateStore,
     store: BlobStore | None,
-    model: Policy,
+    model: TrainableLM,
     lr: float,
     grpo: GRPOConfig,
     groups_per_step: int,

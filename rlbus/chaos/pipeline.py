@@ -25,6 +25,7 @@ from typing import Any
 
 import torch
 
+from rlbus.build.model import ModelSource
 from rlbus.build.producer import prompt_producer
 from rlbus.build.rollout import rollout_stack
 from rlbus.build.trainer import trainer_stack
@@ -122,8 +123,8 @@ class Pipeline:
         self.rollouts_made: list[tuple[float, str, int, str]] = []
         self.stacks = [
             rollout_stack(
-                bus=bus, store=store if config.weights else None, shape=config.model, worker_id=f"rollout-{i}",
-                seed=config.seed + 100 + i, model_id=config.model_id,
+                bus=bus, store=store if config.weights else None, model=ModelSource.policy(config.model),
+                worker_id=f"rollout-{i}", seed=config.seed + 100 + i, model_id=config.model_id,
                 # no sync: every worker starts from the trainer's initial weights
                 initial=None if config.weights else self.trainer.model.state_dict(),
                 max_batch=32, on_swap=self._on_swap(i), on_rollout=self._on_rollout,
@@ -184,8 +185,8 @@ class Pipeline:
             await asyncio.sleep(0.1)
         return False
 
-    def _on_swap(self, index: int) -> Callable[[int, Policy], None]:
-        def swapped(version: int, weights: Policy) -> None:  # inside the swap: the model now holds ``version``
+    def _on_swap(self, index: int) -> Callable[[int, Any], None]:
+        def swapped(version: int, weights: Any) -> None:  # inside the swap: the model now holds ``version``
             self.served.append((time.monotonic(), index, version, state_digest(live_state(weights))))
 
         return swapped

@@ -3,9 +3,11 @@
     base.py       Environment / Task protocol, HarnessConfig, Tool, World, register_env / make_env
     chat.py       ChatFormat: role openings/closings (byte tokens or derived from a chat template), the
                   tagged action format (<tool name=…>, <answer>, <summary>), render_messages
+    actions.py    ToolCall / Answer / Malformed: what a turn asks for, in either action syntax
     tool_calls.py native tool calls for chat templates: JSON schemas, the Hermes prompt, <tool_call> parsing
     agent.py      the multi-turn agent loop with self-summarization (imports the engine, hence torch)
     episode.py    Episode, and its conversion to and from the Rollout message
+    evaluate.py   held-out greedy evaluation of a model through the harness
     scripted.py   ScriptedEngine: replays fixed turns (reference solutions, tests)
     rewards.py    exact-match verification and the Reward builder
     sandbox.py    bubblewrap sandbox for untrusted code (``rlbus sandbox run``)

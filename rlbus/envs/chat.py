@@ -43,6 +43,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
+from rlbus.envs.actions import Action, Answer, Malformed, ToolCall
 from rlbus.errors import ConfigError
 from rlbus.models.tokenizer import ByteTokenizer
 
@@ -430,27 +431,6 @@ def _check_reproduces(chat: ChatFormat, t: ChatTemplate) -> None:
         theirs = t.encode_template(_render(t, conversation))
         if ours != theirs:
             raise _problem("its per-role pieces, appended, do not reproduce the ids of the whole rendering")
-
-
-@dataclass(frozen=True)
-class ToolCall:
-    name: str
-    argument: str
-
-
-@dataclass(frozen=True)
-class Answer:
-    text: str
-
-
-@dataclass(frozen=True)
-class Malformed:
-    """A turn with no complete action; ``problem`` is the observation the model gets back."""
-
-    problem: str
-
-
-Action = ToolCall | Answer | Malformed
 
 
 def parse_action(text: str) -> Action:

@@ -28,7 +28,7 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from rlbus.envs.chat import Action, Answer, Malformed, ToolCall
+from rlbus.envs.actions import Action, Answer, Malformed, ToolCall
 
 #: Stop strings for a native-format turn: the first complete call or answer ends it.
 NATIVE_STOPS = ("</tool_call>", "</answer>")

@@ -7,20 +7,21 @@ that need them: the prompt producer and the reward worker load this module witho
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import msgspec
 
 from rlbus.build.infra import open_bus, open_state, open_store, with_claims
 from rlbus.bus.base import Bus
+from rlbus.errors import ConfigError
 from rlbus.launch.config import RunConfig, blob_secret
 from rlbus.state import StateStore
 from rlbus.weights.store import BlobStore
 
 if TYPE_CHECKING:
-    from rlbus.models.config import PolicyConfig
-    from rlbus.models.policy import Policy
+    from rlbus.build.model import Model, ModelSource
 
 
 def bus_for(config: RunConfig, *, region: str | None = None, client_id: str | None = None) -> Bus:
@@ -51,19 +52,36 @@ def claims_for(config: RunConfig, bus: Bus, store: BlobStore) -> Bus:
     return with_claims(bus, store, threshold_bytes=config.run.claim_threshold_bytes)
 
 
-def policy_shape(config: RunConfig) -> PolicyConfig:
-    """The policy's shape: the checkpoint's when ``model.checkpoint`` is set, else ``[model]``'s."""
-    if config.model.checkpoint is None:
-        return config.model.policy
-    return initial_policy(config).config
+def model_source(config: RunConfig, *, progress: Callable[[str], None] | None = None) -> ModelSource:
+    """The run's model (`rlbus.build.model.ModelSource`): ``[model]``'s HF model (a GGUF or a shipped name is
+    converted once, reporting to ``progress``), else the checkpoint's model, else the policy shape."""
+    from rlbus.build.model import ModelSource
+    from rlbus.models.sources import model_dir
+
+    m = config.model
+    if m.kind == "hf" and (m.name or m.path or m.gguf):
+        return ModelSource.hf(model_dir(name=m.name, path=m.path, gguf=m.gguf, progress=progress), device=m.device)
+    if m.checkpoint is not None:
+        return source_of(initial_model(config), device=m.device)
+    return ModelSource.policy(m.policy, device=m.device)
 
 
-def initial_policy(config: RunConfig) -> Policy:
-    """The weights of ``model.checkpoint`` (shape included)."""
-    from pathlib import Path
+def source_of(model: Model, *, device: str = "cpu") -> ModelSource:
+    """The source a built model came from (what its `describe()` says)."""
+    from rlbus.build.model import ModelSource
+    from rlbus.models.config import PolicyConfig
 
-    from rlbus.errors import ConfigError
-    from rlbus.training.checkpoint import load_checkpoint, policy_from_state
+    desc = model.describe()
+    if desc["kind"] == "policy":
+        return ModelSource.policy(PolicyConfig(**desc["shape"]), device=device)
+    if "path" in desc:
+        return ModelSource.hf(Path(desc["path"]), device=device)
+    raise ConfigError("model.checkpoint", "the checkpoint's model has no directory to load a tokenizer from")
+
+
+def initial_model(config: RunConfig) -> Model:
+    """The fp32 weights of ``model.checkpoint`` (its model included)."""
+    from rlbus.training.checkpoint import load_checkpoint, model_from_state
 
     assert config.model.checkpoint is not None
     path = Path(config.model.checkpoint)
@@ -74,9 +92,10 @@ def initial_policy(config: RunConfig) -> Policy:
     if state is None:
         raise ConfigError("model.checkpoint", f"{path} holds no checkpoint")
     try:
-        return policy_from_state(state)
+        model: Any = model_from_state(state)
     except ValueError as exc:
         raise ConfigError("model.checkpoint", f"{path}: {exc}") from None
+    return model
 
 
 def rollout_args(config: RunConfig) -> dict[str, Any]:

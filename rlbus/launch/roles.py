@@ -52,8 +52,8 @@ from rlbus.errors import RlbusError
 from rlbus.launch.build import (
     bus_for,
     claims_for,
-    initial_policy,
-    policy_shape,
+    initial_model,
+    model_source,
     producer_args,
     reward_args,
     rollout_args,
@@ -208,8 +208,9 @@ async def rollout_main(
     episode_threads(settings.episode_threads)
     with stopping(stop) as stop:
         async with connected(config, region, bus=bus, state=state, store=store) as (bus, state, store, _):
+            source = await asyncio.to_thread(model_source, config, progress=log.info)
             parts = rollout_stack(
-                bus=bus, store=store, shape=policy_shape(config), worker_id=worker_id, region=region or "",
+                bus=bus, store=store, model=source, worker_id=worker_id, region=region or "",
                 seed=config.task.seed + 100 + zlib.crc32(worker_id.encode()) % 10_000, **rollout_args(config),
             )
             sync, worker = parts.sync, parts.worker
@@ -255,8 +256,7 @@ async def trainer_main(
 
     from rlbus.build.trainer import trainer_stack
     from rlbus.launch.recording import TrainerRecorder
-    from rlbus.models.policy import Policy
-    from rlbus.training.checkpoint import load_checkpoint, policy_from_state
+    from rlbus.training.checkpoint import load_checkpoint, model_from_state
     from rlbus.training.warm import warm_start
 
     settings = config.trainer
@@ -266,17 +266,20 @@ async def trainer_main(
     checkpoints = Path(settings.checkpoint_dir) if settings.checkpoint_dir else None
     with stopping(stop) as stop:
         saved = await asyncio.to_thread(load_checkpoint, checkpoints) if checkpoints and checkpoints.is_dir() else None
+        model: Any
         if saved is not None:
-            model = policy_from_state(saved)
+            model = model_from_state(saved)
             log.info("%s: restoring step %d (v%d) from %s", worker_id, saved.step, saved.version, checkpoints)
         elif config.model.checkpoint is not None:
-            model = initial_policy(config)
+            model = initial_model(config)
             log.info("%s: starting from %s", worker_id, config.model.checkpoint)
         else:
-            model = Policy(policy_shape(config))
+            source = await asyncio.to_thread(model_source, config, progress=log.info)
+            model = source.build(seed=config.task.seed)
+            log.info("%s: model %s (%s)", worker_id, source.label, source.kind)
             if settings.warm_steps:
                 log.info("%s: warm start, %d steps", worker_id, settings.warm_steps)
-                await asyncio.to_thread(lambda: warm_start(model, **warm_start_args(config)))
+                await asyncio.to_thread(lambda: warm_start(model, chat=source.chat, **warm_start_args(config)))
         async with connected(config, region, bus=bus, state=state, store=store) as (bus, state, store, store_url):
             runlog = RunLog(config.run_dir) if config.run_dir is not None else None
             recorder: TrainerRecorder | None = None  # needs the stack's publisher and join: made just below

@@ -143,7 +143,13 @@ class HFCausalLM(torch.nn.Module):
         return weight
 
     def set_gradient_checkpointing(self, enabled: bool) -> None:
-        if enabled:
+        # transformers 5 renamed gradient_checkpointing_* to activation_checkpointing_* (the old names warn)
+        if hasattr(self.hf, "activation_checkpointing_enable"):
+            if enabled:
+                self.hf.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+            else:
+                self.hf.activation_checkpointing_disable()
+        elif enabled:
             self.hf.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         else:
             self.hf.gradient_checkpointing_disable()

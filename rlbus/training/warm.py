@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import random
+from collections.abc import Callable
 from typing import Any
 
 from msgspec.structs import replace
@@ -58,11 +59,13 @@ def sloppy_teacher(prompts: list[Prompt], error: float, *, seed: int) -> list[Pr
 
 def warm_start(
     model: TrainableLM, *, env: str, env_config: dict[str, Any] | None, seed: int, steps: int, lr: float,
-    teacher_error: float = 0.0, examples: int = 400, batch_size: int = 32,
+    teacher_error: float = 0.0, examples: int = 400, batch_size: int = 32, chat: ChatFormat | None = None,
+    on_step: Callable[[int, float], None] | None = None,
 ) -> None:
     """``steps`` supervised steps of ``model`` on ``examples`` reference solutions of ``env`` (seed + 1),
-    a share ``teacher_error`` of them off by one. Blocking: run it in a thread."""
+    a share ``teacher_error`` of them off by one, rendered in the model's ``chat`` format (the byte
+    format by default). Blocking: run it in a thread."""
     train = generate_prompts(env, seed=seed + 1, n=examples, config=env_config)
     train = sloppy_teacher(train, teacher_error, seed=seed)
-    chat = ChatFormat.for_byte_tokenizer(ByteTokenizer())
-    pretrain(model, sft_examples(train, chat), steps=steps, lr=lr, batch_size=batch_size, seed=seed)
+    chat = chat or ChatFormat.for_byte_tokenizer(ByteTokenizer())
+    pretrain(model, sft_examples(train, chat), steps=steps, lr=lr, batch_size=batch_size, seed=seed, on_step=on_step)

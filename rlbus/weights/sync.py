@@ -48,6 +48,7 @@ from rlbus.errors import (
     VersionGap,
     WeightSyncError,
 )
+from rlbus.models.base import weight_tensors
 from rlbus.observe.metrics import SYNC_REFUSED, count_in, record_sync
 from rlbus.schemas import WeightVersion, decode
 from rlbus.weights.apply import apply_update_
@@ -343,8 +344,9 @@ def _scatter(state: Mapping[str, torch.Tensor], staged: list[StagedUpdate]) -> N
 
 
 def bind_module(module: Any) -> Callable[[Mapping[str, torch.Tensor]], None]:
-    """A ``bind`` for a torch module: re-points each parameter/buffer at the given tensor (O(1) each)."""
-    targets = dict(module.state_dict(keep_vars=True))
+    """A ``bind`` for a torch module: re-points each parameter at the given tensor (O(1) each). A tied
+    parameter is one object under one name (`rlbus.models.base.weight_tensors`), so both uses follow."""
+    targets = dict(module.named_parameters())
 
     def bind(tensors: Mapping[str, torch.Tensor]) -> None:
         with torch.no_grad():
@@ -355,5 +357,5 @@ def bind_module(module: Any) -> Callable[[Mapping[str, torch.Tensor]], None]:
 
 
 def live_state(module: Any) -> dict[str, torch.Tensor]:
-    """The tensors of a torch module keyed by state-dict name, sharing storage (in-place updates apply)."""
-    return {name: t.detach() for name, t in module.state_dict(keep_vars=True).items() if isinstance(t, torch.Tensor)}
+    """The weights of a torch module as weight sync ships them, sharing storage (in-place updates apply)."""
+    return weight_tensors(module)

