@@ -111,6 +111,10 @@ def demo(
     dashboard: Annotated[
         int | None, typer.Option("--dashboard", help="Serve the live dashboard on this port during the run.")
     ] = None,
+    model: Annotated[
+        str | None, typer.Option(help="Train a real LLM instead of the in-house policy: smollm2-135m-instruct (the "
+                                      "shipped run, ~15 min on 2 cores), or an HF model directory or .gguf file.")
+    ] = None,
 ) -> None:
     """Async RL end to end in one process: warm start, then prompts → rollout workers → rewards →
     GRPO trainer, weights flowing back as lossless deltas. Embedded bus, CPU, a few minutes."""
@@ -122,7 +126,7 @@ def demo(
     from rlbus.demo import Demo, DemoConfig
     from rlbus.demo_view import live_table, plot, summary_table
 
-    config = DemoConfig.quick() if quick else DemoConfig()
+    config = DemoConfig.for_model(model) if model else DemoConfig.quick() if quick else DemoConfig()
     config = dataclasses.replace(
         config,
         rl_steps=config.rl_steps if steps is None else steps,
@@ -150,24 +154,29 @@ def demo(
 
 @app.command()
 def pretrain(
-    data: Annotated[Path, typer.Argument(help='JSONL of {"prompt", "completion"} (text) or token-id pairs.')],
+    data: Annotated[Path, typer.Argument(help='JSONL of {"prompt", "completion"} (text), token-id pairs, or '
+                                              '{"messages": [...]} chats (assistant turns trained).')],
     out: Annotated[Path, typer.Option(help="Checkpoint directory to write.")],
-    model: Annotated[str, typer.Option(help="tiny or bench.")] = "tiny",
+    model: Annotated[str, typer.Option(help="tiny or bench (in-house policy), smollm2-135m-instruct, an HF model "
+                                            "directory or a .gguf file.")] = "tiny",
     init: Annotated[Path | None, typer.Option(help="Start from this checkpoint directory.")] = None,
     steps: int = 200,
     lr: float = 1e-3,
     batch_size: int = 32,
     seed: int = 0,
 ) -> None:
-    """Supervised warm start ("mid-training") on reference solutions, so RL starts from a policy that
+    """Supervised warm start ("mid-training") on reference solutions, so RL starts from a model that
     is sometimes right."""
     from rlbus.training.sft import main as sft_main
 
-    if model not in ("tiny", "bench"):
-        raise typer.BadParameter("--model must be tiny or bench")
-    losses = sft_main(data, out, model=model, init=init, steps=steps, lr=lr, batch_size=batch_size, seed=seed,
-                      log=console.print)
-    console.print(f"done: loss {losses[0]:.3f} → {losses[-1]:.3f}; checkpoint in {out}")
+    try:
+        losses = sft_main(data, out, model=model, init=init, steps=steps, lr=lr, batch_size=batch_size, seed=seed,
+                          log=console.print)
+    except (RlbusError, ValueError) as exc:
+        err.print(f"[red]error:[/red] {exc}")
+        raise typer.Exit(1) from None
+    console.print(f"done: loss {losses[0]:.3f} → {losses[-1]:.3f}; checkpoint in {out}" if losses
+                  else f"checkpoint in {out}")
 
 
 @app.command()

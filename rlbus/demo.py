@@ -40,6 +40,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
+import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -86,6 +87,22 @@ log = logging.getLogger("rlbus.demo")
 #: unlearn) and the trainer's join in arrival order.
 DEMO_RUN = RunConfig(state=StateSection(url="memory://"), trainer=TrainerSection(teacher_error=0.55, ordered=False))
 
+#: The real-LLM run (``rlbus demo --model smollm2-135m-instruct``; ``infra/rlbus/smollm2.toml`` is the same run
+#: for ``rlbus up``): SmolLM2-135M-Instruct on two-digit sums answered as ``<answer>N</answer>``, which it
+#: never does on its own (0 % before the warm start). A short warm start from the sloppy teacher teaches the
+#: format and the off-by-one habit; async GRPO with the exact-match verifier then fixes the habit.
+SMOLLM2_TABLES: dict[str, dict[str, Any]] = {
+    "model": {"kind": "hf", "name": "smollm2-135m-instruct"},
+    "task": {
+        "env": "arith", "group_size": 8,
+        "env_config": {"digits": 2, "instructions": True, "max_new_tokens": 24, "context_tokens": 128,
+                       "max_total_tokens": 128},
+    },
+    "trainer": {"lr": 5e-6, "groups_per_step": 4, "warm_steps": 20, "warm_lr": 2e-5, "teacher_error": 0.55,
+                "grpo": {"compute_dtype": "bfloat16"}},
+    "rollout": {"max_batch": 64},
+}
+
 
 @dataclass(frozen=True)
 class DemoConfig:
@@ -114,12 +131,25 @@ class DemoConfig:
     def quick(cls) -> DemoConfig:
         return cls(workers=2, rl_steps=15, time_budget_s=60.0).tuned(trainer={"warm_steps": 250})
 
+    @classmethod
+    def for_model(cls, model: str) -> DemoConfig:
+        """The demo of a real model: `SMOLLM2_TABLES` for the shipped SmolLM2; any other HF model directory
+        or GGUF file runs the same task and settings."""
+        tables = {name: dict(fields) for name, fields in SMOLLM2_TABLES.items()}
+        if model != "smollm2-135m-instruct":
+            key = "gguf" if model.endswith(".gguf") else "path"
+            tables["model"] = {"kind": "hf", key: model}
+        return cls(workers=2, rl_steps=60, time_budget_s=1500.0, eval_size=100).tuned(**tables)
+
     def tuned(self, **tables: dict[str, Any]) -> DemoConfig:
         """A copy whose run config has these fields changed, table by table
         (``tuned(task={"group_size": 4}, trainer={"warm_steps": 10})``), validated as a run config is."""
         merged = to_tables(self.run)
         for name, fields in tables.items():
-            merged[name] = {**merged.get(name, {}), **fields}
+            base = merged.get(name, {})
+            if name == "model" and fields.get("kind", base.get("kind")) != base.get("kind"):
+                base = {}  # another kind of model: the old kind's fields do not apply
+            merged[name] = {**base, **fields}
         return dataclasses.replace(self, run=config_from_dict(merged, {}))
 
     @property
@@ -130,6 +160,7 @@ class DemoConfig:
 @dataclass
 class DemoResult:
     accuracy_start: float
+    """Greedy held-out accuracy RL starts from (after the warm start)."""
     accuracy_end: float
     versions_published: int
     rollouts_trained: int
@@ -144,11 +175,14 @@ class DemoResult:
     staleness: dict[int, int] = field(default_factory=dict)
     deltas: list[tuple[int, int]] = field(default_factory=list)
     outcomes: dict[str, int] = field(default_factory=dict)
+    accuracy_base: float | None = None
+    """Greedy held-out accuracy of the model before the warm start; None when RL started from given weights."""
 
     def figures(self) -> dict[str, Any]:
         keys = (
-            "accuracy_start", "accuracy_end", "versions_published", "rollouts_trained", "rollouts_dropped",
-            "max_staleness", "delta_bytes_mean", "full_bytes", "swap_pause_ms_p99", "wall_s", "steps",
+            "accuracy_base", "accuracy_start", "accuracy_end", "versions_published", "rollouts_trained",
+            "rollouts_dropped", "max_staleness", "delta_bytes_mean", "full_bytes", "swap_pause_ms_p99", "wall_s",
+            "steps",
         )
         return {k: getattr(self, k) for k in keys} | {"outcomes": self.outcomes}
 
@@ -171,6 +205,7 @@ class Demo:
         self.phase = "warm start"
         self.reward_points: list[tuple[float, float]] = []
         self.step_metrics: list[dict[str, Any]] = []
+        self.accuracy_base: float | None = None
         self.accuracy_start: float | None = None
         self.accuracy_end: float | None = None
         self.syncs: list[WeightSync] = []
@@ -198,16 +233,20 @@ class Demo:
         """Warm start (unless ``model`` is given: RL starts from it), async RL, evaluation."""
         c, run = self.config, self.config.run
         torch.manual_seed(c.seed)
-        torch.set_num_threads(1)  # many small matmuls from several roles on 2 cores: threads only contend
+        cores = os.cpu_count() or 1
+        torch.set_num_threads(cores)  # one job at a time: the warm start and the evaluations use every core
         episode_threads(run.rollout.episode_threads)
         eval_prompts = self.eval_prompts()
         if model is None:
             model = self.source.build(seed=c.seed)
             if run.trainer.warm_steps:
+                self.accuracy_base = await asyncio.to_thread(evaluate, model, eval_prompts, self.source)
+                self._update()
                 await asyncio.to_thread(self.warm_start, model)
         self.accuracy_start = await asyncio.to_thread(evaluate, model, eval_prompts, self.source)
         self.phase = "async RL"
         self._update()
+        torch.set_num_threads(1)  # many small matmuls from several roles on 2 cores: threads only contend
 
         # sync: nothing may lag (the trainer drops stale rollouts, the producer admits one batch per version)
         produce, train = producer_args(run), trainer_args(run)
@@ -256,6 +295,7 @@ class Demo:
             stop.set()
         self.phase = "evaluating"
         self._update()
+        torch.set_num_threads(cores)
         self.accuracy_end = await asyncio.to_thread(evaluate, model, eval_prompts, self.source)
         self.phase = "done"
         self._update()
@@ -300,6 +340,7 @@ class Demo:
         deltas = [(h.version, h.delta_bytes) for h in self.publisher.history if h.delta_bytes]
         dropped = sum(v for k, v in outcomes.items() if k.startswith("dropped"))
         return DemoResult(
+            accuracy_base=self.accuracy_base,
             accuracy_start=self.accuracy_start or 0.0,
             accuracy_end=self.accuracy_end or 0.0,
             versions_published=self.publisher.version,

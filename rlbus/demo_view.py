@@ -48,6 +48,8 @@ def summary_table(result: DemoResult) -> Table:
     table.add_column("what", style="bold")
     table.add_column("value")
     rows = [
+        *([("accuracy before the warm start", f"{result.accuracy_base:.0%}")] if result.accuracy_base is not None
+          else []),
         ("accuracy after warm start → after RL", f"{result.accuracy_start:.0%} → {result.accuracy_end:.0%}"),
         ("RL steps / versions published", f"{result.steps} / {result.versions_published}"),
         ("rollouts trained / dropped", f"{result.rollouts_trained} / {result.rollouts_dropped}"),

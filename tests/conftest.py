@@ -15,7 +15,7 @@ import pytest
 
 from rlbus.bus import Bus, MemoryBus, TopicSpec
 
-pytest_plugins = ["tests.fixtures.redis"]
+pytest_plugins = ["tests.fixtures.redis", "tests.fixtures.hf"]
 
 KAFKA_BOOTSTRAP = os.environ.get("RLBUS_KAFKA_BOOTSTRAP", "127.0.0.1:9092")
 

@@ -48,6 +48,19 @@ class ModelSource:
     def hf(cls, directory: Path, *, device: str = "cpu") -> ModelSource:
         return cls(kind="hf", directory=directory, device=device)
 
+    @classmethod
+    def of(cls, model: Any, *, device: str = "cpu") -> ModelSource:
+        """The source a built model came from (what its `describe()` says: a checkpoint's model)."""
+        from rlbus.errors import ConfigError
+        from rlbus.models.config import PolicyConfig
+
+        desc = model.describe()
+        if desc["kind"] == "policy":
+            return cls.policy(PolicyConfig(**desc["shape"]), device=device)
+        if "path" in desc:
+            return cls.hf(Path(desc["path"]), device=device)
+        raise ConfigError("model.checkpoint", "the checkpoint's model has no directory to load a tokenizer from")
+
     @property
     def label(self) -> str:
         """How logs name the model."""

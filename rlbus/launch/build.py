@@ -62,21 +62,8 @@ def model_source(config: RunConfig, *, progress: Callable[[str], None] | None = 
     if m.kind == "hf" and (m.name or m.path or m.gguf):
         return ModelSource.hf(model_dir(name=m.name, path=m.path, gguf=m.gguf, progress=progress), device=m.device)
     if m.checkpoint is not None:
-        return source_of(initial_model(config), device=m.device)
+        return ModelSource.of(initial_model(config), device=m.device)
     return ModelSource.policy(m.policy, device=m.device)
-
-
-def source_of(model: Model, *, device: str = "cpu") -> ModelSource:
-    """The source a built model came from (what its `describe()` says)."""
-    from rlbus.build.model import ModelSource
-    from rlbus.models.config import PolicyConfig
-
-    desc = model.describe()
-    if desc["kind"] == "policy":
-        return ModelSource.policy(PolicyConfig(**desc["shape"]), device=device)
-    if "path" in desc:
-        return ModelSource.hf(Path(desc["path"]), device=device)
-    raise ConfigError("model.checkpoint", "the checkpoint's model has no directory to load a tokenizer from")
 
 
 def initial_model(config: RunConfig) -> Model:

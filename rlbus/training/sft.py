@@ -27,7 +27,6 @@ from typing import Any, Protocol
 import torch
 
 from rlbus.models.base import TrainableLM
-from rlbus.models.policy import Policy, PolicyConfig
 from rlbus.models.tokenizer import ByteTokenizer
 from rlbus.rl.logprobs import chunked_token_logprobs
 from rlbus.training.batch import Sample, pack
@@ -174,26 +173,27 @@ def main(
     seed: int = 0,
     log: Callable[[str], None] = print,
 ) -> list[float]:
-    """``rlbus pretrain``: warm-start a policy on a JSONL file and write a weights-only checkpoint.
+    """``rlbus pretrain``: warm-start a model on a JSONL file and write a weights-only checkpoint.
 
-    ``model`` names a `PolicyConfig` preset (``tiny`` or ``bench``) for a fresh policy seeded with
-    ``seed``; ``init`` starts from an existing checkpoint (file or directory, any model kind) instead. The
-    result goes to the checkpoint directory ``out`` (step 0, version 0, no optimizer state), which the
-    trainer resumes from.
+    ``model`` names what to start from (`rlbus.build.model.parse_model`: ``tiny`` / ``bench`` policy presets
+    seeded with ``seed``, a shipped HF model, a model directory or a GGUF file); ``init`` starts from an
+    existing checkpoint (file or directory, any model kind) instead. Chat rows (``messages``) are rendered
+    in that model's chat format. The result goes to the checkpoint directory ``out`` (step 0, version 0, no
+    optimizer state), which the trainer resumes from.
     """
-    examples = load_examples(data)
+    from rlbus.build.model import ModelSource, parse_model
+
     policy: TrainableLM
     if init is not None:
         state = load_checkpoint(init)
         if state is None:
             raise FileNotFoundError(f"no checkpoint in {init}")
         policy = model_from_state(state)
+        source = ModelSource.of(policy)
     else:
-        presets = {"tiny": PolicyConfig.tiny, "bench": PolicyConfig.bench}
-        if model not in presets:
-            raise ValueError(f"unknown model preset {model!r}; choose from {', '.join(presets)}")
-        torch.manual_seed(seed)
-        policy = Policy(presets[model]())
+        source = parse_model(model, progress=log)
+        policy = source.build(seed=seed)
+    examples = load_examples(data, source.chat)
     every = max(1, steps // 20)
 
     def report(step: int, loss: float) -> None:

@@ -64,3 +64,32 @@ async def test_sync_mode_trains_only_current_version_rollouts(tmp_path: Path) ->
     assert result.rollouts_dropped == 0 and result.outcomes["duplicate"] == 0
     assert [step for _, step, _ in demo.snapshots] == [1, 2, 3]
     assert demo.rl_wall_s > 0 and all(w.active_s > 0 for w in demo.rollout_workers)
+
+
+async def test_demo_trains_an_hf_model_through_every_role(tmp_path: Path, tiny_hf_dir: Path) -> None:
+    """`rlbus demo --model DIR`: an HF model directory (random Llama + ChatML tokenizer) in every role — warm
+    start through its chat template, rollout engines, trainer, weight sync (tied embedding shipped once)."""
+    env_config = {"digits": 2, "instructions": True, "max_new_tokens": 8, "context_tokens": 256,
+                  "max_total_tokens": 256}
+    config = dataclasses.replace(
+        DemoConfig.for_model(str(tiny_hf_dir)).tuned(
+            trainer={"warm_steps": 2, "groups_per_step": 2}, task={"group_size": 2, "env_config": env_config}
+        ),
+        workers=1, rl_steps=2, time_budget_s=120, eval_size=4,
+    )
+    demo = Demo(config, tmp_path)
+    assert demo.source.kind == "hf" and demo.source.directory == tiny_hf_dir
+    result = await demo.run()
+    assert result.steps == 2 and result.versions_published == 3
+    import torch
+
+    from rlbus.models.base import weight_tensors
+
+    assert demo.trainer is not None and demo.syncs[0].version == 3
+    served, master = demo.syncs[0].state, weight_tensors(demo.trainer.model)
+    assert "model.embed_tokens.weight" in served and "lm_head.weight" not in served  # tied: shipped once
+    assert served.keys() == master.keys()
+    assert all(torch.equal(served[k], master[k].to(torch.bfloat16)) for k in master)  # bit-exact after deltas
+    # a random model never answers, so every advantage is 0 and the RL deltas are empty; the warm start's
+    # change arrived as the v1 keyframe
+    assert result.rollouts_trained >= 2 * 2 * 2 and result.outcomes["dead_lettered"] == 0

@@ -13,45 +13,7 @@ from typing import Any
 
 import pytest
 
-#: ChatML, nothing else: no default system prompt, no tool rendering.
-CHATML = (
-    "{% for m in messages %}{{ '<|im_start|>' + m['role'] + '\\n' + m['content'] + '<|im_end|>\\n' }}{% endfor %}"
-    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
-)
-#: A Qwen2.5-like template: a default system prompt, tools rendered into the system message, tool results
-#: as user messages wrapped in <tool_response>.
-CHATML_TOOLS = (
-    "{%- if messages[0]['role'] == 'system' %}{% set sys = messages[0]['content'] %}{% set rest = messages[1:] %}"
-    "{%- else %}{% set sys = 'You are helpful.' %}{% set rest = messages %}{% endif %}"
-    "{{- '<|im_start|>system\\n' + sys }}"
-    "{%- if tools %}{{ '\\n\\n# Tools\\n<tools>' }}{% for t in tools %}{{ '\\n' + (t | tojson) }}{% endfor %}"
-    "{{ '\\n</tools>' }}{% endif %}{{ '<|im_end|>\\n' }}"
-    "{%- for m in rest %}{% if m['role'] == 'tool' %}"
-    "{{ '<|im_start|>user\\n<tool_response>\\n' + m['content'] + '\\n</tool_response><|im_end|>\\n' }}"
-    "{%- else %}{{ '<|im_start|>' + m['role'] + '\\n' + m['content'] + '<|im_end|>\\n' }}{% endif %}{% endfor %}"
-    "{%- if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
-)
-
-
-def offline_tokenizer(chat_template: str) -> Any:
-    """A ``transformers`` fast tokenizer built in memory: byte-level BPE, ChatML special tokens."""
-    pytest.importorskip("transformers")
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
-    from transformers import PreTrainedTokenizerFast
-
-    alphabet = sorted(pre_tokenizers.ByteLevel.alphabet())
-    vocab = {ch: i for i, ch in enumerate(alphabet)}
-    vocab |= {"he": len(vocab), "ll": len(vocab) + 1}
-    backend = Tokenizer(models.BPE(vocab=vocab, merges=[("h", "e"), ("l", "l")]))
-    backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    backend.decoder = decoders.ByteLevel()
-    return PreTrainedTokenizerFast(
-        tokenizer_object=backend,
-        eos_token="<|im_end|>",
-        pad_token="<|endoftext|>",
-        additional_special_tokens=["<|im_start|>"],
-        chat_template=chat_template,
-    )
+from tests.fixtures.hf import CHATML, CHATML_TOOLS, offline_tokenizer
 
 
 @pytest.fixture(scope="session")

@@ -10,7 +10,7 @@ import pytest
 from rlbus.envs.chat import ChatFormat
 from rlbus.errors import ConfigError
 from rlbus.models.tokenizer import BOS_ID, EOS_ID, ByteTokenizer
-from tests.unit.envs.conftest import offline_tokenizer
+from tests.fixtures.hf import offline_tokenizer
 
 TOOL = {"type": "function", "function": {"name": "calc", "description": "adds", "parameters": {"type": "object"}}}
 CONVERSATIONS: list[list[dict[str, Any]]] = [

@@ -173,3 +173,28 @@ def test_every_config_field_has_a_docstring(module: str) -> None:
             if not (above.startswith("#:") or documented_below):
                 bare.append(f"{cls.name}.{node.target.id}")
     assert not bare, f"fields without a docstring in {module}: {bare}"
+
+
+def test_an_hf_model_is_named_by_exactly_one_source(tmp_path: Path) -> None:
+    config = config_of('[model]\nkind = "hf"\nname = "smollm2-135m-instruct"\ndevice = "auto"\n', tmp_path)
+    assert (config.model.kind, config.model.name, config.model.device) == ("hf", "smollm2-135m-instruct", "auto")
+    assert config_from_dict(to_tables(config), {}) == config
+    assert field_of('[model]\nkind = "hf"\n', tmp_path) == "model.name"
+    assert field_of('[model]\nkind = "hf"\nname = "a"\npath = "/m"\n', tmp_path) == "model.name"
+    assert field_of('[model]\nkind = "hf"\npath = "/m"\nd_model = 64\n', tmp_path) == "model.d_model"
+    assert field_of('[model]\ngguf = "/m.gguf"\n', tmp_path) == "model.gguf"  # a policy has no gguf
+    assert field_of('[model]\nkind = "onnx"\n', tmp_path).startswith("model")
+    policy = config_of('[model]\ndevice = "cuda"\nd_model = 64\n', tmp_path)
+    assert policy.model.kind == "policy" and policy.model.device == "cuda" and policy.model.policy.d_model == 64
+
+
+def test_the_smollm2_run_config_is_the_demos() -> None:
+    """infra/rlbus/smollm2.toml (for `rlbus up`) and `rlbus demo --model smollm2-135m-instruct` run one config."""
+    from rlbus.demo import DemoConfig
+
+    shipped = load_config(Path(__file__).resolve().parents[3] / "infra" / "rlbus" / "smollm2.toml", {})
+    demo = DemoConfig.for_model("smollm2-135m-instruct").run
+    for table in ("model", "task", "rollout"):
+        assert getattr(shipped, table) == getattr(demo, table), table
+    # the one difference: the embedded demo joins in arrival order (DEMO_RUN), a distributed run in prompt order
+    assert msgspec.structs.replace(shipped.trainer, ordered=False) == demo.trainer
