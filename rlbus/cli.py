@@ -137,7 +137,10 @@ def demo(
     console.print(f"[bold]rlbus demo[/bold]: {task.env} {task.env_config}, {config.workers} rollout workers, "
                   f"G={task.group_size}, {trainer.groups_per_step} groups/step, run dir {run_dir}")
     with Live(console=console, refresh_per_second=4) as live:
-        runner = Demo(config, run_dir, on_update=lambda d: live.update(live_table(d)))
+        if console.is_terminal:
+            runner = Demo(config, run_dir, on_update=lambda d: live.update(live_table(d)))
+        else:  # a log, not a screen: a status line every 10 s and at each phase change
+            runner = Demo(config, run_dir, on_update=_status_logger())
         if dashboard is None:
             result = asyncio.run(runner.run())
         else:
@@ -150,6 +153,22 @@ def demo(
     console.print(f"plot: {plot(result, run_dir / 'demo.png')}")
     if json_path is not None:
         json_path.write_bytes(msgspec.json.format(msgspec.json.encode(figures), indent=2))
+
+
+def _status_logger(every_s: float = 10.0) -> Callable[[Any], None]:
+    import time
+
+    from rlbus.demo_view import status_line
+
+    last: dict[str, Any] = {"t": 0.0, "phase": ""}
+
+    def log(demo: Any) -> None:
+        now = time.monotonic()
+        if now - last["t"] >= every_s or demo.phase != last["phase"]:
+            last.update(t=now, phase=demo.phase)
+            console.print(status_line(demo), markup=False, highlight=False)
+
+    return log
 
 
 @app.command()
@@ -881,6 +900,25 @@ def bench(
         raise typer.Exit(1)
 
 
+def limit_malloc_arenas(arenas: int = 2) -> None:
+    """Cap glibc's malloc arenas (``MALLOC_ARENA_MAX``) for this process's threads.
+
+    A worker runs episodes, encodes and steps on dozens of threads, and glibc gives each thread its own
+    arena; tensors of a few MB freed on one thread stay in its arena, so RSS only grows. Measured on the
+    SmolLM2 demo: +1.5 GB per RL step with the default (8 × cores arenas), flat at ~9 GB with 2 — and 20 %
+    faster. Must run before the threads exist; a no-op off glibc or when the variable is set."""
+    import ctypes
+
+    if os.environ.get("MALLOC_ARENA_MAX"):
+        return
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+    except OSError:
+        return
+    libc.mallopt(-8, arenas)  # M_ARENA_MAX
+
+
 def main() -> None:  # pragma: no cover - console entry point
     os.environ.setdefault("PYTHONUNBUFFERED", "1")
+    limit_malloc_arenas()
     app(sys.argv[1:])

@@ -12,6 +12,27 @@ if TYPE_CHECKING:
     from rlbus.demo import Demo, DemoResult
 
 
+def status_line(demo: Demo) -> str:
+    """One line of the live view, for logs (a non-terminal stdout gets these instead of the table)."""
+    trainer = demo.trainer
+    parts = [f"[{demo.phase}]"]
+    if demo.accuracy_base is not None:
+        parts.append(f"accuracy before warm start {demo.accuracy_base:.0%}")
+    if demo.accuracy_start is not None:
+        parts.append(f"after {demo.accuracy_start:.0%}")
+    if trainer is not None:
+        parts.append(f"step {trainer.step} v{trainer.version}")
+    if demo.step_metrics:
+        recent = [m["reward_mean"] for m in demo.step_metrics[-5:]]
+        parts.append(f"reward(last 5) {statistics.fmean(recent):.3f}")
+    if demo.publisher is not None and len(demo.publisher.history) > 1:
+        last = demo.publisher.history[-1]
+        parts.append(f"delta {100 * last.delta_bytes / last.full_bytes:.2f} %")
+    if demo.accuracy_end is not None:
+        parts.append(f"accuracy after RL {demo.accuracy_end:.0%}")
+    return "  ".join(parts)
+
+
 def live_table(demo: Demo) -> Table:
     elapsed = demo.reward_points[-1][0] if demo.reward_points else 0.0
     table = Table(title=f"rlbus demo — {demo.phase}", show_header=False, min_width=72)

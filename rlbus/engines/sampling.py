@@ -32,13 +32,18 @@ def processed_logprobs(
     greedy = temperature <= 0  # [B]
     tau = torch.where(greedy, torch.ones_like(temperature), temperature).float()  # [B]
     scaled = logits.float() / tau[:, None]  # [B, V]
+    if not bool((greedy | (top_k > 0) | (top_p < 1)).any()):  # nothing truncated: π' = softmax(s), no sort
+        return torch.log_softmax(scaled, dim=-1)  # [B, V]
     sorted_s, order = scaled.sort(dim=-1, descending=True, stable=True)  # [B, V] each
     rank = torch.arange(V, device=logits.device)[None, :]  # [1, V]
     k = torch.where(top_k > 0, top_k, torch.full_like(top_k, V))  # [B]
     keep = rank < k[:, None]  # [B, V] top-k, in sorted order
     probs = torch.softmax(sorted_s.masked_fill(~keep, float("-inf")), dim=-1)  # [B, V] renormalised over K
     mass_before = probs.cumsum(dim=-1) - probs  # [B, V] mass of strictly more likely tokens
-    keep = keep & (mass_before < top_p.float()[:, None])  # [B, V] nucleus; rank 0 always kept
+    # nucleus; rank 0 always kept. top_p = 1 keeps everything: the float cumsum can reach 1 before the last
+    # tokens of a 49 k vocabulary, and "mass before < 1" would then cut a tail that was never meant to go.
+    nucleus = (mass_before < top_p.float()[:, None]) | (top_p >= 1)[:, None]
+    keep = keep & nucleus  # [B, V]
     keep = torch.where(greedy[:, None], rank == 0, keep)  # [B, V]
     keep_vocab = torch.zeros_like(keep).scatter(1, order, keep)  # [B, V] back to vocabulary order
     return torch.log_softmax(scaled.masked_fill(~keep_vocab, float("-inf")), dim=-1)  # [B, V]

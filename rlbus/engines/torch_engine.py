@@ -252,7 +252,7 @@ class TorchEngine:
 
         version = self.policy_version
         cache = self.model.new_cache(B, P + max(row.remaining for row in rows))
-        out = self.model.forward(ids, positions=positions, key_mask=valid, cache=cache)
+        out = self.model.forward(ids, positions=positions, key_mask=valid, cache=cache, logits_to_keep=1)
         if out.routed_experts is not None:  # [L, B, P, k]
             for i, row in enumerate(rows):
                 row.experts.append(out.routed_experts[:, i, P - lengths[i] :])  # [L, lengths[i], k]

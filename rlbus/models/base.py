@@ -73,8 +73,10 @@ class CausalLM(Protocol):
         positions: torch.Tensor | None = None,
         key_mask: torch.Tensor | None = None,
         cache: Any = None,
+        logits_to_keep: int = 0,
     ) -> LMOutput:
-        """Run the new ids ``idx`` [B, T] on top of ``cache``."""
+        """Run the new ids ``idx`` [B, T] on top of ``cache``. ``logits_to_keep = n > 0`` returns logits for the
+        last n positions only ([B, n, V]): a prefill needs one row of a 49 k-wide vocabulary, not T."""
         ...
 
     def state_dict(self) -> dict[str, Any]:

@@ -47,6 +47,7 @@ class HFCausalLM(torch.nn.Module):
         self.hf = model.eval()
         params = inspect.signature(model.forward).parameters
         self._cache_kw = "cache" if "cache" in params else "past_key_values"
+        self._keeps_logits = "logits_to_keep" in params
         self._source = dict(source or {})
         self.router = RouterTap.attach(model)
 
@@ -104,6 +105,7 @@ class HFCausalLM(torch.nn.Module):
         key_mask: torch.Tensor | None = None,
         cache: Any = None,
         routed_experts: torch.Tensor | None = None,
+        logits_to_keep: int = 0,
     ) -> LMOutput:
         token_mask = None if key_mask is None else key_mask[:, -idx.shape[1] :]
         with self._routing(routed_experts, token_mask) as record:
@@ -113,9 +115,11 @@ class HFCausalLM(torch.nn.Module):
                 position_ids=positions,
                 use_cache=cache is not None,
                 **{self._cache_kw: cache},
+                **({"logits_to_keep": logits_to_keep} if logits_to_keep and self._keeps_logits else {}),
             )
+        logits = out.logits if not logits_to_keep or self._keeps_logits else out.logits[:, -logits_to_keep:]
         new_cache = out["cache"] if "cache" in out else out.get("past_key_values")
-        return LMOutput(logits=out.logits.float(), cache=new_cache, routed_experts=record.experts,
+        return LMOutput(logits=logits.float(), cache=new_cache, routed_experts=record.experts,
                         aux_loss=record.aux_loss)
 
     # -- TrainableLM (the trainer) --------------------------------------------------------------------

@@ -282,6 +282,7 @@ class Policy(nn.Module):
         key_mask: torch.Tensor | None = None,
         cache: Any = None,
         routed_experts: torch.Tensor | None = None,
+        logits_to_keep: int = 0,
     ) -> LMOutput:
         """Logits for the new ids ``idx`` [B, T].
 
@@ -317,7 +318,9 @@ class Policy(nn.Module):
         x, own, aux = self._trunk(idx, positions, mask, cache, token_mask, routed_experts)
         if cache is not None:
             cache.pos = S
-        logits = self.lm_head(x).float()  # [B, T, V]
+        if logits_to_keep > 0:
+            x = x[:, -logits_to_keep:]
+        logits = self.lm_head(x).float()  # [B, T or logits_to_keep, V]
         if own is None:
             return LMOutput(logits=logits, cache=cache, routed_experts=None, aux_loss=None)
         return LMOutput(logits=logits, cache=cache, routed_experts=own, aux_loss=aux)

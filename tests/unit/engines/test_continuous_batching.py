@@ -144,8 +144,8 @@ class NextByte(torch.nn.Module):
     def new_cache(self, batch: int, max_len: int) -> Any:
         return None
 
-    def forward(self, idx: torch.Tensor, *, positions: Any = None, key_mask: Any = None, cache: Any = None
-                ) -> LMOutput:
+    def forward(self, idx: torch.Tensor, *, positions: Any = None, key_mask: Any = None, cache: Any = None,
+                logits_to_keep: int = 0) -> LMOutput:
         self.calls += 1
         if self.calls == self.fail_at:
             raise RuntimeError("device lost")

@@ -78,3 +78,15 @@ def test_sampler_is_reproducible_and_needs_one_generator_per_row() -> None:
     assert torch.equal(a, b)
     with pytest.raises(ValueError, match="one generator per row"):
         sample(lp, [torch.Generator()])
+
+
+def test_the_untruncated_fast_path_is_the_full_computation() -> None:
+    """A batch with no greedy, top-k or top-p row skips the sort; it must equal the general path (which a
+    single truncating row forces for the whole batch)."""
+    torch.manual_seed(0)
+    logits = torch.randn(4, 300) * 3
+    t = torch.tensor([1.0, 0.7, 1.3, 0.5])
+    fast = processed_logprobs(logits, t, torch.zeros(4, dtype=torch.long), torch.ones(4))
+    forced = processed_logprobs(torch.cat([logits, logits[:1]]), torch.cat([t, t[:1]]),
+                                torch.tensor([0, 0, 0, 0, 5]), torch.ones(5))[:4]
+    assert torch.allclose(fast, forced, atol=1e-6) and torch.allclose(fast.exp().sum(-1), torch.ones(4))

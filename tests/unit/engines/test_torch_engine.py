@@ -117,6 +117,7 @@ class NextByte(torch.nn.Module):
         positions: torch.Tensor | None = None,
         key_mask: torch.Tensor | None = None,
         cache: Any = None,
+        logits_to_keep: int = 0,
     ) -> LMOutput:
         self.calls += 1
         nxt = (idx + 1) % CFG.vocab  # [B, T]
