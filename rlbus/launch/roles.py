@@ -279,7 +279,15 @@ async def trainer_main(
             log.info("%s: model %s (%s)", worker_id, source.label, source.kind)
             if settings.warm_steps:
                 log.info("%s: warm start, %d steps", worker_id, settings.warm_steps)
-                await asyncio.to_thread(lambda: warm_start(model, chat=source.chat, **warm_start_args(config)))
+                total, every = settings.warm_steps, max(1, settings.warm_steps // 10)
+
+                def progress(step: int, loss: float) -> None:
+                    if (step + 1) % every == 0 or step + 1 == total:
+                        log.info("%s: warm start step %d/%d, loss %.4f", worker_id, step + 1, total, loss)
+
+                await asyncio.to_thread(
+                    lambda: warm_start(model, chat=source.chat, on_step=progress, **warm_start_args(config))
+                )
         async with connected(config, region, bus=bus, state=state, store=store) as (bus, state, store, store_url):
             runlog = RunLog(config.run_dir) if config.run_dir is not None else None
             recorder: TrainerRecorder | None = None  # needs the stack's publisher and join: made just below
