@@ -61,7 +61,8 @@ class PreferencePair:
             chosen = SFTExample(tuple(row["chosen_ids"]), tuple(bool(m) for m in row["chosen_mask"]))
             rejected = SFTExample(tuple(row["rejected_ids"]), tuple(bool(m) for m in row["rejected_mask"]))
         except KeyError as exc:
-            raise ValueError(f"a token pair needs chosen_ids, chosen_mask, rejected_ids, rejected_mask: no {exc}") from None
+            raise ValueError(f"a token pair needs chosen_ids, chosen_mask, rejected_ids and rejected_mask: no {exc}"
+                             ) from None
         return cls(chosen=chosen, rejected=rejected, prompt_id=str(row.get("prompt_id", "")),
                    chosen_reward=row.get("chosen_reward"), rejected_reward=row.get("rejected_reward"))
 
