@@ -35,6 +35,7 @@ rlbus, so callers handle one hierarchy. Each class says whether retrying the sam
     ├── ServiceError                 a local service (Kafka, Redis) failed to start or stop
     ├── RunLogMissing                a run directory has no run log to report on (rlbus.observe.report)
     ├── ToolError                    an expected tool failure; the model sees the message (rlbus.envs.agent)
+    ├── QualityGateFailed            the offline stages ended below the bar RL waits for (rlbus.training.offline)
     └── WorkerCrashed                a chaos scenario's pipeline stopped while it ran (rlbus.chaos.harness)
 """
 
@@ -191,6 +192,10 @@ class RunLogMissing(RlbusError):
 
 class ToolError(RlbusError):
     """An expected tool failure (bad input, missing key); the model sees the message as the observation."""
+
+
+class QualityGateFailed(RlbusError):
+    """The model after the offline stages (SFT, DPO) missed the run's quality gate; RL does not start."""
 
 
 class WorkerCrashed(RlbusError):

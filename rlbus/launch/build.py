@@ -125,3 +125,18 @@ def warm_start_args(config: RunConfig) -> dict[str, Any]:
     task, t = config.task, config.trainer
     return {"env": task.env, "env_config": task.env_config, "seed": task.seed, "steps": t.warm_steps,
             "lr": t.warm_lr, "teacher_error": t.teacher_error}
+
+
+def dpo_args(config: RunConfig) -> dict[str, Any]:
+    """`rlbus.training.dpo.DPOConfig`'s fields from ``[dpo]`` (the stage's data and gate: `dpo_data_args`)."""
+    d = config.dpo
+    return {"beta": d.beta, "loss": d.loss, "label_smoothing": d.label_smoothing,
+            "length_normalize": d.length_normalize, "lr": d.lr, "batch_size": d.batch_size, "steps": d.steps,
+            "seed": config.task.seed, "compute_dtype": d.compute_dtype}
+
+
+def dpo_data_args(config: RunConfig) -> dict[str, Any]:
+    """Where the DPO stage's pairs come from, how many are held out, and the gate RL waits for."""
+    d, task = config.dpo, config.task
+    return {"data": d.data, "eval_data": d.eval_data, "eval_fraction": d.eval_fraction, "task_pairs": d.task_pairs,
+            "env": task.env, "env_config": task.env_config, "seed": task.seed, "gate_accuracy": d.gate_accuracy}

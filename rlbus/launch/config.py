@@ -13,6 +13,7 @@ Tables (each optional; defaults equal ``rlbus demo``'s, so a file with only ``[b
                reward_sources, join_timeout_s, warm_steps (when starting without a checkpoint) …
     [trainer.grpo]  the GRPO step's other knobs (is_mode, router_replay, minibatches, micro_batch_rows,
                compute_dtype …: rlbus.training.config.GRPOConfig)
+    [dpo]      the offline preference stage before RL: steps, data, beta, loss, gate_accuracy …
     [rollout]  temperature, prompts_in_flight, max_batch …
     [reward]   kind, concurrency
     [run]      run_dir (the run log), namespace (prefix of topics, groups and Redis keys), metrics_port,
@@ -211,6 +212,53 @@ class TrainerSection(msgspec.Struct, **_STRUCT):
         return msgspec.structs.replace(self.grpo, max_staleness=self.max_staleness, normalize_std=self.normalize_std)
 
 
+class DPOSection(msgspec.Struct, **_STRUCT):
+    """The offline preference stage between the warm start (SFT) and RL (`rlbus.training.dpo`).
+
+    The trainer runs it when ``steps > 0`` (after the warm start, before its first version); ``rlbus train
+    dpo`` runs it alone and writes a checkpoint RL starts from (``model.checkpoint``). The quality gate holds
+    RL back until the held-out preference accuracy reaches ``gate_accuracy``.
+    """
+
+    #: DPO steps (0: no DPO stage).
+    steps: int = 0
+    #: Preference JSONL: {"prompt", "chosen", "rejected"} as text or chat messages, or token pairs written by
+    #: ``rlbus offline pairs``. None: pairs from the task itself (reference answer vs the sloppy teacher's).
+    data: str | None = None
+    #: Held-out preference JSONL; None: ``eval_fraction`` of the training pairs is held out.
+    eval_data: str | None = None
+    #: Share of the pairs held out for evaluation when ``eval_data`` is not given.
+    eval_fraction: float = 0.1
+    #: Pairs drawn from the task when ``data`` is None.
+    task_pairs: int = 400
+    #: β of the DPO / IPO objective (the strength of the pull towards the reference model).
+    beta: float = 0.1
+    #: ``sigmoid`` (DPO, Rafailov et al. 2023) or ``ipo`` (Azar et al. 2023).
+    loss: Literal["sigmoid", "ipo"] = "sigmoid"
+    #: Conservative-DPO label smoothing ε in [0, 0.5).
+    label_smoothing: float = 0.0
+    #: Score a response by its mean token log-prob instead of the sum (length-normalised DPO).
+    length_normalize: bool = False
+    #: AdamW learning rate.
+    lr: float = 1e-6
+    #: Pairs per step.
+    batch_size: int = 8
+    #: ``float32``, or ``bfloat16`` autocast over the fp32 weights.
+    compute_dtype: Literal["float32", "bfloat16"] = "float32"
+    #: Held-out preference accuracy RL waits for (0: no gate); below it the trainer stops with an error.
+    gate_accuracy: float = 0.0
+
+    def __post_init__(self) -> None:
+        if self.steps < 0 or self.batch_size < 1 or self.task_pairs < 2:
+            raise ValueError("steps must be ≥ 0, batch_size ≥ 1 and task_pairs ≥ 2")
+        if not 0.0 < self.eval_fraction < 1.0:
+            raise ValueError("eval_fraction must be in (0, 1)")
+        if self.beta <= 0 or self.lr <= 0:
+            raise ValueError("beta and lr must be > 0")
+        if not 0.0 <= self.label_smoothing < 0.5 or not 0.0 <= self.gate_accuracy <= 1.0:
+            raise ValueError("label_smoothing must be in [0, 0.5) and gate_accuracy in [0, 1]")
+
+
 class RolloutSection(msgspec.Struct, **_STRUCT):
     """Rollout workers: sampling and batching."""
 
@@ -283,6 +331,8 @@ class RunConfig(msgspec.Struct, **_STRUCT):
     model: ModelSection = msgspec.field(default_factory=ModelSection)
     #: The trainer: GRPO, versions, checkpoints, the join.
     trainer: TrainerSection = msgspec.field(default_factory=TrainerSection)
+    #: The offline DPO stage before RL.
+    dpo: DPOSection = msgspec.field(default_factory=DPOSection)
     #: Rollout workers: sampling and batching.
     rollout: RolloutSection = msgspec.field(default_factory=RolloutSection)
     #: Reward workers.
@@ -320,6 +370,7 @@ SECTIONS: dict[str, type[Any]] = {
     "task": TaskSection,
     "model": ModelSection,
     "trainer": TrainerSection,
+    "dpo": DPOSection,
     "rollout": RolloutSection,
     "reward": RewardSection,
     "run": RunSection,

@@ -52,6 +52,8 @@ from rlbus.errors import RlbusError
 from rlbus.launch.build import (
     bus_for,
     claims_for,
+    dpo_args,
+    dpo_data_args,
     initial_model,
     model_source,
     producer_args,
@@ -288,6 +290,8 @@ async def trainer_main(
                 await asyncio.to_thread(
                     lambda: warm_start(model, chat=source.chat, on_step=progress, **warm_start_args(config))
                 )
+            if config.dpo.steps:
+                await asyncio.to_thread(_dpo_stage, model, source, config, worker_id)
         async with connected(config, region, bus=bus, state=state, store=store) as (bus, state, store, store_url):
             runlog = RunLog(config.run_dir) if config.run_dir is not None else None
             recorder: TrainerRecorder | None = None  # needs the stack's publisher and join: made just below
@@ -333,6 +337,22 @@ async def trainer_main(
             finally:
                 if runlog is not None:
                     runlog.close()
+
+
+def _dpo_stage(model: Any, source: Any, config: RunConfig, worker_id: str) -> None:
+    """The run's DPO stage after the warm start (`rlbus.training.offline`); raises `QualityGateFailed` when
+    the held-out preference accuracy misses ``dpo.gate_accuracy`` (RL then never starts). Blocking."""
+    from rlbus.training.dpo import DPOConfig
+    from rlbus.training.offline import dpo_stage, stage_pairs
+
+    data = dpo_data_args(config)
+    gate = data.pop("gate_accuracy")
+    pairs, held_out = stage_pairs(source.chat, **data)
+    log.info("%s: DPO, %d steps on %d pairs (%d held out)", worker_id, config.dpo.steps, len(pairs), len(held_out))
+    report = dpo_stage(model, pairs, held_out, DPOConfig(**dpo_args(config), pad_id=source.pad_id),
+                       gate_accuracy=gate)
+    log.info("%s: DPO done: held-out preference accuracy %s → %s (gate %s)", worker_id, report.accuracy_start,
+             report.accuracy_end, gate or "off")
 
 
 async def published_version(bus: Bus, model_id: str) -> int:
