@@ -1,5 +1,5 @@
 """The trainer's knobs as data, importable without torch: how a batch becomes an update (`GRPOConfig`) and
-the optimizer (`OptimConfig`).
+the optimizer (`OptimConfig`), and the offline preference stage before RL (`DPOConfig`).
 
 `rlbus.training.step` runs them; the run config's ``[trainer.grpo]`` table (`rlbus.launch.config`) is read
 into `GRPOConfig` directly, so every knob of the step is reachable from a run config and declared once.
@@ -84,3 +84,50 @@ class OptimConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_on
     def __post_init__(self) -> None:
         if self.lr <= 0 or self.eps <= 0 or self.weight_decay < 0:
             raise ValueError("lr and eps must be > 0, weight_decay >= 0")
+
+
+class DPOConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
+    """The offline DPO stage (`rlbus.training.dpo`; objective in `rlbus.rl.preference`)."""
+
+    #: β: the strength of the KL-like pull to the reference; the implicit reward is β·(log π − log π_ref).
+    beta: float = 0.1
+    #: ``sigmoid`` = DPO (Rafailov et al.), ``ipo`` = IPO (Azar et al.): (h − 1/(2β))².
+    loss: Literal["sigmoid", "ipo"] = "sigmoid"
+    #: ε of conservative DPO: the preference label is taken to be flipped with probability ε (sigmoid only).
+    label_smoothing: float = 0.0
+    #: Score a response by the mean of its tokens' log-probs instead of their sum.
+    length_normalize: bool = False
+    #: AdamW learning rate (constant).
+    lr: float = 1e-6
+    #: Adam (β1, β2).
+    betas: tuple[float, float] = (0.9, 0.95)
+    #: Decoupled weight decay.
+    weight_decay: float = 0.0
+    #: Pairs per optimizer step (their chosen and rejected sides go through one forward).
+    batch_size: int = 8
+    #: Optimizer steps.
+    steps: int = 100
+    #: Seeds the batch order (a fresh permutation of the pairs each epoch).
+    seed: int = 0
+    #: Trained tokens per chunk of the vocabulary projection (`rlbus.rl.logprobs.chunked_token_logprobs`).
+    logprob_chunk: int = 1024
+    #: Forward precision: fp32, or bf16 autocast over the fp32 master weights.
+    compute_dtype: Literal["float32", "bfloat16"] = "float32"
+    #: Clip the global gradient norm to this; 0 = no clipping (the norm is still reported).
+    max_grad_norm: float = 1.0
+    #: Add the model's MoE load-balancing loss to the preference loss.
+    aux_loss: bool = True
+    #: Evaluate the held-out pairs every this many steps (and always at the start and the end); 0 = only then.
+    eval_every: int = 0
+    #: Id fed at padding positions (any valid id: they are masked).
+    pad_id: int = 0
+
+    def __post_init__(self) -> None:
+        if self.beta <= 0 or self.lr <= 0:
+            raise ValueError("beta and lr must be > 0")
+        if not 0 <= self.label_smoothing < 0.5 or (self.loss == "ipo" and self.label_smoothing):
+            raise ValueError("label_smoothing must be in [0, 0.5), and 0 for the ipo loss")
+        if self.batch_size < 1 or self.steps < 0 or self.eval_every < 0 or self.weight_decay < 0:
+            raise ValueError("batch_size must be >= 1; steps, eval_every and weight_decay >= 0")
+        if self.logprob_chunk < 1 or self.max_grad_norm < 0:
+            raise ValueError("logprob_chunk must be >= 1 and max_grad_norm >= 0 (0 = off)")
