@@ -67,5 +67,5 @@ def test_a_missed_gate_fails_the_command_and_the_trainers_stage(tmp_path: Path) 
 
     run = load_config(cfg, {})
     source = ModelSource.policy(run.model.policy)
-    with pytest.raises(QualityGateFailed, match="gate_accuracy = 1.0"):
+    with pytest.raises(QualityGateFailed, match=r"gate_accuracy = 1\.0"):
         _dpo_stage(source.build(), source, run, "trainer-test")
