@@ -24,7 +24,9 @@ The join, rollout id by rollout id:
 
 Nothing in the log crashes the miner: a record that does not decode, a rollout whose arrays are
 inconsistent (`rlbus.training.batch.check_rollout`) or that has nothing trained, a reward that is not
-a finite number — each is counted in `MinedPairs.malformed` and skipped.
+a finite number — each is counted in `MinedPairs.malformed` and skipped. A self-summarizing rollout
+(several context segments, each its own sequence) has no single token sequence to be a pair side: it is
+counted in `MinedPairs.segmented` and skipped.
 """
 
 from __future__ import annotations
@@ -48,6 +50,10 @@ from rlbus.training.sft import SFTExample
 from rlbus.weights.store import BlobStore
 
 
+class SegmentedRollout(ValueError):
+    """A self-summarizing rollout: several context segments, so no single sequence a pair side can be."""
+
+
 @dataclass(frozen=True)
 class Episode:
     """What a pair needs of one rollout copy: its place in the group and its tokens (the log-probs,
@@ -61,8 +67,10 @@ class Episode:
 
     @classmethod
     def from_rollout(cls, rollout: Rollout) -> Episode:
-        """ValueError when the rollout's arrays are inconsistent, not inline, or nothing is trained."""
-        check_rollout(rollout)
+        """ValueError when the rollout's arrays are inconsistent, not inline, or nothing is trained;
+        SegmentedRollout when it has several context segments."""
+        if len(check_rollout(rollout)) > 1:
+            raise SegmentedRollout(f"rollout {rollout.rollout_id}: several context segments (self-summarization)")
         ids = rollout.token_ids.to_numpy()
         mask = rollout.loss_mask.to_numpy()
         if ids.ndim != 1 or mask.shape != ids.shape:
@@ -108,18 +116,21 @@ class MinedPairs(GroupCounts):
     """Records that did not decode, rollouts that cannot be a pair side, rewards that are not finite."""
     unmatched_rewards: int = 0
     """Counted rewards whose rollout (or named copy) is not on the log."""
+    segmented: int = 0
+    """Rollout records left out for having several context segments (self-summarization)."""
 
     @property
     def skipped(self) -> int:
-        """Records and groups left out for being broken: malformed records plus context mismatches."""
-        return self.malformed + self.context_mismatch
+        """Records and groups left out: malformed and segmented records plus context mismatches."""
+        return self.malformed + self.segmented + self.context_mismatch
 
     def summary(self) -> dict[str, int]:
         return {
             "rollouts read": self.rollouts, "rewards read": self.rewards, "groups": self.groups,
             "pairs": len(self.pairs), "no contrast": self.no_contrast, "incomplete": self.incomplete,
             "context mismatch": self.context_mismatch, "malformed": self.malformed,
-            "unmatched rewards": self.unmatched_rewards, "over max-pairs": self.over_limit,
+            "unmatched rewards": self.unmatched_rewards, "segmented": self.segmented,
+            "over max-pairs": self.over_limit,
         }
 
 
@@ -204,6 +215,9 @@ async def mine_pairs(
         mined.rollouts += 1
         try:
             episode = Episode.from_rollout(_decode(record, ROLLOUTS))
+        except SegmentedRollout:
+            mined.segmented += 1
+            continue
         except (SchemaError, ValueError):
             mined.malformed += 1
             continue

@@ -15,6 +15,7 @@ from rlbus.bus.claimcheck import ClaimCheckBus
 from rlbus.bus.namespace import NamespacedBus
 from rlbus.bus.topics import REWARDS, ROLLOUTS, topic_specs
 from rlbus.schemas import Reward, Rollout, TensorData
+from rlbus.schemas.rollout import Turn
 from rlbus.training.pairs import Episode, GroupCounts, mine_pairs, pairs_from_groups
 from rlbus.training.preference import PreferencePair, write_pairs
 from rlbus.weights.store import LocalStore
@@ -170,3 +171,18 @@ async def test_claim_checked_rollouts_are_resolved_with_the_store(tmp_path: Path
         mined = await mine_pairs(inner, rollouts_topic=ROLLOUTS.name, rewards_topic=REWARDS.name, store=store)
     assert unresolved.pairs == [] and unresolved.malformed == 1
     assert [p.chosen.token_ids[3:] for p in mined.pairs] == [tuple(range(100, 200))]
+
+
+async def test_a_reward_naming_no_copy_scores_the_newest_and_segmented_rollouts_are_counted() -> None:
+    async with MemoryBus() as bus:
+        await bus.create_topics(topic_specs(partitions=1))
+        first, second = rollout("p", 0, (1,), created_at=2.0), rollout("p", 0, (2,), created_at=3.0)
+        other = rollout("p", 1, (3,))
+        split = rollout("q", 0, (4,))  # a summary turn [0, 2) then a fresh context [2, 4)
+        split.turns = [Turn(role="user", text="", start=0, end=2), Turn(role="user", text="", start=2, end=4,
+                                                                        segment=1)]
+        await produce(bus, [second, first, other, split], [reward(first, 1.0), reward(other, 0.0),
+                                                           reward(split, 1.0)])
+        mined = await mine_pairs(bus, rollouts_topic=ROLLOUTS.name, rewards_topic=REWARDS.name)
+    assert [p.chosen.token_ids for p in mined.pairs] == [(*PROMPT, 2)]  # created 3.0, though read first
+    assert (mined.segmented, mined.malformed, mined.unmatched_rewards, mined.skipped) == (1, 0, 1, 1)
