@@ -19,13 +19,14 @@ SMALL = """
 env = "arith"
 env_config = { digits = 1 }
 [trainer]
-warm_steps = 60
+warm_steps = 40
 teacher_error = 0.5
 [dpo]
-steps = 40
-lr = 1e-3
+steps = 30
+lr = 3e-3
 batch_size = 16
-task_pairs = 200
+task_pairs = 120
+eval_fraction = 0.25
 """
 
 
@@ -33,11 +34,11 @@ def test_train_dpo_learns_the_task_pairs_and_writes_a_checkpoint_rl_starts_from(
     cfg = tmp_path / "run.toml"
     cfg.write_text(SMALL)
     out = tmp_path / "dpo"
-    result = CliRunner().invoke(app, ["train", "dpo", "--config", str(cfg), "--out", str(out), "--eval-size", "30",
+    result = CliRunner().invoke(app, ["train", "dpo", "--config", str(cfg), "--out", str(out), "--eval-size", "10",
                                       "--baseline-sft", "--json", str(tmp_path / "dpo.json")])
     assert result.exit_code == 0, result.output
     summary = json.loads((tmp_path / "dpo.json").read_text())["summary"]
-    assert summary["eval_pref_accuracy_start"] <= 0.75 < summary["eval_pref_accuracy_end"]
+    assert summary["eval_pref_accuracy_end"] >= summary["eval_pref_accuracy_start"] + 0.2
     assert summary["eval_margin_end"] > summary["eval_margin_start"] and summary["tokens_per_s"] > 0
     assert 0.0 <= summary["task_accuracy_end"] <= 1.0 and summary["gate_passed"] is True
     assert set(summary["sft_baseline"]) == {"eval_pref_accuracy_end", "task_accuracy_end"}
@@ -57,7 +58,7 @@ def test_train_dpo_learns_the_task_pairs_and_writes_a_checkpoint_rl_starts_from(
 
 def test_a_missed_gate_fails_the_command_and_the_trainers_stage(tmp_path: Path) -> None:
     cfg = tmp_path / "run.toml"
-    cfg.write_text(SMALL.replace("steps = 40", "steps = 1").replace("warm_steps = 60", "warm_steps = 0")
+    cfg.write_text(SMALL.replace("steps = 30", "steps = 1").replace("warm_steps = 40", "warm_steps = 0")
                    + "gate_accuracy = 1.0\n")
     result = CliRunner().invoke(app, ["train", "dpo", "--config", str(cfg), "--out", str(tmp_path / "o"),
                                       "--eval-size", "4"])
