@@ -136,10 +136,14 @@ n_layer = 2
 d_ff = 64
 [trainer]
 groups_per_step = 2
-warm_steps = 0
+warm_steps = 10
 join_timeout_s = 120.0
 checkpoint_dir = "{tmp_path / 'checkpoints'}"
 checkpoint_every = 2
+[dpo]
+steps = 3
+task_pairs = 40
+batch_size = 8
 [rollout]
 episode_threads = 16
 [run]
@@ -182,6 +186,9 @@ namespace = "{namespace}"
             return all(v > 1 for v in newest.values())
 
         await eventually(propagated, "v4 and rollouts of both regions past v1", RUN_DEADLINE_S, procs)
+        # the offline stages ran first (SFT → DPO, no gate), then RL from their weights, v1 a keyframe
+        assert "warm start step 10/10" in trainer.text() and "DPO done" in trainer.text(), trainer.text()[-2000:]
+        assert "published v1 (keyframe)" in trainer.text()
 
         # `rlbus status` sees the run: every role by region, the trainer's version, lag per group.
         shown = await asyncio.to_thread(
