@@ -613,7 +613,6 @@ def train_dpo(
     import msgspec
     from rich.progress import Progress
 
-    from rlbus.bench.common import meta, write_json
     from rlbus.launch.config import load_config
     from rlbus.launch.stages import run_dpo
 
@@ -640,7 +639,8 @@ def train_dpo(
     for key, value in figures.items():
         table.add_row(key, f"{value:.3f}" if isinstance(value, float) else str(value))
     console.print(table)
-    write_json(json_path, {"meta": meta(), "summary": figures})
+    if json_path is not None:
+        json_path.write_bytes(msgspec.json.format(msgspec.json.encode({"summary": figures}), indent=2) + b"\n")
     if not figures["gate_passed"]:
         err.print(f"[red]quality gate missed[/red]: held-out preference accuracy {figures['eval_pref_accuracy_end']}"
                   f" < {figures['gate_accuracy']}")

@@ -50,10 +50,6 @@ from rlbus.training.sft import SFTExample
 from rlbus.weights.store import BlobStore
 
 
-class SegmentedRollout(ValueError):
-    """A self-summarizing rollout: several context segments, so no single sequence a pair side can be."""
-
-
 @dataclass(frozen=True)
 class Episode:
     """What a pair needs of one rollout copy: its place in the group and its tokens (the log-probs,
@@ -66,11 +62,11 @@ class Episode:
     example: SFTExample
 
     @classmethod
-    def from_rollout(cls, rollout: Rollout) -> Episode:
-        """ValueError when the rollout's arrays are inconsistent, not inline, or nothing is trained;
-        SegmentedRollout when it has several context segments."""
+    def from_rollout(cls, rollout: Rollout) -> Episode | None:
+        """ValueError when the rollout's arrays are inconsistent, not inline, or nothing is trained; None
+        for a self-summarizing rollout (several context segments: no single sequence a pair side can be)."""
         if len(check_rollout(rollout)) > 1:
-            raise SegmentedRollout(f"rollout {rollout.rollout_id}: several context segments (self-summarization)")
+            return None
         ids = rollout.token_ids.to_numpy()
         mask = rollout.loss_mask.to_numpy()
         if ids.ndim != 1 or mask.shape != ids.shape:
@@ -215,11 +211,11 @@ async def mine_pairs(
         mined.rollouts += 1
         try:
             episode = Episode.from_rollout(_decode(record, ROLLOUTS))
-        except SegmentedRollout:
-            mined.segmented += 1
-            continue
         except (SchemaError, ValueError):
             mined.malformed += 1
+            continue
+        if episode is None:
+            mined.segmented += 1
             continue
         copies.setdefault(episode.rollout_id, []).append(episode)
 

@@ -42,7 +42,9 @@ def reward(r: Rollout, value: float, *, source: str = "verifier", copy: float | 
 
 
 def episode(prompt_id: str, index: int, completion: Sequence[int] = (1,), **kw: object) -> Episode:
-    return Episode.from_rollout(rollout(prompt_id, index, completion, **kw))  # type: ignore[arg-type]
+    made = Episode.from_rollout(rollout(prompt_id, index, completion, **kw))  # type: ignore[arg-type]
+    assert made is not None
+    return made
 
 
 # --- the grouping rule ----------------------------------------------------------------------------
