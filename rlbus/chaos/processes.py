@@ -404,15 +404,10 @@ async def graceful_stop(rig: ChaosRig, *, seed: int = 0, quick: bool = False) ->
         report.recovery_s = round(drain_s, 2)
         report.notes.append("recovery = first SIGTERM → rollout-a exited after draining")
 
-        recorded = len(w.recorded_steps())
-        await w.wait_until("a trainer step", lambda: len(w.recorded_steps()) > recorded, timeout_s=120)
-        rollouts = await _rollouts(w)
-        from_a = {r.rollout_id for r in rollouts if r.worker_id == "rollout-a"}
-        again = [r.rollout_id for r in rollouts if r.rollout_id in from_a and r.created_at > exited_wall]
-        report.check("nothing rollout-a finished was played again after it left", not again)
-        report.extra["rollouts_a_finished_after_sigterm"] = sum(
-            1 for r in rollouts if r.worker_id == "rollout-a" and r.created_at > signalled_wall
-        )
+        # The trainer is stopped right away, while work is left: waiting for one more step first let a fast
+        # machine (rollouts ~1.5x faster since continuous batching) train all the work before the SIGTERM, and
+        # the restarted trainer then had no step left to take.
+        await w.wait_until("a trainer step", lambda: bool(w.recorded_steps()), timeout_s=120)
         w.signal("trainer", signal.SIGTERM)
         report.faults.append("SIGTERM trainer (once), then restart it")
         report.check("one SIGTERM: the trainer checkpointed and exited 0", await w.wait("trainer", 60) == 0)
@@ -422,8 +417,17 @@ async def graceful_stop(rig: ChaosRig, *, seed: int = 0, quick: bool = False) ->
         report.extra.update(checkpoint_step=checkpoint, recorded_step=max(steps))
         w.start("trainer")
         await w.wait_until("a step after the restart", lambda: _stepped(w, max(steps)), timeout_s=180)
+        rollouts = await _rollouts(w)
+        from_a = {r.rollout_id for r in rollouts if r.worker_id == "rollout-a"}
+        again = [r.rollout_id for r in rollouts if r.rollout_id in from_a and r.created_at > exited_wall]
+        report.check("nothing rollout-a finished was played again after it left", not again)
+        report.extra["rollouts_a_finished_after_sigterm"] = sum(
+            1 for r in rollouts if r.worker_id == "rollout-a" and r.created_at > signalled_wall
+        )
 
-    report = await _scenario(rig, "graceful_stop", seed=seed, prompts=24 if quick else 40, body=body, max_staleness=3)
+    # 32 prompts even when quick: with 24, the faster rollouts of the continuous-batching engine could finish
+    # the work before the trainer's SIGTERM, leaving the restarted trainer no step to take
+    report = await _scenario(rig, "graceful_stop", seed=seed, prompts=32 if quick else 40, body=body, max_staleness=3)
     report.notes.append("copies on the log (extra.log_copies) are prompts redelivered after rollout-c's hard "
                         "exit and after rebalances; the join keeps one copy of each")
     return report
