@@ -59,7 +59,7 @@ from rlbus.consumers.reward import RewardWorker
 from rlbus.consumers.rollout import RolloutWorker, episode_threads
 from rlbus.consumers.trainer import Trainer
 from rlbus.envs.evaluate import evaluate as run_evaluation
-from rlbus.envs.tasks import generate_prompts
+from rlbus.envs.evaluate import held_out_prompts
 from rlbus.launch.build import (
     model_source,
     producer_args,
@@ -223,7 +223,7 @@ class Demo:
 
     def eval_prompts(self) -> list[Prompt]:
         task = self.config.run.task
-        return generate_prompts(task.env, seed=10_000 + task.seed, n=self.config.eval_size, config=task.env_config)
+        return held_out_prompts(task.env, task.env_config, seed=task.seed, n=self.config.eval_size)
 
     def warm_start(self, model: Model) -> None:
         """The run config's warm start (`rlbus.training.warm`): blocking."""

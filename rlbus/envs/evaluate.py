@@ -23,6 +23,14 @@ from rlbus.envs.chat import ChatFormat
 from rlbus.schemas import Prompt, SamplingInfo
 
 
+def held_out_prompts(env: str, env_config: dict[str, Any] | None, *, seed: int, n: int) -> list[Prompt]:
+    """The evaluation set of a task: ``n`` prompts from seed 10,000 + ``seed``, a stream neither the warm
+    start (seed + 1), the task pairs (seed + 2) nor RL (the producer's seed) draws from."""
+    from rlbus.envs.tasks import generate_prompts
+
+    return generate_prompts(env, seed=10_000 + seed, n=n, config=env_config)
+
+
 @dataclass(frozen=True)
 class Evaluation:
     accuracy: float

@@ -52,8 +52,6 @@ from rlbus.errors import RlbusError
 from rlbus.launch.build import (
     bus_for,
     claims_for,
-    dpo_args,
-    dpo_data_args,
     initial_model,
     model_source,
     producer_args,
@@ -342,15 +340,12 @@ async def trainer_main(
 def _dpo_stage(model: Any, source: Any, config: RunConfig, worker_id: str) -> None:
     """The run's DPO stage after the warm start (`rlbus.training.offline`); raises `QualityGateFailed` when
     the held-out preference accuracy misses ``dpo.gate_accuracy`` (RL then never starts). Blocking."""
-    from rlbus.training.dpo import DPOConfig
-    from rlbus.training.offline import dpo_stage, stage_pairs
+    from rlbus.launch.stages import prepare_dpo
+    from rlbus.training.offline import dpo_stage
 
-    data = dpo_data_args(config)
-    gate = data.pop("gate_accuracy")
-    pairs, held_out = stage_pairs(source.chat, **data)
+    pairs, held_out, dpo, gate = prepare_dpo(config, source)
     log.info("%s: DPO, %d steps on %d pairs (%d held out)", worker_id, config.dpo.steps, len(pairs), len(held_out))
-    report = dpo_stage(model, pairs, held_out, DPOConfig(**dpo_args(config), pad_id=source.pad_id),
-                       gate_accuracy=gate)
+    report = dpo_stage(model, pairs, held_out, dpo, gate_accuracy=gate)
     log.info("%s: DPO done: held-out preference accuracy %s → %s (gate %s)", worker_id, report.accuracy_start,
              report.accuracy_end, gate or "off")
 

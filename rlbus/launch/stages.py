@@ -24,16 +24,26 @@ from rlbus.launch.build import dpo_args, dpo_data_args, initial_model, model_sou
 from rlbus.launch.config import RunConfig
 
 
+def prepare_dpo(config: RunConfig, source: Any) -> tuple[list[Any], list[Any], Any, float]:
+    """The DPO stage's inputs from the run config: (training pairs, held-out pairs, `DPOConfig`, gate)."""
+    from rlbus.training.dpo import DPOConfig
+    from rlbus.training.offline import stage_pairs
+
+    data = dpo_data_args(config)
+    gate = data.pop("gate_accuracy")
+    pairs, held_out = stage_pairs(source.chat, **data)
+    return pairs, held_out, DPOConfig(**dpo_args(config), pad_id=source.pad_id), gate
+
+
 def run_dpo(
     config: RunConfig, *, out: Path, baseline_sft: bool = False, eval_size: int = 100,
     log: Callable[[str], None] = print, on_step: Callable[[Any], None] | None = None,
 ) -> dict[str, Any]:
     """Warm start (unless ``model.checkpoint``), DPO, gate, checkpoint in ``out``; returns the figures."""
-    from rlbus.envs.evaluate import evaluate
-    from rlbus.envs.tasks import generate_prompts
+    from rlbus.envs.evaluate import evaluate, held_out_prompts
     from rlbus.training.checkpoint import TrainerState, save_checkpoint
-    from rlbus.training.dpo import DPOConfig, evaluate_preferences, reference_logprobs
-    from rlbus.training.offline import dpo_stage, stage_pairs
+    from rlbus.training.dpo import evaluate_preferences, reference_logprobs
+    from rlbus.training.offline import dpo_stage
     from rlbus.training.sft import pretrain
     from rlbus.training.warm import warm_start
 
@@ -49,14 +59,11 @@ def run_dpo(
             log(f"warm start (SFT): {config.trainer.warm_steps} steps")
             warm_start(model, chat=source.chat, **warm_start_args(config))
     chat = source.chat
-    data = dpo_data_args(config)
-    gate = data.pop("gate_accuracy")
-    train_pairs, eval_pairs = stage_pairs(chat, **data)
+    train_pairs, eval_pairs, dpo, gate = prepare_dpo(config, source)
     log(f"{len(train_pairs)} training pairs, {len(eval_pairs)} held out "
         f"({config.dpo.data or 'from the task: reference vs off-by-one answers'})")
-    dpo = DPOConfig(**dpo_args(config), pad_id=source.pad_id)
     task = config.task
-    prompts = generate_prompts(task.env, seed=10_000 + task.seed, n=eval_size, config=task.env_config)
+    prompts = held_out_prompts(task.env, task.env_config, seed=task.seed, n=eval_size)
 
     def task_accuracy(m: Any) -> float:
         return evaluate(m, prompts, chat, pad_id=source.pad_id).accuracy
