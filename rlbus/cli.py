@@ -977,7 +977,7 @@ def env_generate(
         pass_to_pass=pass_to_pass, test_timeout_s=test_timeout,
     )  # fmt: skip
     try:
-        results = asyncio.run(generate(options, lambda line: err.print(line, markup=False, highlight=False)))
+        results = asyncio.run(generate(options, lambda line: err.print(line, markup=False, highlight=False, soft_wrap=True)))
     except RlbusError as exc:
         err.print(f"[red]error:[/red] {exc}")
         raise typer.Exit(1) from None

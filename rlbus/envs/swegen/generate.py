@@ -251,7 +251,8 @@ def _task(
 ) -> taskdir.GeneratedTask:
     bug = patches.diff(candidate.file, source, mutated)
     digest = hashlib.sha256(bug.encode()).hexdigest()[:6]
-    function = candidate.qualname.rsplit(".", 1)[-1].strip("_").lower() or "fn"
+    names = [part.strip("_").lower() for part in candidate.qualname.split(".") if part != "<locals>"]
+    function = "-".join(dict.fromkeys(n for n in (names[0], names[-1]) if n)) or "fn"
     task_id = f"{library.name}-{function}-{mutation.kind}-{digest}".replace("_", "-")
     hidden_lines = [source.splitlines()[mutation.line - 1], *mutated.splitlines()[mutation.line - 1 : mutation.line]]
     first = report.tests[fail_to_pass[0]].error
@@ -263,7 +264,7 @@ def _task(
         first_error=first,
         chain=chain,
         hidden=hidden_lines,
-        command=taskdir.DEFAULT_COMMAND,
+        command=f"PYTHONPATH={library.src} {taskdir.DEFAULT_COMMAND}" if library.src else taskdir.DEFAULT_COMMAND,
     )
     hidden: dict[str, bytes] = {}
     for relative in sorted({n.split("::", 1)[0] for n in fail_to_pass + pass_to_pass}):

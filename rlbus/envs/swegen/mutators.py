@@ -161,6 +161,8 @@ def _invert_condition(function: ast.FunctionDef | ast.AsyncFunctionDef, off: _Of
                 replacement = off.text(test.operand)
                 if isinstance(test.operand, ast.BoolOp | ast.Compare | ast.IfExp | ast.NamedExpr):
                     replacement = f"({replacement})"
+            elif isinstance(test, ast.Name | ast.Attribute | ast.Call | ast.Subscript | ast.Constant):
+                replacement = f"not {off.text(test)}"
             else:
                 replacement = f"not ({off.text(test)})"
             yield Mutation("invert_condition", start, end, replacement, test.lineno)

@@ -5,14 +5,15 @@ from __future__ import annotations
 
 import asyncio
 import json
+import shutil
 import tarfile
 import tomllib
 from pathlib import Path
 
 import pytest
 
-from rlbus.envs.swegen import patches, sdist, taskdir
-from rlbus.envs.swegen.generate import GenerateOptions, generate
+from rlbus.envs.swegen import patches, sdist, taskdir, verify
+from rlbus.envs.swegen.generate import GenerateOptions, LibraryResult, generate
 from rlbus.errors import GenerateError
 
 FIXTURE = Path(__file__).parents[3] / "fixtures" / "swegen" / "minilib-1.0"
@@ -26,10 +27,17 @@ def _cache(tmp_path: Path) -> Path:
     return cache
 
 
-def test_fixture_library_to_validated_tasks(tmp_path: Path) -> None:
-    out, lines = tmp_path / "corpus", []
-    options = GenerateOptions(libraries=["minilib==1.0"], tasks=2, seed=3, out=out, cache=_cache(tmp_path))
+@pytest.fixture(scope="module")
+def generated(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, LibraryResult, list[str]]:
+    root = tmp_path_factory.mktemp("swegen")
+    out, lines = root / "corpus", []
+    options = GenerateOptions(libraries=["minilib==1.0"], tasks=2, seed=3, out=out, cache=_cache(root))
     (result,) = asyncio.run(generate(options, lines.append))
+    return out, result, lines
+
+
+def test_fixture_library_to_validated_tasks(generated: tuple[Path, LibraryResult, list[str]], tmp_path: Path) -> None:
+    out, result, lines = generated
     assert result.made == 2 and result.baseline_tests == 9
     assert any("9 tests pass unchanged" in line for line in lines)
 
@@ -69,6 +77,24 @@ def test_fixture_library_to_validated_tasks(tmp_path: Path) -> None:
         bug_lines = [line[1:].strip() for line in (task / "environment/bug.patch").read_text().splitlines()
                      if line.startswith(("+", "-")) and not line.startswith(("+++", "---"))]  # fmt: skip
         assert not any(line and line in instruction for line in bug_lines)  # neither the bug nor the fix
+
+
+def test_written_tasks_check_out_from_their_files_and_a_broken_one_does_not(
+    generated: tuple[Path, LibraryResult, list[str]], tmp_path: Path
+) -> None:
+    out = tmp_path / "corpus"
+    shutil.copytree(generated[0], out)
+    verdicts = asyncio.run(verify.verify(out))
+    assert [v.ok for v in verdicts] == [True, True]
+
+    solution = out / verdicts[0].id / "solution" / "solution.patch"
+    solution.write_text((out / verdicts[0].id / "environment" / "bug.patch").read_text())  # the bug twice
+    first, second = asyncio.run(verify.verify(out))
+    assert not first.ok and "does not apply" in first.reason and second.ok
+    setup = (FIXTURE / "setup.py").read_text()
+    solution.write_text(patches.diff("setup.py", setup, setup + "# not a fix\n"))  # applies, fixes nothing
+    first, second = asyncio.run(verify.verify(out))
+    assert not first.ok and "solution does not pass" in first.reason and second.ok
 
 
 def test_a_library_without_tests_is_refused(tmp_path: Path) -> None:

@@ -56,6 +56,8 @@ def test_invert_condition_wraps_and_unwraps() -> None:
     changes = [_changed_lines(SAMPLE, new) for new in _rewrites("invert_condition")]
     assert [("if n < 0:", "if not (n < 0):")] in changes
     assert [("while not items:", "while items:")] in changes
+    atom = "def g(flag):\n    return 1 if flag else 2\n"
+    assert _rewrites("invert_condition", atom) == [atom.replace("if flag", "if not flag")]
 
 
 def test_off_by_one_in_range_and_slices() -> None:
