@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-DEFAULT_COMMAND = "python3 -m pytest -q -p no:cacheprovider {tests}"
+DEFAULT_COMMAND = "python -m pytest -q -p no:cacheprovider {tests}"
 MANIFEST = "manifest.json"
 BASES = "_bases"
 REQUIRED_FILES = ("instruction.md", "task.toml", "environment/bug.patch", "solution/solution.patch")
