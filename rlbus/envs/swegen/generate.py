@@ -56,6 +56,9 @@ class GenerateOptions:
     attempts_per_task: int = 8
     """Mutants tried per wanted task before a library gives up (bounds the time spent on a poor library)."""
     test_timeout_s: int = 120
+    slow_broken_s: float = 20.0
+    """Reject a bug whose failing tests take longer than this and 4× the fixed run (an infinite generator
+    that runs into the memory limit, say): every unsuccessful episode would pay that time at grading."""
     cache: Path | None = None
 
 
@@ -227,6 +230,8 @@ async def _attempt(
     checked = await _validate(runner, library, base, task)
     if checked is None:
         return _rejected(result, "unstable under validation", label, progress)
+    if checked["unchanged_s"] > max(options.slow_broken_s, 4 * checked["solution_s"]):
+        return _rejected(result, "slow when broken", label, progress)
     task.checked = checked
     return task
 
