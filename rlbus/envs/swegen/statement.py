@@ -10,6 +10,7 @@ call chain stay, as they would in a real traceback pasted into an issue.
 
 from __future__ import annotations
 
+import re
 import shlex
 from collections.abc import Sequence
 from typing import Any
@@ -17,6 +18,7 @@ from typing import Any
 _MAX_MESSAGE_LINES = 14
 _MAX_MESSAGE_CHARS = 1200
 _MAX_LISTED = 8
+_ADDRESS = re.compile(r"\b0x[0-9a-f]{8,}\b")
 
 
 def summarise(error: dict[str, Any] | None, *, hidden: Sequence[str] = ()) -> str:
@@ -31,6 +33,7 @@ def summarise(error: dict[str, Any] | None, *, hidden: Sequence[str] = ()) -> st
     text = "\n".join(lines)
     if len(text) > _MAX_MESSAGE_CHARS:
         text = text[:_MAX_MESSAGE_CHARS] + " …"
+    text = _ADDRESS.sub("0x…", text)  # object reprs: the address differs every run, the corpus must not
     kind = str(error.get("type", "Error"))
     return f"{kind}: {text}" if text else kind
 
