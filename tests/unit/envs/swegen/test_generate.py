@@ -87,14 +87,13 @@ def test_written_tasks_check_out_from_their_files_and_a_broken_one_does_not(
     verdicts = asyncio.run(verify.verify(out))
     assert [v.ok for v in verdicts] == [True, True]
 
-    solution = out / verdicts[0].id / "solution" / "solution.patch"
-    solution.write_text((out / verdicts[0].id / "environment" / "bug.patch").read_text())  # the bug twice
-    first, second = asyncio.run(verify.verify(out))
-    assert not first.ok and "does not apply" in first.reason and second.ok
+    first, second = (out / v.id for v in verdicts)
+    (first / "solution" / "solution.patch").write_text((first / "environment" / "bug.patch").read_text())
     setup = (FIXTURE / "setup.py").read_text()
-    solution.write_text(patches.diff("setup.py", setup, setup + "# not a fix\n"))  # applies, fixes nothing
-    first, second = asyncio.run(verify.verify(out))
-    assert not first.ok and "solution does not pass" in first.reason and second.ok
+    (second / "solution" / "solution.patch").write_text(patches.diff("setup.py", setup, setup + "# no fix\n"))
+    tampered = asyncio.run(verify.verify(out))
+    assert not tampered[0].ok and "does not apply" in tampered[0].reason  # the bug twice
+    assert not tampered[1].ok and "solution does not pass" in tampered[1].reason  # applies, fixes nothing
 
 
 def test_a_library_without_tests_is_refused(tmp_path: Path) -> None:
