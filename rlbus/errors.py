@@ -6,7 +6,8 @@ rlbus, so callers handle one hierarchy. Each class says whether retrying the sam
 
     RlbusError                       base; retriable = False
     ├── ConfigError                  bad configuration; names the offending field; fails at start
-    │   └── PromptFileError          a bad line in a JSONL prompt file (rlbus.envs.tasks.jsonl)
+    │   ├── PromptFileError          a bad line in a JSONL prompt file (rlbus.envs.tasks.jsonl)
+    │   └── TaskFormatError          a coding task that cannot be loaded (rlbus.envs.swe.task)
     ├── SchemaError                  a message does not match its schema (bad input → DLQ)
     │   ├── MalformedMessage         bytes are not valid MessagePack for the schema
     │   ├── SchemaVersionError       schema_version is not one this build can read
@@ -158,6 +159,15 @@ class BlobAuthError(RlbusError):
 
 class SandboxError(RlbusError):
     """The sandbox itself could not be set up (distinct from the sandboxed program failing)."""
+
+
+class TaskFormatError(ConfigError):
+    """A coding task (task directory or SWE-bench row) that cannot be loaded; ``field`` is
+    ``file: field`` (``toolz-1/task.toml: tests.fail_to_pass``). Not retriable: fix the task."""
+
+    def __init__(self, where: str, problem: str) -> None:
+        super().__init__(where, problem)
+        self.args = (f"{where}: {problem}",)
 
 
 class JudgeError(RlbusError):

@@ -1,0 +1,1 @@
+"""The coding environment (see env.py)."""
