@@ -44,6 +44,8 @@ train_app = typer.Typer(help="Offline stages before RL (SFT → DPO → quality 
 app.add_typer(train_app, name="train")
 offline_app = typer.Typer(help="Offline data from a run's log (DPO preference pairs).", no_args_is_help=True)
 app.add_typer(offline_app, name="offline")
+env_app = typer.Typer(help="Coding-task corpora: check tasks, write expert trajectories (env swe).", no_args_is_help=True)
+app.add_typer(env_app, name="env")
 
 console = Console()
 err = Console(stderr=True)
@@ -528,6 +530,52 @@ def sandbox_run(
     raise typer.Exit({"ok": 0, "refused": 2}.get(result.status, 1))
 
 
+# --- env (coding tasks) -------------------------------------------------------------------------
+TaskPaths = Annotated[list[Path], typer.Argument(help="Task directories, corpus directories or SWE-bench .jsonl files.")]
+
+
+@env_app.command("check")
+def env_check(
+    tasks: TaskPaths,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the results as JSON.")] = False,
+) -> None:
+    """Grade each task's reference solution (must score 1) and its unchanged repository (must score 0),
+    in the sandbox, with timings. Exit status 1 if any task fails either check."""
+    from rlbus.envs.swe.commands import check
+
+    try:
+        results, code = check(tasks, as_json=as_json, log=console.print)
+    except RlbusError as exc:
+        err.print(f"[red]error:[/red] {exc}")
+        raise typer.Exit(2) from None
+    if not as_json:
+        table = Table("task", "solution", "s", "unchanged", "s", "ok")
+        for r in results:
+            table.add_row(r.task_id, f"{r.solution_reward:g}", f"{r.solution_s:.2f}", f"{r.unchanged_reward:g}",
+                          f"{r.unchanged_s:.2f}", "yes" if r.ok else f"[red]no[/red]: {r.problem[:80]}")
+        console.print(table)
+        console.print(f"{sum(r.ok for r in results)}/{len(results)} tasks valid")
+    raise typer.Exit(code)
+
+
+@env_app.command("trajectories")
+def env_trajectories(
+    tasks: TaskPaths,
+    out: Annotated[Path, typer.Option("--out", help="JSONL file to write (chat rows for rlbus pretrain).")],
+) -> None:
+    """Replay each reference solution through the tools (view / str_replace / create, tests, submit) and
+    write the sessions that score 1 as chat-format SFT rows with tool calls and results."""
+    from rlbus.envs.swe.commands import trajectories
+
+    try:
+        summary = trajectories(tasks, out, log=console.print)
+    except RlbusError as exc:
+        err.print(f"[red]error:[/red] {exc}")
+        raise typer.Exit(2) from None
+    console.print(f"wrote {summary['written']} trajectories to {out}")
+    raise typer.Exit(1 if summary["failed"] else 0)
+
+
 # --- feedback -----------------------------------------------------------------------------------
 TokenFile = Annotated[
     Path | None,
@@ -965,6 +1013,7 @@ BENCHMARKS = {
     "window": "rlbus.bench.window",
     "join": "rlbus.bench.join",
     "llm": "rlbus.bench.llm",
+    "swe": "rlbus.bench.swe",
 }
 
 
