@@ -44,7 +44,7 @@ train_app = typer.Typer(help="Offline stages before RL (SFT → DPO → quality 
 app.add_typer(train_app, name="train")
 offline_app = typer.Typer(help="Offline data from a run's log (DPO preference pairs).", no_args_is_help=True)
 app.add_typer(offline_app, name="offline")
-env_app = typer.Typer(help="Coding-task corpora: check tasks, write expert trajectories (env swe).", no_args_is_help=True)
+env_app = typer.Typer(help="Coding-task corpora: check tasks, write expert trajectories.", no_args_is_help=True)
 app.add_typer(env_app, name="env")
 
 console = Console()
@@ -531,7 +531,9 @@ def sandbox_run(
 
 
 # --- env (coding tasks) -------------------------------------------------------------------------
-TaskPaths = Annotated[list[Path], typer.Argument(help="Task directories, corpus directories or SWE-bench .jsonl files.")]
+TaskPaths = Annotated[
+    list[Path], typer.Argument(help="Task directories, corpus directories or SWE-bench .jsonl files.")
+]
 
 
 @env_app.command("check")
@@ -1058,6 +1060,9 @@ def bench(
         raise typer.Exit(1) from None
     if name == "sandbox" and result["escapes_contained"] < result["escapes_tried"]:
         err.print("[red]an escape attempt was NOT contained[/red]")
+        raise typer.Exit(1)
+    if name == "swe" and result["summary"]["cheats_scored_zero"] < result["summary"]["cheats_tried"]:
+        err.print("[red]a cheat scored above 0 (see the JSON's cheats.rows)[/red]")
         raise typer.Exit(1)
     if name == "chaos" and result["summary"]["passed"] < result["summary"]["scenarios"]:
         err.print("[red]a chaos scenario failed its checks (see the table)[/red]")

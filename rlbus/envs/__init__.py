@@ -13,6 +13,7 @@
     sandbox.py    bubblewrap sandbox for untrusted code (``rlbus sandbox run``)
     judge.py      LM judges: rubric dimensions, local engine or OpenAI-compatible HTTP backend
     tasks/        built-in tasks (arith, strings, kv, python_fn) and JSONL prompt files
+    swe/          the coding-agent environment (repositories in the sandbox, hidden tests): ``swe``
 
 Importing this package (which Python does before any module in it) registers the built-in tasks, so
 `make_env` knows them wherever it is imported from. It stays light (no torch): reward workers and the
@@ -20,6 +21,7 @@ prompt producer use it without the engine; the rollout worker imports `rlbus.env
 """
 
 import rlbus.envs.tasks  # noqa: F401  (each built-in task module calls register_env as it is imported)
+import rlbus.envs.swe  # noqa: F401  (the coding environment registers ``swe``)
 from rlbus.envs.base import (
     Environment,
     HarnessConfig,

@@ -49,7 +49,9 @@ async def check_task(task: RepoTask) -> CheckResult:
                        "; ".join(problems))  # fmt: skip
 
 
-async def check_tasks(tasks: list[RepoTask], on_result: Callable[[CheckResult], None] | None = None) -> list[CheckResult]:
+async def check_tasks(
+    tasks: list[RepoTask], on_result: Callable[[CheckResult], None] | None = None
+) -> list[CheckResult]:
     results = []
     for task in tasks:
         result = await check_task(task)

@@ -26,8 +26,8 @@ def check(paths: list[Path], *, as_json: bool, log: Callable[[str], None]) -> tu
 
     results = asyncio.run(check_tasks(tasks, None if as_json else progress))
     if as_json:
-        sys.stdout.write(json.dumps({"tasks": [r.to_dict() for r in results],
-                                     "valid": sum(r.ok for r in results), "total": len(results)}, indent=1) + "\n")  # fmt: skip
+        report = {"tasks": [r.to_dict() for r in results], "valid": sum(r.ok for r in results), "total": len(results)}
+        sys.stdout.write(json.dumps(report, indent=1) + "\n")
     return results, 0 if all(r.ok for r in results) else 1
 
 

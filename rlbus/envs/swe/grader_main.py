@@ -16,7 +16,9 @@ relies on was touched:
    collection and at the end that every registered plugin comes from the runtime, the standard library or
    one of the repository's conftest files (whose content the reward worker has reset to the base), and
    re-checks the fingerprint after every test;
-4. writes the report (verdicts, collected ids, tamper findings, pytest's exit code) with an HMAC-SHA256
+4. loads a hypothesis profile without deadlines and with a fixed example sequence (``derandomize``), so
+   a verdict does not depend on the machine's load or on luck (a repository's own profile still wins);
+5. writes the report (verdicts, collected ids, tamper findings, pytest's exit code) with an HMAC-SHA256
    under the key, to a path outside the repository, and exits with pytest's exit code.
 
 A process that exits early (``os._exit(0)`` at import) leaves no report and scores 0; a forged report
@@ -74,7 +76,7 @@ def main() -> int:
     sys.path[:] = [site, *stdlib, repo, *(os.path.join(repo, e) for e in extra.split(":") if e)]
     os.chdir(repo)
 
-    import pytest  # noqa: PLC0415  (after sys.path is ours)
+    import pytest
 
     for name in _CHECKED:
         __import__(name)
@@ -90,7 +92,9 @@ def main() -> int:
 
         def check(self, when: str) -> None:
             now = _fingerprint()
-            changed = sorted(k for k in baseline if now.get(k) is not baseline[k] and not _from_runtime(now.get(k), site))
+            changed = sorted(
+                k for k in baseline if now.get(k) is not baseline[k] and not _from_runtime(now.get(k), site)
+            )
             if changed:
                 self.tampered.append(f"{when}: pytest internals replaced: {', '.join(changed[:5])}")
             manager = getattr(self.config, "pluginmanager", None)
@@ -109,7 +113,7 @@ def main() -> int:
             self.check("collection")
 
         @pytest.hookimpl(hookwrapper=True, tryfirst=True)
-        def pytest_runtest_makereport(self, item: pytest.Item, call: pytest.CallInfo[None]):  # type: ignore[no-untyped-def]
+        def pytest_runtest_makereport(self, item: pytest.Item, call: pytest.CallInfo[None]):
             yield
             excinfo = call.excinfo
             if excinfo is None:
@@ -130,6 +134,13 @@ def main() -> int:
             if others:
                 self.tampered.append(f"threads still running at the end: {', '.join(others[:5])}")
 
+    try:  # reproducible verdicts on loaded machines: no deadlines, a fixed example sequence, no database
+        from hypothesis import settings
+
+        settings.register_profile("rlbus-grader", deadline=None, derandomize=True, database=None)
+        settings.load_profile("rlbus-grader")
+    except ImportError:
+        pass
     grader = Grader()
     code = int(pytest.main([*args, "--confcutdir", repo, "--rootdir", repo], plugins=[grader]))
     phases = json.loads(json.dumps(grader.phases))  # one snapshot, taken once pytest has returned

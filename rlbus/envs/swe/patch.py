@@ -206,7 +206,7 @@ def _problem(section: Section, protected: set[str]) -> str | None:
     name = parts[-1]
     if path in protected:
         return "a hidden test path"
-    if name.startswith("test_") and name.endswith(".py") or name.endswith("_test.py"):
+    if (name.startswith("test_") and name.endswith(".py")) or name.endswith("_test.py"):
         return "a test file"
     if any(p in _TEST_DIRS for p in parts[:-1]):
         return "under a test directory"
@@ -221,5 +221,11 @@ def _problem(section: Section, protected: set[str]) -> str | None:
 
 def _inside(path: str) -> bool:
     p = PurePosixPath(path)
-    return bool(path) and not p.is_absolute() and ".." not in p.parts and (not p.parts or p.parts[0] != ".git") \
-        and "\0" not in path and "\\" not in path
+    return (
+        bool(path)
+        and not p.is_absolute()
+        and ".." not in p.parts
+        and (not p.parts or p.parts[0] != ".git")
+        and "\0" not in path
+        and "\\" not in path
+    )

@@ -116,7 +116,7 @@ def _copy_distribution(dist: importlib.metadata.Distribution, site: Path) -> Non
 
 
 def _world_readable(root: Path) -> None:
-    for dirpath, dirnames, filenames in os.walk(root):
+    for dirpath, _dirs, filenames in os.walk(root):
         os.chmod(dirpath, 0o755)
         for name in filenames:
             path = os.path.join(dirpath, name)

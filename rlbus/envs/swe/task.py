@@ -67,7 +67,9 @@ class Source:
             for p in sorted(self.path.rglob("*")) if self.path.is_dir() else [self.path]:
                 if p.is_file():
                     st = p.stat()
-                    h.update(f"{p.relative_to(self.path) if p != self.path else ''}\0{st.st_size}\0{st.st_mtime_ns}".encode())
+                    h.update(
+                        f"{p.relative_to(self.path) if p != self.path else ''}\0{st.st_size}\0{st.st_mtime_ns}".encode()
+                    )
         return h.hexdigest()[:20]
 
 
@@ -232,7 +234,8 @@ def _limits(raw: Any, where: str) -> Limits:
         if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
             raise TaskFormatError(f"{where}.{key}", f"{value!r} must be a positive number")
     ints = {"cpu_s", "memory_mb", "processes", "max_turns"}
-    return Limits(**{k: int(v) if k in ints else float(v) for k, v in raw.items()})
+    values: dict[str, Any] = {k: int(v) if k in ints else float(v) for k, v in raw.items()}
+    return Limits(**values)
 
 
 # -- SWE-bench rows --------------------------------------------------------------------------------------

@@ -226,11 +226,11 @@ async def _create(world: RepoWorld, args: dict[str, Any]) -> str:
     return f"{path}: wrote {len(text.encode())} bytes"
 
 
-async def _search(world: RepoWorld, args: dict[str, Any], timeout: float) -> str:
+async def _search(world: RepoWorld, args: dict[str, Any], limit_s: float) -> str:
     pattern = _string(args, "pattern")
     where = _path(args) if "path" in args else "."
     argv = ["grep", "-rnIE", "--exclude-dir=.git", "--exclude-dir=__pycache__", "-m", "50", "-e", pattern, "--", where]
-    result = await world.box.run(argv, cwd=REPO, timeout_s=timeout)
+    result = await world.box.run(argv, cwd=REPO, timeout_s=limit_s)
     if result.exit_code == 1:
         return f"no matches for {pattern!r}"
     if result.exit_code != 0:

@@ -49,7 +49,11 @@ async def replay(task: RepoTask) -> tuple[dict[str, Any], float, str]:
         patch = tree_diff(world.base, world.repo).patch
     verdict = await grade(task, patch)
     schemas = [tool_schema(t.name, t.description, t.parameters) for t in tools.values()]
-    return {"messages": messages, "tools": schemas, "task": task.task_id, "reward": verdict.value}, verdict.value, verdict.reason
+    return (
+        {"messages": messages, "tools": schemas, "task": task.task_id, "reward": verdict.value},
+        verdict.value,
+        verdict.reason,
+    )
 
 
 async def write_trajectories(

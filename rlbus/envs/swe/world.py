@@ -8,9 +8,10 @@ base with ``bug.patch`` applied, or ``setup.sh`` run in the sandbox in an empty 
 aside and renamed into place, so concurrent workers never see half a template, and made world-readable so
 the sandbox uid can copy it.
 
-An episode (`RepoWorld`) is one `Sandbox` whose world directory holds ``repo/`` — a ``cp -R --reflink=auto``
-of the template made as the sandbox uid (`Sandbox.populate`; `rlbus bench swe` compares it with
-``shutil.copytree``) — with the test runtime mounted read-only at ``/opt/rlbus``. Files persist across
+An episode (`RepoWorld`) is one `Sandbox` whose world directory holds ``repo/`` — a copy of the template
+owned by the sandbox uid (`Sandbox.populate`: ``shutil.copytree`` + ``lchown``, no hard links; ``rlbus
+bench swe`` measures it against ``cp -R --reflink=auto``) — with the test runtime mounted read-only at
+``/opt/rlbus``. Files persist across
 turns; every command is its own sandboxed run (no network, rlimits, wall clock), whose processes all die
 when it returns; the whole directory is removed when the episode ends.
 """

@@ -11,7 +11,6 @@ from typing import Any
 
 from rlbus.envs.base import Task, make_env
 from rlbus.envs.tasks import arith, kv, python_fn, strings
-from rlbus.envs import swe  # noqa: F401  (registers ``swe``)
 from rlbus.errors import ConfigError
 from rlbus.schemas import Prompt
 

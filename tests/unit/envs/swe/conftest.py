@@ -28,19 +28,19 @@ diff --git a/counter/__init__.py b/counter/__init__.py
 -    return sum(1 for x in items if x != value)
 +    return sum(1 for x in items if x == value)
 """
-TEST_PATCH = """\
-diff --git a/tests/test_counter.py b/tests/test_counter.py
---- a/tests/test_counter.py
-+++ b/tests/test_counter.py
-@@ -7,3 +7,7 @@ def test_count():
- 
- def test_empty():
-     assert count([], 1) == 0
-+
-+
-+def test_missing():
-+    assert count([2, 3], 1) == 0
-"""
+TEST_PATCH = (
+    "diff --git a/tests/test_counter.py b/tests/test_counter.py\n"
+    "--- a/tests/test_counter.py\n"
+    "+++ b/tests/test_counter.py\n"
+    "@@ -7,3 +7,7 @@ def test_count():\n"
+    " \n"
+    " def test_empty():\n"
+    "     assert count([], 1) == 0\n"
+    "+\n"
+    "+\n"
+    "+def test_missing():\n"
+    "+    assert count([2, 3], 1) == 0\n"
+)
 
 
 @pytest.fixture(autouse=True)

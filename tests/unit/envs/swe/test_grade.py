@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from rlbus.envs.swe.check import check_task
 from rlbus.envs.swe.cheats import cheat_patches
+from rlbus.envs.swe.check import check_task
 from rlbus.envs.swe.grade import grade
 from rlbus.envs.swe.patch import filter_patch, tree_diff
 from rlbus.envs.swe.task import RepoTask, load_tasks
@@ -26,7 +26,10 @@ async def test_jsonl_task_checks_and_names_failures(jsonl_file: Path) -> None:
     [task] = load_tasks([jsonl_file])
     assert (await check_task(task)).ok
     verdict = await grade(task, "")
-    assert verdict.fail_to_pass == {"tests/test_counter.py::test_count": False, "tests/test_counter.py::test_missing": False}
+    assert verdict.fail_to_pass == {
+        "tests/test_counter.py::test_count": False,
+        "tests/test_counter.py::test_missing": False,
+    }
     assert verdict.pass_to_pass == {"tests/test_counter.py::test_empty": True}
     assert verdict.components()["fail_to_pass"] == 0.0 and verdict.components()["pass_to_pass"] == 1.0
     assert "test_missing" in verdict.metadata()["failing"]

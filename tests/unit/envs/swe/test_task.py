@@ -60,7 +60,7 @@ def test_bad_task_toml_names_file_and_field(tmp_path: Path, old: str, new: str, 
 def test_missing_parts_are_named(tmp_path: Path) -> None:
     task = _copy(tmp_path)
     (task / "solution" / "solution.patch").unlink()
-    with pytest.raises(TaskFormatError, match="solution.patch: missing"):
+    with pytest.raises(TaskFormatError, match=r"solution\.patch: missing"):
         load_tasks([task])
 
 
