@@ -44,7 +44,7 @@ train_app = typer.Typer(help="Offline stages before RL (SFT → DPO → quality 
 app.add_typer(train_app, name="train")
 offline_app = typer.Typer(help="Offline data from a run's log (DPO preference pairs).", no_args_is_help=True)
 app.add_typer(offline_app, name="offline")
-env_app = typer.Typer(help="Coding-task corpora: check tasks, write expert trajectories.", no_args_is_help=True)
+env_app = typer.Typer(help="Coding-agent task corpora: generate and check task directories.", no_args_is_help=True)
 app.add_typer(env_app, name="env")
 
 console = Console()

@@ -36,7 +36,7 @@ from typing import Any
 
 from rlbus.envs.sandbox import Sandbox, SandboxResult
 from rlbus.envs.swe.patch import filter_patch
-from rlbus.envs.swe.runtime import INNER
+from rlbus.envs.swe.runtime import HYPOTHESIS_PLUGIN, INNER
 from rlbus.envs.swe.task import RepoTask
 from rlbus.envs.swe.world import REPO, task_sandbox, template
 
@@ -109,7 +109,7 @@ async def grade(task: RepoTask, patch: str) -> Verdict:
 
 def launcher_argv(task: RepoTask) -> list[str]:
     words = shlex.split(task.command)
-    args: list[str] = []
+    args: list[str] = ["-p", HYPOTHESIS_PLUGIN]
     for word in words[3:]:  # after "python -m pytest"
         args += list(task.tests) if word == "{tests}" else [word]
     extra = ":".join(p for p in task.test_env.get("PYTHONPATH", "").split(":") if p)

@@ -35,6 +35,9 @@ INNER = "/opt/rlbus"
 DISTRIBUTIONS = ("pytest", "pluggy", "iniconfig", "packaging", "hypothesis", "attrs", "sortedcontainers")
 _OPTIONAL = ("exceptiongroup", "tomli")  # pytest's backports on Python < 3.11
 _LAUNCHER = Path(__file__).with_name("grader_main.py")
+#: hypothesis's pytest plugin (an entry point, but plugin autoloading is off: the repository's own
+#: ``*.dist-info`` could otherwise register plugins), loaded by name instead.
+HYPOTHESIS_PLUGIN = "_hypothesis_pytestplugin"
 
 
 def cache_root() -> Path:
@@ -99,6 +102,7 @@ def runtime_env(extra_paths: list[str] | None = None) -> dict[str, str]:
         "PATH": f"{INNER}/bin:/usr/local/bin:/usr/bin:/bin",
         "PYTHONPATH": ":".join([f"{INNER}/site", *(extra_paths or [])]),
         "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1",
+        "PYTEST_PLUGINS": HYPOTHESIS_PLUGIN,
         "HYPOTHESIS_STORAGE_DIRECTORY": "/sandbox/.hypothesis",
     }
 

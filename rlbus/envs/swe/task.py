@@ -32,6 +32,7 @@ from rlbus.errors import TaskFormatError
 
 DEFAULT_COMMAND = "python -m pytest -q -p no:cacheprovider {tests}"
 _ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+_COMMAND = re.compile(r"^python3? -m pytest(\s|$)")
 _NODE = re.compile(r"^[^\s:]+\.py(::[^\s]+)?$")
 
 
@@ -348,8 +349,8 @@ def _node_ids(value: Any, where: str, minimum: int) -> tuple[str, ...]:
 
 
 def _command(value: Any, where: str) -> str:
-    if not isinstance(value, str) or not value.startswith("python -m pytest") or "{tests}" not in value:
-        raise TaskFormatError(where, 'must be "python -m pytest [options] {tests}" (the grader runs pytest itself)')
+    if not isinstance(value, str) or not _COMMAND.match(value) or "{tests}" not in value:
+        raise TaskFormatError(where, 'must start with "python -m pytest" and contain {tests} (the grader runs pytest)')
     return value
 
 

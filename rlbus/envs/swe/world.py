@@ -100,30 +100,20 @@ def _fill(source: Source, repo: Path, where: str) -> None:
         )  # fmt: skip
         if done.returncode != 0:
             raise TaskFormatError(f"{where}: base_commit", done.stderr.decode(errors="replace").strip()[:300])
-        _extract(io.BytesIO(done.stdout), repo, strip=False)
+        _extract(io.BytesIO(done.stdout), repo)
     elif source.path.is_dir():
         shutil.copytree(source.path, repo, symlinks=True, ignore=shutil.ignore_patterns(".git", "__pycache__"))
     else:
         with source.path.open("rb") as f:
-            _extract(f, repo, strip=True)
+            _extract(f, repo)
 
 
-def _extract(stream: io.BufferedIOBase | io.BytesIO, repo: Path, *, strip: bool) -> None:
-    """Extract a tar stream (gzip or not) into ``repo``; with ``strip``, a single top-level directory is
-    removed (``toolz-0.12.1/…`` → ``…``), as sdists are laid out."""
+def _extract(stream: io.BufferedIOBase | io.BytesIO, repo: Path) -> None:
+    """Extract a tar stream (gzip or not) into ``repo``: its entries are the repository's files at the
+    archive root (the corpus format; ``git archive`` writes the same)."""
     repo.mkdir(parents=True)
     with tarfile.open(fileobj=stream, mode="r:*") as tar:
-        members = tar.getmembers()
-        tops = {m.name.split("/", 1)[0] for m in members if m.name not in (".", "")}
-        prefix = next(iter(tops)) + "/" if strip and len(tops) == 1 and any("/" in m.name for m in members) else ""
-        chosen = []
-        for m in members:
-            if prefix and not m.name.startswith(prefix):
-                continue
-            m.name = m.name[len(prefix) :]
-            if m.name:
-                chosen.append(m)
-        tar.extractall(repo, members=chosen, filter="data")
+        tar.extractall(repo, filter="data")
 
 
 def _apply_trusted(repo: Path, patch: str, where: str) -> None:
