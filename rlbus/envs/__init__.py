@@ -20,8 +20,8 @@ Importing this package (which Python does before any module in it) registers the
 prompt producer use it without the engine; the rollout worker imports `rlbus.envs.agent` itself.
 """
 
+import rlbus.envs.swe  # the coding environment registers ``swe`` as it is imported
 import rlbus.envs.tasks  # noqa: F401  (each built-in task module calls register_env as it is imported)
-import rlbus.envs.swe  # noqa: F401  (the coding environment registers ``swe``)
 from rlbus.envs.base import (
     Environment,
     HarnessConfig,

@@ -16,6 +16,7 @@ import asyncio
 import json
 import random
 from collections.abc import AsyncIterator
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
 from functools import lru_cache
 from pathlib import Path
@@ -138,10 +139,12 @@ class SweEnv(Task[SweConfig]):
         return prompts
 
     def reference_turns(self, prompt: Prompt) -> list[str]:
+        """The expert's calls in the tagged format (``<tool name=…>{json}</tool>``), as the built-in tasks
+        give theirs; chat-template models warm-start from `rlbus env trajectories` rows instead. Blocks
+        while the template is built (first use), in a thread of its own so it works inside a running loop."""
         task = self.task()
-        base = asyncio.run(template(task)) if not _in_loop() else None
-        if base is None:
-            raise RuntimeError("reference_turns blocks; call it outside an event loop (or use expert_calls)")
+        with ThreadPoolExecutor(max_workers=1) as pool:
+            base = pool.submit(asyncio.run, template(task)).result()
         return [format_tool_call(name, json.dumps(args)) for name, args in expert_calls(task, base)]
 
     async def score(self, episode: Episode, prompt: Prompt) -> Reward:
@@ -159,14 +162,6 @@ class SweEnv(Task[SweConfig]):
 
 def prompt_text(task: RepoTask) -> str:
     return task.instruction.strip() + "\n\nFix this in the repository, then call `submit`."
-
-
-def _in_loop() -> bool:
-    try:
-        asyncio.get_running_loop()
-    except RuntimeError:
-        return False
-    return True
 
 
 register_env("swe", SweEnv)
