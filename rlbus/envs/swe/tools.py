@@ -9,7 +9,9 @@ agent loop turns into an ``error: …`` observation: a malformed call never ends
 wall clock of the world, output truncated with the exit code appended). The file tools work on the host
 copy through `Sandbox.read` / `Sandbox.write`, which refuse symlinks on the path, so a link the agent
 plants cannot make the worker read or write a host file; they are fast (no process per call).
-``submit`` ends the episode; the result is always the repository's final diff, whatever it says.
+``submit`` ends the episode; the result is always the repository's final diff, whatever it says. Once
+the task's ``agent_timeout_s`` has passed every tool but ``submit`` refuses (and ``bash`` never runs past
+it), so a session's sandboxed time is bounded whatever the turn budget.
 """
 
 from __future__ import annotations
@@ -68,15 +70,17 @@ def repo_tools(world: RepoWorld, *, command_timeout_s: float = 60.0) -> dict[str
     }
     tools = {}
     for name, (description, schema, main) in SCHEMAS.items():
-        tools[name] = Tool(name, description, _adapter(ops[name], main, schema), parameters=schema,
+        tools[name] = Tool(name, description, _adapter(world, ops[name], main, schema), parameters=schema,
                            final=name == "submit")  # fmt: skip
     return tools
 
 
 def _adapter(
-    op: Callable[[dict[str, Any]], Awaitable[str]], main: str, schema: Mapping[str, Any]
+    world: RepoWorld, op: Callable[[dict[str, Any]], Awaitable[str]], main: str, schema: Mapping[str, Any]
 ) -> Callable[[str], Awaitable[str]]:
     async def run(text: str) -> str:
+        if world.time_left() <= 0 and op is not _submit:
+            raise ToolError(f"the session's {world.task.limits.agent_timeout_s:g}s are up; call submit")
         args = _arguments(text, main)
         for key in schema["required"]:
             if key not in args:
@@ -128,10 +132,11 @@ async def _bash(world: RepoWorld, args: dict[str, Any], default_timeout: float) 
     timeout = args.get("timeout", default_timeout)
     if isinstance(timeout, bool) or not isinstance(timeout, int | float) or timeout <= 0:
         raise ToolError("'timeout' must be a positive number of seconds")
-    result = await world.box.run(["/bin/bash", "-c", command], cwd=REPO, timeout_s=min(float(timeout), default_timeout))
+    limit = max(0.1, min(float(timeout), default_timeout, world.time_left()))
+    result = await world.box.run(["/bin/bash", "-c", command], cwd=REPO, timeout_s=limit)
     output = (result.stdout + result.stderr).rstrip()
     if result.status == "timeout":
-        return f"{output}\n[timed out after {min(float(timeout), default_timeout):g}s; every process was killed]"
+        return f"{output}\n[timed out after {limit:g}s; every process was killed]"
     return f"{output}\n[exit code {result.exit_code}]" if output else f"[exit code {result.exit_code}]"
 
 

@@ -153,12 +153,17 @@ class RepoWorld:
     """One episode's repository in its sandbox; use `open_world`."""
 
     def __init__(self, task: RepoTask, box: Sandbox, base: Path, reset_s: float) -> None:
+        self.deadline = time.monotonic() + task.limits.agent_timeout_s
+        """When the session's time (task.toml ``limits.agent_timeout_s``) is up: tools then refuse to run."""
         self.task = task
         self.box = box
         self.base = base
         """The template the episode started from (read-only to the program: never mounted)."""
         self.reset_s = reset_s
         """Seconds the copy took (the episode's reset time)."""
+
+    def time_left(self) -> float:
+        return self.deadline - time.monotonic()
 
     @property
     def repo(self) -> Path:

@@ -4,10 +4,13 @@ worker grading it; isolation (processes die, symlinks refused); expert trajector
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import io
 import json
 import os
 from pathlib import Path
+
+import pytest
 
 from rlbus.bus.memory import MemoryBus
 from rlbus.consumers.reward import RewardWorker
@@ -16,10 +19,11 @@ from rlbus.envs.base import make_env
 from rlbus.envs.chat import ChatFormat, format_tool_call
 from rlbus.envs.episode import episode_to_rollout
 from rlbus.envs.scripted import ScriptedEngine
-from rlbus.envs.swe.task import RepoTask
+from rlbus.envs.swe.task import Limits, RepoTask
 from rlbus.envs.swe.tools import repo_tools
 from rlbus.envs.swe.trajectories import write_trajectories
 from rlbus.envs.swe.world import open_world
+from rlbus.errors import ToolError
 from rlbus.models.tokenizer import ByteTokenizer
 from rlbus.training.sft import load_examples
 from tests.unit.envs.swe.conftest import CORPUS
@@ -150,3 +154,13 @@ async def test_long_sessions_summarise_with_this_env() -> None:
     episode = await run_episode(env, prompt, engine=engine, chat=CHAT)
     assert episode.stats["segments"] >= 2  # the context filled up and the episode went on from a summary
     assert episode.metadata["swe.patch"] == ""  # viewing changes nothing
+
+
+async def test_tools_refuse_after_the_session_deadline(corpus_tasks: dict[str, RepoTask]) -> None:
+    task = dataclasses.replace(corpus_tasks["calc-add"], limits=Limits(agent_timeout_s=1.0))
+    async with open_world(task, command_timeout_s=5) as world:
+        tools = repo_tools(world, command_timeout_s=5)
+        assert "timed out after" in await tools["bash"].run("sleep 3")  # capped at the session's time left
+        with pytest.raises(ToolError, match="are up"):
+            await tools["view"].run('{"path": "."}')
+        assert await tools["submit"].run("{}") == "submitted"
