@@ -150,7 +150,8 @@ def load_examples(
             if "messages" in row:
                 if chat is None:
                     raise ValueError("a chat row (messages) needs a chat format to render it")
-                ids, trained = chat.render_messages(row["messages"], tools=row.get("tools"))
+                tools = {"tools": row["tools"]} if row.get("tools") else {}
+                ids, trained = chat.render_messages(row["messages"], **tools)
                 examples.append(SFTExample(tuple(ids), tuple(bool(t) for t in trained)))
             elif "prompt_ids" in row:
                 examples.append(SFTExample.from_completion(row["prompt_ids"], row["completion_ids"]))
