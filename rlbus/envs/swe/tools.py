@@ -88,7 +88,10 @@ def _adapter(
         unknown = set(args) - set(schema["properties"])
         if unknown:
             raise ToolError(f"unknown argument(s) {', '.join(sorted(unknown))}")
-        return _truncate(await op(args))
+        try:
+            return _truncate(await op(args))
+        except (OSError, ValueError, TypeError) as exc:  # a path through a planted symlink, a bad name …
+            raise ToolError(f"{type(exc).__name__}: {exc}") from None
 
     return run
 

@@ -164,3 +164,18 @@ async def test_tools_refuse_after_the_session_deadline(corpus_tasks: dict[str, R
         with pytest.raises(ToolError, match="are up"):
             await tools["view"].run('{"path": "."}')
         assert await tools["submit"].run("{}") == "submitted"
+
+
+async def test_edits_through_planted_symlinks_are_refused(corpus_tasks: dict[str, RepoTask]) -> None:
+    async with open_world(corpus_tasks["calc-add"], command_timeout_s=5) as world:
+        tools = repo_tools(world, command_timeout_s=5)
+        outside = world.box.path / "outside"
+        await tools["bash"].run("mkdir ../outside && ln -s /sandbox/outside calc/out && echo x > calc/out/f.py")
+        for tool, args in [
+            ("create", {"path": "calc/out/new.py", "file_text": "x"}),
+            ("str_replace", {"path": "calc/out/f.py", "old_str": "x", "new_str": "y"}),
+            ("insert", {"path": "calc/out/f.py", "insert_line": 0, "new_str": "y"}),
+        ]:
+            with pytest.raises(ToolError):
+                await tools[tool].run(json.dumps(args))
+        assert sorted(p.name for p in outside.iterdir()) == ["f.py"] and (outside / "f.py").read_text() == "x\n"
