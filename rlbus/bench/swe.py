@@ -215,6 +215,8 @@ async def _smollm2(task_ids: list[str], corpus: list[str], episodes: int) -> dic
         episode = await run_episode(env, prompt, engine=engine, chat=chat, sampling=SamplingInfo(temperature=0.7),
                                     episode_id=f"smollm2-{i}")  # fmt: skip
         reward = await env.score(episode, prompt)
+        print(f"  episode {i + 1}/{len(prompts)} {prompt.env_config['task']}: {episode.finish_reason}, "
+              f"{episode.stats.get('tool_calls', 0)} tool calls, reward {reward.value:g}", file=sys.stderr)  # fmt: skip
         rollout = episode_to_rollout(episode, prompt=prompt, group_index=i)
         ids, mask = rollout.token_ids.to_numpy(), rollout.loss_mask.to_numpy()
         spans_ok = all(t.end > t.start for t in episode.turns) and episode.turns[-1].end == len(ids)
