@@ -203,14 +203,14 @@ async def _smollm2(task_ids: list[str], corpus: list[str], episodes: int) -> dic
     source = parse_model("smollm2-135m-instruct")
     chat = source.chat
     engine = TorchEngine(source.build(torch.float32).eval(), tokenizer=chat, pad_id=source.pad_id, seed=0)
-    config = {"corpus": corpus, "tasks": task_ids, "context_tokens": 4096, "max_total_tokens": 8192,
-              "max_new_tokens": 192, "max_turns": 6}  # fmt: skip
+    config = {"corpus": corpus, "tasks": task_ids, "context_tokens": 4096, "max_total_tokens": 6144,
+              "max_new_tokens": 128, "max_turns": 5}  # fmt: skip
     env0 = make_env("swe", config)
     assert isinstance(env0, SweEnv)
     prompts = env0.generate(0, episodes)
     t0 = time.perf_counter()
-    rows = []
-    for i, prompt in enumerate(prompts):
+
+    async def play(i: int, prompt: Any) -> dict[str, Any]:
         env = make_env("swe", prompt.env_config)
         episode = await run_episode(env, prompt, engine=engine, chat=chat, sampling=SamplingInfo(temperature=0.7),
                                     episode_id=f"smollm2-{i}")  # fmt: skip
@@ -219,16 +219,22 @@ async def _smollm2(task_ids: list[str], corpus: list[str], episodes: int) -> dic
               f"{episode.stats.get('tool_calls', 0)} tool calls, reward {reward.value:g}", file=sys.stderr)  # fmt: skip
         rollout = episode_to_rollout(episode, prompt=prompt, group_index=i)
         ids, mask = rollout.token_ids.to_numpy(), rollout.loss_mask.to_numpy()
-        spans_ok = all(t.end > t.start for t in episode.turns) and episode.turns[-1].end == len(ids)
         trained = [int(m) for m in mask]
-        model_turn_tokens = sum(t.end - t.start for t in episode.turns if t.role == "assistant")
-        rows.append({
+        model_spans = [(t.start, t.end) for t in episode.turns if t.role == "assistant"]
+        inside = all(any(a <= k < b for a, b in model_spans) for k, m in enumerate(trained) if m)
+        spans_ok = episode.turns[-1].end == len(ids) and all(t.end > t.start for t in episode.turns)
+        return {
             "task": prompt.env_config["task"], "tokens": len(ids), "trained_tokens": sum(trained),
-            "masks_ok": spans_ok and 0 < sum(trained) <= model_turn_tokens and len(trained) == len(ids),
+            "masks_ok": spans_ok and inside and sum(trained) > 0 and len(trained) == len(ids),
             "tool_calls": episode.stats.get("tool_calls", 0), "malformed": episode.stats.get("malformed", 0),
-            "finish": episode.finish_reason, "reward": reward.value,
+            "segments": episode.stats.get("segments", 1), "finish": episode.finish_reason, "reward": reward.value,
+            "reward_in_range": reward.value in (0.0, 1.0)
+            and set(reward.components) >= {"fail_to_pass", "pass_to_pass"},
             "patch_bytes": len(episode.metadata.get("swe.patch", "")),
-        })  # fmt: skip
+        }  # fmt: skip
+
+    # all episodes at once: the engine batches their turns (continuous batching), the sandboxes overlap
+    rows = list(await asyncio.gather(*(play(i, p) for i, p in enumerate(prompts))))
     return {"episodes": rows, "seconds": round(time.perf_counter() - t0, 1),
             "mean_reward": round(sum(r["reward"] for r in rows) / max(1, len(rows)), 3),
             "all_masks_ok": all(r["masks_ok"] for r in rows),
@@ -236,7 +242,7 @@ async def _smollm2(task_ids: list[str], corpus: list[str], episodes: int) -> dic
             "malformed": sum(r["malformed"] for r in rows)}  # fmt: skip
 
 
-async def _run(quick: bool) -> dict[str, Any]:
+async def _run(quick: bool, json_path: Path | None = None) -> dict[str, Any]:
     corpora = _corpora()
     tasks = load_tasks(corpora)
     print(f"checking {len(tasks)} tasks from {', '.join(map(str, corpora))}", file=sys.stderr)
@@ -247,6 +253,7 @@ async def _run(quick: bool) -> dict[str, Any]:
     print(f"cheater suite on {len(cheat_tasks)} task(s)", file=sys.stderr)
     cheats = await _cheats(cheat_tasks)
     result: dict[str, Any] = {"checks": [r.to_dict() for r in checks], "cheats": cheats}
+    _partial(json_path, result)
     probe = (
         next(t for t in valid if t.task_id == "calc-add") if any(t.task_id == "calc-add" for t in valid) else valid[0]
     )
@@ -257,6 +264,7 @@ async def _run(quick: bool) -> dict[str, Any]:
     if not quick:
         print("throughput at concurrency 1, 2, 4, 8", file=sys.stderr)
         result["throughput"] = await _throughput(probe, quick)
+        _partial(json_path, result)
         print("SmolLM2: 16 episodes", file=sys.stderr)
         ids = [t.task_id for t in valid]
         result["smollm2"] = await _smollm2(ids, [str(c) for c in corpora], 16)
@@ -278,8 +286,14 @@ async def _run(quick: bool) -> dict[str, Any]:
     return result
 
 
+def _partial(json_path: Path | None, result: dict[str, Any]) -> None:
+    """Figures so far, next to the final file (a long run that dies keeps what it measured)."""
+    if json_path is not None:
+        json_path.with_suffix(".partial.json").write_text(json.dumps(result, indent=1, default=str))
+
+
 def run(quick: bool, json_path: Path | None) -> dict[str, Any]:
-    result = asyncio.run(_run(quick))
+    result = asyncio.run(_run(quick, json_path))
     result["meta"] = {**{k: str(v) if isinstance(v, str) else v for k, v in meta().items()}, "quick": quick,
                       "worker_uid": os.geteuid(), "note": "2 CPU cores shared with other jobs"}  # fmt: skip
     s = result["summary"]
