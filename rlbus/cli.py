@@ -44,7 +44,7 @@ train_app = typer.Typer(help="Offline stages before RL (SFT → DPO → quality 
 app.add_typer(train_app, name="train")
 offline_app = typer.Typer(help="Offline data from a run's log (DPO preference pairs).", no_args_is_help=True)
 app.add_typer(offline_app, name="offline")
-env_app = typer.Typer(help="Coding-agent task corpora: generate and check task directories.", no_args_is_help=True)
+env_app = typer.Typer(help="Coding-agent task corpora (env swe): generate, check, write expert trajectories.", no_args_is_help=True)
 app.add_typer(env_app, name="env")
 
 console = Console()
@@ -1052,6 +1052,45 @@ def report(
         raise typer.Exit(1) from None
     for path in written:
         console.print(str(path))
+
+
+# --- env generate (task corpus) -----------------------------------------------------------------
+@env_app.command("generate")
+def env_generate(
+    library: Annotated[
+        list[str], typer.Option("--library", help="NAME==VERSION of a pure-Python library with tests (repeat).")
+    ],
+    tasks: Annotated[int, typer.Option("--tasks", min=1, help="Tasks to make in all, split over the libraries.")],
+    out: Annotated[Path, typer.Option("--out", help="Corpus directory (task dirs, _bases/, manifest.json).")],
+    seed: Annotated[int, typer.Option("--seed", help="One seed, one corpus.")] = 0,
+    max_failing: Annotated[int, typer.Option(help="Reject bugs that break more tests than this.")] = 50,
+    pass_to_pass: Annotated[int, typer.Option(help="PASS_TO_PASS tests sampled per task.")] = 25,
+    test_timeout: Annotated[int, typer.Option(help="Seconds per sandboxed test run.")] = 120,
+) -> None:
+    """Make bug-fixing tasks from released libraries (SWE-smith style, rlbus/envs/swegen): inject a bug into a
+    function the library's tests cover, keep the tests that now fail, validate each task in the sandbox.
+    A library's earlier tasks in OUT are replaced; other libraries' tasks are kept."""
+    from rlbus.envs.swegen.generate import GenerateOptions, generate
+
+    options = GenerateOptions(
+        libraries=library, tasks=tasks, seed=seed, out=out, max_failing=max_failing,
+        pass_to_pass=pass_to_pass, test_timeout_s=test_timeout,
+    )  # fmt: skip
+    try:
+        results = asyncio.run(generate(options, lambda line: err.print(line, markup=False, highlight=False, soft_wrap=True)))
+    except RlbusError as exc:
+        err.print(f"[red]error:[/red] {exc}")
+        raise typer.Exit(1) from None
+    table = Table("library", "tests", "mutants", "kept", "rejected")
+    for r in results:
+        reasons = ", ".join(f"{n} {why}" for why, n in sorted(r.rejected.items())) or "-"
+        table.add_row(r.library, str(r.baseline_tests), str(r.tried), str(r.made), reasons)
+    console.print(table)
+    made = sum(r.made for r in results)
+    console.print(f"{made} tasks written to {out} (manifest.json)")
+    if made < tasks:
+        err.print(f"[yellow]made {made} of the {tasks} tasks asked for[/yellow]")
+        raise typer.Exit(1)
 
 
 # --- bench ----------------------------------------------------------------------------------------
