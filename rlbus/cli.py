@@ -44,7 +44,9 @@ train_app = typer.Typer(help="Offline stages before RL (SFT → DPO → quality 
 app.add_typer(train_app, name="train")
 offline_app = typer.Typer(help="Offline data from a run's log (DPO preference pairs).", no_args_is_help=True)
 app.add_typer(offline_app, name="offline")
-env_app = typer.Typer(help="Coding-agent task corpora (env swe): generate, check, write expert trajectories.", no_args_is_help=True)
+env_app = typer.Typer(
+    help="Coding-agent task corpora (env swe): generate, check, write expert trajectories.", no_args_is_help=True
+)
 app.add_typer(env_app, name="env")
 
 console = Console()
@@ -1077,7 +1079,9 @@ def env_generate(
         pass_to_pass=pass_to_pass, test_timeout_s=test_timeout,
     )  # fmt: skip
     try:
-        results = asyncio.run(generate(options, lambda line: err.print(line, markup=False, highlight=False, soft_wrap=True)))
+        results = asyncio.run(
+            generate(options, lambda line: err.print(line, markup=False, highlight=False, soft_wrap=True))
+        )
     except RlbusError as exc:
         err.print(f"[red]error:[/red] {exc}")
         raise typer.Exit(1) from None
