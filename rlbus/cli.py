@@ -965,6 +965,7 @@ BENCHMARKS = {
     "window": "rlbus.bench.window",
     "join": "rlbus.bench.join",
     "llm": "rlbus.bench.llm",
+    "online": "rlbus.bench.online",
 }
 
 
