@@ -379,7 +379,7 @@ class TrainerWorker:
             longest, limit = max(e - s for s, e in spans), self.trainer.model.max_seq_len
             if longest > limit:  # would fail the whole step later, taking its groups with it
                 raise MalformedMessage(f"rollout {message.rollout_id}: {longest}-token context exceeds max_seq {limit}")
-            if self.online is not None and is_served(message):
+            if self.online is not None and is_served(message) and message.group_size == 1:
                 await self._queue_online(await self.online.join.add_rollout(message))
                 observe_processing("trainer", started)
                 return
