@@ -5,8 +5,10 @@ a mixed run (GRPO groups and served rollouts side by side), and the per-key base
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import uuid
 from collections.abc import AsyncIterator, Callable
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -18,7 +20,8 @@ from rlbus.consumers.trainer import OnlineLane, Trainer, TrainerWorker
 from rlbus.models.policy import Policy, PolicyConfig
 from rlbus.schemas import Reward, Rollout, TensorData
 from rlbus.state import MemoryStateStore, StateStore
-from rlbus.state.join import JoinBuffer, Outcome, RewardPolicy, ServedJoin
+from rlbus.state.join import ROLLED_BACK, TRAINED_AGAIN, JoinBuffer, Outcome, RewardPolicy, ServedJoin
+from rlbus.state.ordered import OrderedJoin
 from rlbus.training.config import GRPOConfig, OnlineConfig, OptimConfig
 
 CFG = PolicyConfig(vocab=272, d_model=32, n_layer=2, n_head=2, max_seq=64, n_experts=4, top_k=2, d_ff=32)
@@ -187,3 +190,65 @@ async def test_the_baselines_survive_a_trainer_restart(bus: MemoryBus) -> None:
     again = Rig(bus, state, config)
     await again.lane.load()
     assert again.lane.baseline.value("task:task-a") == pytest.approx(before)
+
+
+async def test_a_served_group_of_several_choices_stays_on_the_grpo_join(bus: MemoryBus) -> None:
+    """n > 1 choices of one request are one GRPO group (the gateway's contract): not single samples."""
+    state = MemoryStateStore()
+    async with Rig(bus, state, OnlineConfig(enabled=True, release_every_rewards=1)) as rig:
+        for i in range(2):
+            await bus.send(ROLLOUTS, rollout(f"cmpl-x/{i}", prompt="cmpl-x", index=i, size=2))
+            await bus.send(REWARDS, reward(f"cmpl-x/{i}", float(i), source="verifier", prompt="cmpl-x"))
+        await until(lambda: len(rig.worker.steps) == 1, "the GRPO step")
+    assert "online_samples" not in rig.worker.steps[0] and rig.worker.steps[0]["rollouts"] == 2
+    assert rig.lane.totals["samples"] == 0
+
+
+async def test_a_crash_between_checkpoints_trains_the_served_rollouts_again(bus: MemoryBus, tmp_path: Path) -> None:
+    """With the ordered join and checkpoints, served rollouts count as trained once a checkpoint holds
+    their step; a crash after an uncheckpointed online step releases them to be trained once more."""
+    state = MemoryStateStore()
+    config = OnlineConfig(enabled=True, release_every_rewards=2, min_count=0)
+
+    def worker() -> tuple[TrainerWorker, OnlineLane]:
+        torch.manual_seed(0)
+        trainer = Trainer(model=Policy(CFG), optim=OptimConfig(lr=1e-3), grpo=GRPOConfig(max_staleness=100),
+                          checkpoint_dir=tmp_path, checkpoint_every=2)
+        join = OrderedJoin(state=state, policy=RewardPolicy(sources=("verifier",)), batch=1)
+        served = ServedJoin(ledger=join, state=state, sources=("user",), max_age_s=3600.0, clock=lambda: NOW)
+        lane = OnlineLane(join=served, state=state, config=config, wall=lambda: NOW)
+        return TrainerWorker(bus=bus, trainer=trainer, join=join, state=state, groups_per_step=1,
+                             expire_every_s=0.05, online=lane), lane
+
+    first, _ = worker()
+    assert first.holds
+    stop = asyncio.Event()
+    task = asyncio.create_task(first.run(stop))
+    for step in range(3):
+        for i in range(2):
+            rid = f"s{step}-{i}"
+            await bus.send(ROLLOUTS, rollout(rid))
+            await bus.send(REWARDS, reward(rid, float(i)))
+        await until(lambda n=step: len(first.steps) == n + 1, f"online step {step + 1}")
+    task.cancel()  # a crash: step 3 is in no checkpoint
+    with contextlib.suppress(asyncio.CancelledError):
+        await task
+    assert (await first.join.counts())["trained"] == 4
+
+    second, lane = worker()
+    await second.trainer.restore()
+    assert second.trainer.step == 2
+    stop = asyncio.Event()
+    task = asyncio.create_task(second.run(stop))
+    await until(lambda: len(second.steps) == 1, "step 3's served rollouts trained again")
+    stop.set()
+    await task
+    await second.checkpoint()
+    assert second.steps[0]["online_samples"] == 2
+    for step in range(3):
+        for i in range(2):
+            assert await second.join.outcome_of(f"s{step}-{i}") == [Outcome.TRAINED]
+    assert await state.get_counter(ROLLED_BACK) == 2 and await state.get_counter(TRAINED_AGAIN) == 0
+    assert second.trainer.rollouts_trained == 6  # each served rollout's update exactly once in the model
+    await lane.join.expire()
+    assert await state.field_names(lane.join.ready_key) == set()  # forgotten once final
