@@ -312,6 +312,11 @@ class TrainerWorker:
     that cannot be trained (inconsistent arrays) is dead-lettered on arrival; that check builds no tensor,
     so each rollout's `Sample` is built once, when :meth:`train` trains it. The trainer's version and
     finished-group count go to the state store, where the prompt producer's admission control reads them.
+
+    Served traffic (with an `OnlineLane`): a rollout with ``metadata.origin = "served"`` and group_size 1
+    waits in the lane's `ServedJoin` for a user reward instead of entering a group, and trains in online
+    steps (`train_online`) at the lane's release cadence; groups keep training GRPO steps, so a run may
+    mix both. The ledger, the hold-until-checkpoint rule and the dead-letter path are the same for both.
     """
 
     def __init__(
