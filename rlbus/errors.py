@@ -32,6 +32,8 @@ rlbus, so callers handle one hierarchy. Each class says whether retrying the sam
     │   └── JudgeUnavailable         it could not be reached or kept failing       (retriable)
     ├── FeedbackError                the feedback API refused a user signal or could not be reached
     │   └── FeedbackRejected         a request it answers with 400; names the field (rlbus.producers.feedback)
+    ├── ApiError                     the gateway refuses an HTTP request: status, OpenAI error type, param, code
+    │                                (rlbus.serve; a 429 is retriable after its Retry-After)
     ├── ServiceError                 a local service (Kafka, Redis) failed to start or stop
     ├── RunLogMissing                a run directory has no run log to report on (rlbus.observe.report)
     ├── ToolError                    an expected tool failure; the model sees the message (rlbus.envs.agent)
@@ -180,6 +182,30 @@ class FeedbackRejected(FeedbackError):
     def __init__(self, message: str, field: str | None = None) -> None:
         super().__init__(message)
         self.field = field
+
+
+class ApiError(RlbusError):
+    """A request the OpenAI-compatible gateway refuses; rendered as ``{"error": {message, type, param, code}}``
+    with ``status``. ``retry_after_s`` (429/503) becomes the Retry-After header."""
+
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        *,
+        type: str = "invalid_request_error",
+        param: str | None = None,
+        code: str | None = None,
+        retry_after_s: float | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.type = type
+        self.param = param
+        self.code = code
+        self.retry_after_s = retry_after_s
+        self.retriable = status in (429, 503)
 
 
 class ServiceError(RlbusError):

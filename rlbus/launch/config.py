@@ -296,6 +296,36 @@ class RewardSection(msgspec.Struct, **_STRUCT):
     concurrency: int = 8
 
 
+class ServeSection(msgspec.Struct, **_STRUCT):
+    """The OpenAI-compatible gateway (`rlbus serve`, rlbus/serve/)."""
+
+    #: Interface to listen on (``0.0.0.0`` in containers).
+    host: str = "127.0.0.1"
+    #: Port of ``/v1/chat/completions``.
+    port: int = 8000
+    #: File of ``tenant: token`` lines (else ``$RLBUS_SERVE_TOKENS``); never the tokens themselves.
+    token_file: str | None = None
+    #: The name clients put in ``model`` (default: the model's own name).
+    model_name: str | None = None
+    #: Treat the request's ``user`` field as an RL session id when no ``X-RL-Session`` header is sent.
+    user_sessions: bool = False
+    #: RL sessions open at once; more are answered 429.
+    max_open_sessions: int = 1000
+    #: Served records buffered while the bus is down; beyond, the oldest are dropped (counted).
+    buffer_records: int = 10_000
+    #: ``max_tokens`` of a request that gives none.
+    default_max_tokens: int = 256
+    #: Largest merged decode batch (the engine's continuous batch).
+    max_batch: int = 32
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.port < 65536:
+            raise ValueError("port must be in 0..65535")
+        for name in ("max_open_sessions", "buffer_records", "default_max_tokens", "max_batch"):
+            if not getattr(self, name) > 0:
+                raise ValueError(f"{name} must be > 0")
+
+
 class RunSection(msgspec.Struct, **_STRUCT):
     """Where the run log goes and which names the run uses."""
 
@@ -343,6 +373,8 @@ class RunConfig(msgspec.Struct, **_STRUCT):
     rollout: RolloutSection = msgspec.field(default_factory=RolloutSection)
     #: Reward workers.
     reward: RewardSection = msgspec.field(default_factory=RewardSection)
+    #: The OpenAI-compatible gateway.
+    serve: ServeSection = msgspec.field(default_factory=ServeSection)
     #: The run's names, log and observability.
     run: RunSection = msgspec.field(default_factory=RunSection)
 
@@ -379,6 +411,7 @@ SECTIONS: dict[str, type[Any]] = {
     "dpo": DPOSection,
     "rollout": RolloutSection,
     "reward": RewardSection,
+    "serve": ServeSection,
     "run": RunSection,
 }
 
