@@ -6,10 +6,12 @@ sloppy teacher, so its greedy answer is usually off by one). Then, per arm, from
 weights and the same question stream:
 
 * the trainer (`rlbus.build.trainer.trainer_stack`, the run config's ``[trainer.online]`` enabled) on the
-  embedded bus publishes versions; one serving engine (the rollout fleet's torch engine, following the
-  trainer's versions through delta sync) answers users;
-* ``concurrency`` simulated users each ask a question, get the served answer (sampled at temperature 1, as
-  production would), and a fraction ``rate`` of them rate it after a random delay through the feedback
+  embedded bus publishes versions; the OpenAI-compatible gateway (`rlbus.serve`, on the rollout fleet's
+  torch engine, following the trainer's versions through delta sync) answers users and records each
+  completion as a rollout (``X-RL-Record-Rollout``);
+* ``concurrency`` simulated users each ask a question with the official ``openai`` client, get the served
+  answer (sampled at temperature 1, as production would), and a fraction ``rate`` of them rate its
+  completion id after a random delay through the feedback
   API (`rlbus.producers.feedback`, over HTTP): thumbs up with probability ``up_if_right`` when the answer
   is right, ``up_if_wrong`` when it is wrong — or, in the baseline arm, up with probability 0.5 whatever
   the answer (random thumbs: the same traffic and updates, no signal);
@@ -19,8 +21,9 @@ weights and the same question stream:
 
 Reported: greedy held-out accuracy (`rlbus.envs.evaluate`, the demo's 100 held-out problems) before and
 after each arm, the served answers' accuracy in the first and last fifth of the traffic, versions,
-samples trained and dropped. How answers are served is one function, `serve`, which records the gateway's
-contract (the Rollout a served completion becomes); ``path`` in the JSON names the serving path used.
+samples trained and dropped. How answers are served is one function, `serve` (the gateway through the
+``openai`` client); `serve_direct` is the engine path without HTTP that produces the same Rollout contract
+(the integration tests use both). ``path`` in the JSON names the serving path the figures used.
 """
 
 from __future__ import annotations
@@ -40,27 +43,33 @@ import torch
 
 from rlbus.bench.common import meta, print_table, write_json
 from rlbus.build.infra import open_bus, open_state, open_store
-from rlbus.build.rollout import RolloutStack, rollout_stack
+from rlbus.build.rollout import RolloutStack
 from rlbus.build.trainer import trainer_stack
 from rlbus.bus.base import Bus
 from rlbus.bus.topics import ROLLOUTS
 from rlbus.consumers.rollout import episode_threads
 from rlbus.demo import DemoConfig
+from rlbus.envs.actions import Answer
 from rlbus.envs.base import env_for
-from rlbus.envs.episode import rollout_to_episode
+from rlbus.envs.chat import ChatFormat
 from rlbus.envs.evaluate import evaluate, held_out_prompts
+from rlbus.envs.rewards import normalize_answer
 from rlbus.envs.tasks import generate_prompts
-from rlbus.launch.build import model_source, rollout_args, trainer_args, warm_start_args
+from rlbus.errors import ConfigError
+from rlbus.launch.build import model_source, trainer_args, warm_start_args
 from rlbus.producers.feedback import Feedback, FeedbackServer, send_feedback
 from rlbus.schemas import Prompt, Rollout
+from rlbus.serve.auth import Tenants
+from rlbus.serve.stack import run_serve, serve_stack
 from rlbus.training.warm import warm_start
 
 if TYPE_CHECKING:
     from rlbus.build.model import Model
 
-#: How the recorded figure's answers were served (the gateway's path replaces `serve` once it is on main).
-PATH = "direct-engine"
+#: How the recorded figure's answers were served.
+PATH = "gateway"
 TOKEN = "bench-online-feedback-token"
+TENANT = "bench"
 
 
 @dataclass(frozen=True)
@@ -98,6 +107,27 @@ class Settings:
 QUICK = Settings(requests=600, concurrency=16, release_every_rewards=24, warm_steps=250, eval_size=50)
 
 
+@dataclass(frozen=True)
+class Served:
+    """One served answer as the user sees it: the completion id feedback names, its task key, the text."""
+
+    completion_id: str
+    prompt_id: str
+    text: str
+
+
+async def serve(client: Any, model: str, prompt: Prompt, *, max_tokens: int) -> Served:
+    """Ask the gateway (``client``: an ``openai.AsyncOpenAI`` at ``rlbus serve``) one question, recorded as a
+    rollout: the one place the bench serves."""
+    raw = await client.chat.completions.with_raw_response.create(
+        model=model, messages=[{"role": "user", "content": prompt.text}], temperature=1.0, max_tokens=max_tokens,
+        metadata={"task": prompt.env}, extra_headers={"X-RL-Record-Rollout": "1"},
+    )
+    completion = raw.parse()
+    return Served(raw.headers["X-RL-Rollout-Id"], raw.headers["X-RL-Prompt-Id"],
+                  completion.choices[0].message.content or "")
+
+
 def served_rollout(rollout: Rollout, *, completion_id: str, task: str, tenant: str) -> Rollout:
     """The gateway's recording contract: one served completion is one `Rollout` of group_size 1 under the
     completion id, prompt id = the task key, ``metadata.origin = "served"``."""
@@ -108,10 +138,9 @@ def served_rollout(rollout: Rollout, *, completion_id: str, task: str, tenant: s
     )
 
 
-async def serve(stack: RolloutStack, bus: Bus, prompt: Prompt, *, tenant: str = "bench") -> Rollout:
-    """Answer one user question and record it on ``rl.rollouts.v1`` as the gateway does: the one place the
-    bench serves (switching to the gateway changes only this function). Direct path: one episode on the
-    rollout fleet's engine (`RolloutWorker.play`), sampled at the fleet's temperature."""
+async def serve_direct(stack: RolloutStack, bus: Bus, prompt: Prompt, *, tenant: str = TENANT) -> Rollout:
+    """The engine path without HTTP: one episode on the rollout fleet's engine (`RolloutWorker.play`),
+    recorded on ``rl.rollouts.v1`` under the gateway's contract (`served_rollout`)."""
     single = msgspec.structs.replace(prompt, group_size=1)
     (rollout,) = await stack.worker.play(single)
     recorded = served_rollout(rollout, completion_id=f"cmpl-{uuid.uuid4().hex[:16]}", task=prompt.env, tenant=tenant)
@@ -119,11 +148,11 @@ async def serve(stack: RolloutStack, bus: Bus, prompt: Prompt, *, tenant: str = 
     return recorded
 
 
-async def is_right(rollout: Rollout) -> bool:
-    """What the simulated user knows: whether the served answer is right (the task's verifier)."""
-    assert rollout.prompt is not None
-    reward = await env_for(rollout.prompt).score(rollout_to_episode(rollout), rollout.prompt)
-    return reward.value >= 1.0
+def is_right(chat: ChatFormat, prompt: Prompt, text: str) -> bool:
+    """What the simulated user knows: whether the answer in ``text`` is the right one (the task's exact match)."""
+    action = chat.parse(text)
+    return isinstance(action, Answer) and prompt.reference is not None and (
+        normalize_answer(action.text) == normalize_answer(prompt.reference))
 
 
 async def run_arm(
@@ -143,9 +172,9 @@ async def run_arm(
     stack = trainer_stack(bus=bus, state=state, store=store, store_url=store_url, model=model,
                           **trainer_args(demo.run))
     await stack.trainer.publish()  # v1: the warm-started weights, a keyframe the serving engine starts from
-    serving = rollout_stack(bus=bus, store=store, model=source, worker_id="serve-0", seed=settings.seed + 7,
-                            **rollout_args(demo.run))
-    assert serving.sync is not None
+    gateway = serve_stack(bus=bus, source=source, tenants=Tenants({TENANT: TOKEN}), store=store,
+                          seed=settings.seed + 7, max_batch=64)
+    max_tokens = env_for(questions[0]).limits().max_new_tokens
     feedback = FeedbackServer(bus=bus, token=TOKEN)
     lane = stack.worker.online
     assert lane is not None
@@ -154,40 +183,46 @@ async def run_arm(
     stop = asyncio.Event()
     started = time.monotonic()
 
-    async def rate(rollout: Rollout, right: bool) -> None:
+    async def rate(answer: Served, right: bool) -> None:
         nonlocal rated
         await asyncio.sleep(rng.uniform(*users.delay_s))
         up = rng.random() < users.p_up(right)
         assert feedback.address is not None
         url = f"http://{feedback.address[0]}:{feedback.address[1]}"
-        await send_feedback(url, TOKEN, Feedback(rollout_id=rollout.rollout_id, signal="up" if up else "down",
-                                                 prompt_id=rollout.prompt_id, user=f"u{rng.randrange(10**6)}"))
+        await send_feedback(url, TOKEN, Feedback(rollout_id=answer.completion_id, signal="up" if up else "down",
+                                                 prompt_id=answer.prompt_id, user=f"u{rng.randrange(10**6)}"))
         rated += 1
 
-    async def user(queue: asyncio.Queue[tuple[int, Prompt]], ratings: asyncio.TaskGroup) -> None:
+    async def user(client: Any, queue: asyncio.Queue[tuple[int, Prompt]], ratings: asyncio.TaskGroup) -> None:
         while not queue.empty():
             index, prompt = queue.get_nowait()
-            rollout = await serve(serving, bus, prompt)
-            right = await is_right(rollout)
+            answer = await serve(client, gateway.gateway.model_name, prompt, max_tokens=max_tokens)
+            right = is_right(source.chat, prompt, answer.text)
             served.append((index, right))
             if rng.random() < users.rate:
-                ratings.create_task(rate(rollout, right))
+                ratings.create_task(rate(answer, right))
             if len(served) % 500 == 0:
                 print(f"  [{name}] {len(served)}/{len(questions)} served, v{stack.trainer.version}, "
                       f"{lane.totals['samples']} trained", flush=True)
 
+    openai = _openai()
     async with asyncio.TaskGroup() as tasks:
-        tasks.create_task(serving.sync.run(stop))
-        await serving.sync.ready.wait()
+        tasks.create_task(run_serve(gateway, stop, host="127.0.0.1", port=0))
         tasks.create_task(stack.worker.run(stop))
         tasks.create_task(feedback.run(stop, port=0))
         await feedback.listening.wait()
+        await gateway.gateway.listening.wait()
+        assert gateway.rollout.sync is not None
+        await gateway.rollout.sync.ready.wait()
+        host, port = gateway.gateway.address or ("127.0.0.1", 0)
+        client = openai.AsyncOpenAI(base_url=f"http://{host}:{port}/v1", api_key=TOKEN, max_retries=0,
+                                    timeout=120.0)
         queue: asyncio.Queue[tuple[int, Prompt]] = asyncio.Queue()
         for item in enumerate(questions):
             queue.put_nowait(item)
         async with asyncio.TaskGroup() as ratings:
             for _ in range(settings.concurrency):
-                ratings.create_task(user(queue, ratings))
+                ratings.create_task(user(client, queue, ratings))
         # every rating is on the bus: wait until the trainer has released what the thumbs joined
         for _ in range(600):  # at most 2 minutes
             settled = lane.totals["samples"] + lane.totals["dropped_age"] + lane.totals["dropped_stale"]
@@ -195,6 +230,7 @@ async def run_arm(
                 break
             await asyncio.sleep(0.2)
         wall = time.monotonic() - started
+        await client.close()
         stop.set()
     await bus.close()
     accuracy = await asyncio.to_thread(lambda: evaluate(model, evaluation, source.chat, pad_id=source.pad_id).accuracy)
@@ -213,11 +249,19 @@ async def run_arm(
         "samples_trained": lane.totals["samples"], "dropped_age": lane.totals["dropped_age"],
         "dropped_stale": lane.totals["dropped_stale"], "releases": lane.totals["releases"],
         "baseline_last": baselines[-1] if baselines else None, "wall_s": wall,
-        "staleness": dict(sorted(staleness.items())), "serving_version": serving.engine.policy_version,
-        "trainer_version": stack.trainer.version,
-        "steps": [{k: m.get(k) for k in ("version", "online_samples", "reward_mean", "online_baseline", "kl_k3",
+        "staleness": dict(sorted(staleness.items())),
+        "trainer_version": stack.trainer.version, "serving_version": gateway.rollout.engine.policy_version,
+        "steps": [{k: m.get(k) for k in ("version", "online_samples", "tokens", "reward_mean", "online_baseline", "kl_k3",
                                          "is_ess", "grad_norm")} for m in stack.worker.steps],
     }
+
+
+def _openai() -> Any:
+    try:
+        import openai
+    except ImportError:
+        raise ConfigError("bench.online", "needs the official openai client: pip install 'rlbus[bench]'") from None
+    return openai
 
 
 async def _run(settings: Settings, arms: list[tuple[str, Users, str]]) -> dict[str, Any]:

@@ -260,7 +260,7 @@ class OnlineLane:
         if self.config.baseline == "tenant":
             return "tenant:" + rollout.metadata.get("tenant", "")
         if self.config.baseline == "task":
-            return "task:" + rollout.metadata.get("task", rollout.prompt_id)
+            return "task:" + (rollout.metadata.get("task") or rollout.prompt_id)
         return "global"
 
     def due(self) -> bool:

@@ -1,5 +1,6 @@
 """Online learning end to end, on the embedded bus and on real Kafka with Redis: a small policy serves
-questions through the rollout fleet's engine (each answer recorded as one served Rollout), users rate some
+questions — through the rollout fleet's engine directly, and through `rlbus serve` with the official
+``openai`` client — each answer recorded as one served Rollout, users rate some
 of them through the feedback API, the trainer trains on exactly the rated ones and publishes a version the
 serving engine swaps to, and the unrated ones keep waiting — across a trainer restart — until their thumbs
 arrive."""
@@ -15,7 +16,8 @@ from typing import Any
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
-from rlbus.bench.online import serve  # the bench's serving path (one function: engine → served Rollout)
+from rlbus.bench.online import serve as serve_gateway
+from rlbus.bench.online import serve_direct
 from rlbus.build.infra import open_store
 from rlbus.build.model import ModelSource
 from rlbus.build.rollout import rollout_stack
@@ -26,6 +28,8 @@ from rlbus.bus.topics import topic_specs
 from rlbus.envs.tasks import generate_prompts
 from rlbus.models.config import DEMO_SHAPE
 from rlbus.producers.feedback import FeedbackServer
+from rlbus.serve.auth import Tenants
+from rlbus.serve.stack import run_serve, serve_stack
 from rlbus.state import MemoryStateStore, RedisStateStore, StateStore
 from rlbus.state.join import Outcome
 from rlbus.training.config import GRPOConfig, OnlineConfig
@@ -85,7 +89,7 @@ async def test_served_rollouts_train_when_their_thumbs_arrive(wiring: tuple[Bus,
         await serving.sync.ready.wait()
         run = tasks.create_task(first.worker.run(stop))
         questions = generate_prompts("arith", seed=5, n=6, config={"digits": 1})
-        answers = [await serve(serving, bus, q, tenant="acme") for q in questions]
+        answers = [await serve_direct(serving, bus, q, tenant="acme") for q in questions]
         assert all(a.group_size == 1 and a.metadata["origin"] == "served" for a in answers)
         assert {int(v) for a in answers for v in a.token_versions.to_numpy() if v >= 0} == {1}
         # four of six users rate (a thumb names the completion id and its task key)
@@ -120,3 +124,39 @@ async def test_served_rollouts_train_when_their_thumbs_arrive(wiring: tuple[Bus,
         assert (await second.join.counts())["duplicate"] == 0
         stop.set()
         serving_stop.set()
+
+
+async def test_gateway_completions_and_late_thumbs_train(wiring: tuple[Bus, StateStore], tmp_path: Path) -> None:
+    """The same through `rlbus serve` and the official openai client: the completion id in the response is
+    the rollout the thumbs name; the trainer trains it and the gateway serves the new version."""
+    import openai
+
+    bus, state = wiring
+    source = ModelSource.policy(DEMO_SHAPE)
+    stack = trainer(bus, state, tmp_path / "blobs", source)
+    await stack.trainer.publish()
+    gateway = serve_stack(bus=bus, source=source, tenants=Tenants({"acme": TOKEN}),
+                          store=open_store(str(tmp_path / "blobs")), seed=2)
+    stop = asyncio.Event()
+    async with asyncio.TaskGroup() as tasks:
+        tasks.create_task(run_serve(gateway, stop, host="127.0.0.1", port=0))
+        tasks.create_task(stack.worker.run(stop))
+        await gateway.gateway.listening.wait()
+        assert gateway.rollout.sync is not None
+        await gateway.rollout.sync.ready.wait()
+        host, port = gateway.gateway.address or ("", 0)
+        client = openai.AsyncOpenAI(base_url=f"http://{host}:{port}/v1", api_key=TOKEN, max_retries=0)
+        questions = generate_prompts("arith", seed=6, n=5, config={"digits": 1})
+        answers = [await serve_gateway(client, gateway.gateway.model_name, q, max_tokens=16) for q in questions]
+        await client.close()
+        assert len({a.completion_id for a in answers}) == 5 and {a.prompt_id for a in answers} == {"arith"}
+        await thumbs(bus, [{"rollout_id": a.completion_id, "prompt_id": a.prompt_id, "signal": s}
+                           for a, s in zip(answers, ["up", "down", "up", "down"], strict=False)])
+        await until(lambda: len(stack.worker.steps) == 1, "the online step")
+        metrics = stack.worker.steps[-1]
+        assert metrics["online_samples"] == 4 and metrics["staleness"] == {0: 4} and metrics["tokens"] > 0
+        await until(lambda: gateway.rollout.engine.policy_version == 2, "the gateway on the new version")
+        for a in answers[:4]:
+            assert await stack.join.outcome_of(a.completion_id) == [Outcome.TRAINED]
+        assert stack.worker.online is not None and await stack.worker.online.join.waiting() == 1
+        stop.set()
