@@ -1111,6 +1111,7 @@ BENCHMARKS = {
     "join": "rlbus.bench.join",
     "llm": "rlbus.bench.llm",
     "swe": "rlbus.bench.swe",
+    "online": "rlbus.bench.online",
 }
 
 

@@ -100,6 +100,7 @@ def trainer_args(config: RunConfig) -> dict[str, Any]:
         "keyframe_every": t.keyframe_every, "retain_versions": t.retain_versions,
         "checkpoint_every": t.checkpoint_every, "keep_checkpoints": t.keep_checkpoints,
         "reward_sources": tuple(t.reward_sources), "join_timeout_s": t.join_timeout_s, "ordered": t.ordered,
+        "online": t.online,
     }
 
 

@@ -13,6 +13,8 @@ Tables (each optional; defaults equal ``rlbus demo``'s, so a file with only ``[b
                reward_sources, join_timeout_s, warm_steps (when starting without a checkpoint) …
     [trainer.grpo]  the GRPO step's other knobs (is_mode, router_replay, minibatches, micro_batch_rows,
                compute_dtype …: rlbus.training.config.GRPOConfig)
+    [trainer.online]  training on served traffic: enabled, estimator, baseline, max_age_s, release cadence …
+               (rlbus.training.config.OnlineConfig)
     [dpo]      the offline preference stage before RL: steps, data, beta, loss, gate_accuracy …
     [rollout]  temperature, prompts_in_flight, max_batch …
     [reward]   kind, concurrency
@@ -45,7 +47,7 @@ import msgspec
 from rlbus.config import KafkaBusConfig, parse, secret_from
 from rlbus.errors import ConfigError
 from rlbus.models.config import DEMO_SHAPE, PolicyConfig
-from rlbus.training.config import GRPOConfig
+from rlbus.training.config import GRPOConfig, OnlineConfig
 
 ENV_BOOTSTRAP = "RLBUS_KAFKA_BOOTSTRAP"
 ENV_REDIS = "RLBUS_REDIS_URL"
@@ -190,6 +192,10 @@ class TrainerSection(msgspec.Struct, **_STRUCT):
     retain_versions: int = 5
     #: torch intra-op threads (1: several processes share a small machine).
     torch_threads: int = 1
+    #: Training on served traffic with late user rewards (``[trainer.online]``: enabled, estimator, baseline,
+    #: ema, window, max_age_s, max_staleness, release_every_rewards, release_every_s …; see
+    #: `rlbus.training.config.OnlineConfig` and README "Learning from served traffic").
+    online: OnlineConfig = msgspec.field(default_factory=OnlineConfig)
 
     def __post_init__(self) -> None:
         positive = ("lr", "groups_per_step", "publish_every", "checkpoint_every", "keep_checkpoints",
@@ -441,6 +447,8 @@ def config_from_dict(raw: Mapping[str, Any], environ: Mapping[str, str]) -> RunC
     for name in ("max_staleness", "normalize_std"):
         if name in tables["trainer"].get("grpo", {}):
             raise ConfigError(f"trainer.grpo.{name}", f"set trainer.{name} instead (it also bounds admission)")
+    if isinstance(tables["trainer"].get("online"), dict):  # its own errors name trainer.online.<field>
+        parse(OnlineConfig, tables["trainer"]["online"], prefix="trainer.online")
     sections = {name: parse(SECTIONS[name], data, prefix=name) for name, data in tables.items()}
     return RunConfig(model=_model_section(model), **sections)
 

@@ -180,6 +180,10 @@ TRAINER_GAUGES: dict[str, Gauge] = {
         "reward_mean": "Mean reward of the latest step's batch.",
         "loss": "Objective of the latest step.",
         "grad_norm": "Gradient norm before clipping of the latest step.",
+        "online_samples": "Served rollouts trained in the latest online step (README: learning from served traffic).",
+        "online_baseline": "The global online baseline after the latest online step.",
+        "online_releases_total": "Online releases (steps on served traffic) so far.",
+        "online_dropped_age_total": "Served rollouts dropped for max_age_s at training time so far.",
     }.items()
 }
 
