@@ -147,7 +147,8 @@ def judge_for(config: RunConfig, environ: Mapping[str, str] | None = None) -> Ju
         from rlbus.build.model import parse_model
 
         source = parse_model(j.model, device=j.device)
-        backend = engine_judge(source, max_new_tokens=j.max_tokens, temperature=j.temperature, seed=config.task.seed)
+        backend = engine_judge(source, max_new_tokens=j.max_tokens, temperature=j.temperature, prefill=j.prefill,
+                               seed=config.task.seed)
     return Judge(rubric, backend, source=j.source, parse_retries=j.parse_retries, retry_temperature=j.retry_temperature)
 
 

@@ -316,6 +316,9 @@ class JudgeSection(msgspec.Struct, **_STRUCT):
     api_key_env: str = "RLBUS_JUDGE_API_KEY"
     #: Tokens the judge may write per dimension.
     max_tokens: int = 128
+    #: engine: text the judge's reply starts with, e.g. ``"SCORE: "`` so a small model writes the number at
+    #: once (then keep max_tokens small, 4); "" lets the judge explain first.
+    prefill: str = ""
     #: Sampling temperature of a first judgement (0: greedy).
     temperature: float = 0.0
     #: Times an unreadable or out-of-range score is asked again before the judgement is published invalid.
