@@ -484,8 +484,11 @@ class OpenAIJudge:
         max_backoff_s: float = 8.0,
         temperature: float = 0.0,
         max_tokens: int = 256,
+        prefill: str = "",
         session: aiohttp.ClientSession | None = None,
     ) -> None:
+        """``prefill``: the reply's start, sent as a final assistant message to continue (vLLM's
+        ``continue_final_message``; the `EngineJudge.prefill` of an endpoint); "" sends none."""
         root = base_url.rstrip("/")
         self.url = root + ("/chat/completions" if root.endswith("/v1") else "/v1/chat/completions")
         self.model = model
@@ -496,6 +499,7 @@ class OpenAIJudge:
         self.max_backoff_s = max_backoff_s
         self.temperature = temperature
         self.max_tokens = max_tokens
+        self.prefill = prefill
         self._session = session
         self._owns_session = session is None
         self.attempts = 0
@@ -515,18 +519,21 @@ class OpenAIJudge:
             self._session = None
 
     async def complete(self, system: str, user: str, *, temperature: float | None = None) -> str:
-        payload = {
+        payload: dict[str, Any] = {
             "model": self.model,
             "messages": [{"role": "system", "content": system}, {"role": "user", "content": user}],
             "temperature": self.temperature if temperature is None else temperature,
             "max_tokens": self.max_tokens,
         }
+        if self.prefill:
+            payload["messages"].append({"role": "assistant", "content": self.prefill})
+            payload |= {"continue_final_message": True, "add_generation_prompt": False, "stop": ["\n"]}
         last: _Retry | None = None
         for attempt in range(self.retries + 1):
             if last is not None:
                 await asyncio.sleep(self._delay(attempt, last.retry_after))
             try:
-                return await self._post(payload)
+                return self.prefill + await self._post(payload)
             except _Retry as exc:
                 last = exc
         raise JudgeUnavailable(f"judge endpoint {self.url} failed {self.retries + 1} times; last: {last}")

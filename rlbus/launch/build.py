@@ -142,7 +142,8 @@ def judge_for(config: RunConfig, environ: Mapping[str, str] | None = None) -> Ju
         key = secret_from(None, j.api_key_file, j.api_key_env, field="reward.judge.api_key_file",
                           environ=os.environ if environ is None else environ)
         backend = OpenAIJudge(base_url=j.base_url, model=j.model, api_key=key, timeout_s=j.timeout_s,
-                              retries=j.retries, temperature=j.temperature, max_tokens=j.max_tokens)
+                              retries=j.retries, temperature=j.temperature, max_tokens=j.max_tokens,
+                              prefill=j.prefill)
     else:
         from rlbus.build.model import parse_model
 

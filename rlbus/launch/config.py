@@ -316,8 +316,9 @@ class JudgeSection(msgspec.Struct, **_STRUCT):
     api_key_env: str = "RLBUS_JUDGE_API_KEY"
     #: Tokens the judge may write per dimension.
     max_tokens: int = 128
-    #: engine: text the judge's reply starts with, e.g. ``"SCORE: "`` so a small model writes the number at
-    #: once (then keep max_tokens small, 4); "" lets the judge explain first.
+    #: Text the judge's reply starts with, e.g. ``"SCORE: "`` so a small model writes the number at once (then
+    #: keep max_tokens small, 4); "" lets the judge explain first. openai: sent as a final assistant message
+    #: to continue (vLLM's ``continue_final_message``; the endpoint must support it).
     prefill: str = ""
     #: Sampling temperature of a first judgement (0: greedy).
     temperature: float = 0.0

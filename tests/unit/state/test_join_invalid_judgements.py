@@ -3,13 +3,27 @@ to an invalid judgement (drop, downweight, wait) — on both stores."""
 
 from __future__ import annotations
 
+import uuid
+from collections.abc import AsyncIterator
+
 import pytest
 
 from rlbus.schemas import Reward
-from rlbus.state import StateStore
+from rlbus.state import MemoryStateStore, RedisStateStore, StateStore
 from rlbus.state.join import INVALID_COUNTER, JoinBuffer, Outcome, RewardPolicy, ScoredGroup
 from rlbus.state.ordered import OrderedJoin
-from tests.unit.state.test_join import Clock, rollout, state  # noqa: F401  (the fixture)
+from tests.unit.state.test_join import Clock, rollout
+
+
+@pytest.fixture(params=["memory", "redis"])
+async def state(request: pytest.FixtureRequest) -> AsyncIterator[StateStore]:
+    if request.param == "memory":
+        store: StateStore = MemoryStateStore()
+    else:
+        store = RedisStateStore.from_url(request.getfixturevalue("redis_url"), key_prefix=f"t{uuid.uuid4().hex}")
+    yield store
+    await store.close()
+
 
 SOURCES = ("verifier", "judge")
 
