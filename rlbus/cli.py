@@ -1112,6 +1112,7 @@ BENCHMARKS = {
     "llm": "rlbus.bench.llm",
     "swe": "rlbus.bench.swe",
     "online": "rlbus.bench.online",
+    "judge": "rlbus.bench.judge",
 }
 
 
@@ -1129,7 +1130,8 @@ def bench(
     ] = None,
     model: Annotated[
         str | None,
-        typer.Option(help="mismatch only: policy (rlbus's MoE, the default) or hf-moe (a random Qwen3-MoE)."),
+        typer.Option(help="mismatch: policy (rlbus's MoE, the default) or hf-moe (a random Qwen3-MoE); judge: the "
+                          "judge model (default smollm2-135m-instruct; a model directory or .gguf)."),
     ] = None,
 ) -> None:
     """Run a benchmark: prints a short table (with its same-run baseline) and optionally writes JSON."""
@@ -1146,8 +1148,8 @@ def bench(
             raise typer.BadParameter("--seed is for the pipeline and chaos benchmarks")
         kwargs["seed"] = seed
     if model is not None:
-        if name != "mismatch" or model not in ("policy", "hf-moe"):
-            raise typer.BadParameter("--model is policy or hf-moe, for the mismatch benchmark only")
+        if name != "judge" and (name != "mismatch" or model not in ("policy", "hf-moe")):
+            raise typer.BadParameter("--model is policy or hf-moe for the mismatch benchmark, or the judge model")
         kwargs["model"] = model
     try:
         result = module.run(quick=quick, json_path=json_path, **kwargs)
