@@ -40,8 +40,8 @@ open(sys.argv[1], "w").write("\n".join(out) + "\n")
 PY
 "${pip[@]}" install -q -c "$constraints" -r "$reqs"
 # rlbus itself, editable, with its own (light) dependencies under the same constraint: torch stays vLLM's;
-# gguf and safetensors read the shipped model files.
-"${pip[@]}" install -q -c "$constraints" -e . gguf safetensors
+# gguf and safetensors read the shipped model files; pytest runs the vLLM tests here (.ci/run).
+"${pip[@]}" install -q -c "$constraints" -e . gguf safetensors pytest pytest-asyncio pytest-timeout
 # Triton is only for GPUs; the CPU build never imports it (0.7 GB).
 "${pip[@]}" uninstall -q -y triton 2>/dev/null || true
 "$VENV/bin/python" -c 'import vllm, torch, transformers; print("vllm", vllm.__version__, "torch", torch.__version__, "transformers", transformers.__version__)'

@@ -128,6 +128,7 @@ class VLLMEngine:
             raise ConfigError("rollout.vllm_push", f"{push_mode!r} is none of auto, reload, scatter")
         for key, value in VLLM_ENV_DEFAULTS.items():
             os.environ.setdefault(key, value)
+        _llvmlite_vars_workaround()
         try:
             from vllm import LLM
         except ImportError as exc:
@@ -157,7 +158,9 @@ class VLLMEngine:
         self.record_experts = record_experts
         self.swap_point = swap_point if swap_point is not None else SwapPoint()
         self.device = self._rpc("rlbus_device")
-        self.push_mode = ("scatter" if self.device.startswith("cuda") else "reload") if push_mode == "auto" else push_mode
+        if push_mode == "auto":
+            push_mode = "scatter" if self.device.startswith("cuda") else "reload"
+        self.push_mode = push_mode
         self.pushes: list[PushStats] = []
         self._ids = itertools.count()
         self._cond = threading.Condition()
@@ -360,6 +363,18 @@ class VLLMEngine:
         shutdown = getattr(self._engine.engine_core, "shutdown", None)
         if shutdown is not None:
             shutdown()
+
+
+def _llvmlite_vars_workaround() -> None:
+    """vLLM's CPU platform scans every loaded module's globals and calls ``vars()`` on each value that has a
+    ``__dict__``; llvmlite's ``ffi.lib`` (loaded with numba by rlbus's weight codec) answers any attribute,
+    ``__dict__`` included, with a C function wrapper, and the scan fails on it. Give it a real (empty) one."""
+    import sys
+
+    ffi = sys.modules.get("llvmlite.binding.ffi")
+    table = getattr(getattr(ffi, "lib", None), "_fntab", None)
+    if isinstance(table, dict):
+        table.setdefault("__dict__", {})
 
 
 def _safetensors(tensors: Mapping[str, torch.Tensor]) -> bytes:

@@ -87,8 +87,28 @@ class RlbusWorkerExtension:
 
         tensors = load(blob)
         self.reload_weights(weights_iterator=iter(list(tensors.items())))
+        if any("embed_tokens" in name for name in tensors):
+            self._retie()
         self._shadow().update(tensors)
         return len(tensors)
+
+    def _retie(self) -> None:
+        """A tied LM head is never reloaded itself (the loader skips ``lm_head.weight``), but it keeps
+        state derived from the embedding: on CPU a oneDNN-packed copy made after loading, so its logits
+        stayed on the old embedding. Tie it again (a reload may re-create the embedding's parameter) and
+        redo its post-load processing."""
+        model = self.model_runner.get_model()
+        if not getattr(getattr(model, "config", None), "tie_word_embeddings", False):
+            return
+        head = getattr(model, "lm_head", None)
+        embed = getattr(getattr(model, "model", None), "embed_tokens", None)
+        if head is None or embed is None:
+            return
+        if head.weight is not embed.weight:
+            head.tie_weights(embed)
+        method = getattr(head, "quant_method", None)
+        if method is not None and hasattr(method, "process_weights_after_loading"):
+            method.process_weights_after_loading(head)
 
     def rlbus_scatter(self, updates: list[tuple[str, bytes]]) -> int:
         """Write changed elements in place: ``updates`` are (checkpoint name, safetensors bytes holding
