@@ -116,14 +116,15 @@ class VLLMEngine:
         policy_version: int = 0,
         record_experts: bool = False,
         max_batch: int = 64,
-        max_model_len: int | None = 2048,
+        max_model_len: int | None = None,
         swap_point: SwapPoint | None = None,
         push_mode: str = "auto",
         llm_kwargs: Mapping[str, Any] | None = None,
     ) -> None:
         """``model`` is a local Hugging Face model directory (config, safetensors, tokenizer); ``push_mode``
         is ``reload`` (whole tensors), ``scatter`` (changed elements in place) or ``auto`` (scatter on a GPU,
-        reload on CPU); ``llm_kwargs`` go to ``vllm.LLM`` verbatim."""
+        reload on CPU); ``max_model_len`` defaults to the model's context, at most 2048 (the KV cache is
+        sized for it); ``llm_kwargs`` go to ``vllm.LLM`` verbatim."""
         if push_mode not in ("auto", "reload", "scatter"):
             raise ConfigError("rollout.vllm_push", f"{push_mode!r} is none of auto, reload, scatter")
         for key, value in VLLM_ENV_DEFAULTS.items():
@@ -146,8 +147,7 @@ class VLLMEngine:
             "max_num_seqs": max_batch,
             "enable_prefix_caching": True,
         }
-        if max_model_len is not None:
-            kwargs["max_model_len"] = max_model_len
+        kwargs["max_model_len"] = max_model_len if max_model_len is not None else _context(Path(model), 2048)
         if record_experts:
             kwargs["enable_return_routed_experts"] = True
         kwargs.update(llm_kwargs or {})
@@ -363,6 +363,17 @@ class VLLMEngine:
         shutdown = getattr(self._engine.engine_core, "shutdown", None)
         if shutdown is not None:
             shutdown()
+
+
+def _context(directory: Path, cap: int) -> int:
+    """The model's context length (``max_position_embeddings`` in its config.json), at most ``cap``."""
+    import json
+
+    try:
+        config = json.loads((directory / "config.json").read_text())
+    except (OSError, ValueError):
+        return cap
+    return min(cap, int(config.get("max_position_embeddings") or cap))
 
 
 def _llvmlite_vars_workaround() -> None:
