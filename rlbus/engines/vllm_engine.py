@@ -151,6 +151,7 @@ class VLLMEngine:
         if record_experts:
             kwargs["enable_return_routed_experts"] = True
         kwargs.update(llm_kwargs or {})
+        self._detokenize = not kwargs.get("skip_tokenizer_init", False)
         self.model_dir = Path(model)
         self.llm = LLM(**kwargs)
         self._engine = self.llm.llm_engine
@@ -249,6 +250,7 @@ class VLLMEngine:
             ignore_eos=True,
             seed=r.seed,
             logprobs=0,
+            detokenize=self._detokenize,
             output_kind=RequestOutputKind.DELTA,
         )
         rid = f"rlbus-{next(self._ids)}"
@@ -353,6 +355,16 @@ class VLLMEngine:
     def received_digest(self) -> str:
         """Whole-model digest of the tensors vLLM was handed (`rlbus.weights.digest.state_digest`)."""
         return str(self._rpc("rlbus_digest"))
+
+    def record_routing(self, top_k: int) -> int:
+        """Hook vLLM's MoE routers (`vllm_worker.RlbusWorkerExtension.rlbus_record_routing`); returns the layers."""
+        return int(self._rpc("rlbus_record_routing", top_k))
+
+    def take_routing(self) -> torch.Tensor:
+        """The experts [L, T, k] (int16) every token fed since the last call was routed to."""
+        from safetensors.torch import load
+
+        return load(self._rpc("rlbus_take_routing"))["experts"]
 
     def _rpc(self, method: str, *args: Any) -> Any:
         results = self._engine.collective_rpc(method, args=args)

@@ -157,6 +157,34 @@ class RlbusWorkerExtension:
 
         return state_digest(self._shadow())
 
+    def rlbus_record_routing(self, top_k: int) -> int:
+        """Record each MoE layer's top-``top_k`` experts per token from now on (forward hooks on the routers'
+        gate modules: their logits' top-k is the experts vLLM's fused MoE picks for softmax top-k routing).
+        Returns the number of MoE layers hooked. Tokens are recorded in the order vLLM's forwards feed them,
+        so the engine uses it one request at a time with the prefix cache off (`rlbus bench mismatch`)."""
+        model = self.model_runner.get_model()
+        gates = [m for name, m in model.named_modules() if name.endswith(".gate") and hasattr(m, "weight")]
+        self._rlbus_routes: list[list[torch.Tensor]] = [[] for _ in gates]
+        for i, gate in enumerate(gates):
+            def hook(_mod: Any, _inp: Any, out: Any, i: int = i) -> None:
+                logits = out[0] if isinstance(out, tuple) else out
+                self._rlbus_routes[i].append(logits.float().topk(top_k, dim=-1).indices.to(torch.int16).cpu())
+
+            gate.register_forward_hook(hook)
+        return len(gates)
+
+    def rlbus_take_routing(self) -> bytes:
+        """The experts recorded since the last call, as safetensors bytes of ``experts`` [L, T, k]."""
+        from safetensors.torch import save
+
+        routes = getattr(self, "_rlbus_routes", [])
+        if not routes or not routes[0]:
+            return save({"experts": torch.zeros(0, 0, 0, dtype=torch.int16)})
+        experts = torch.stack([torch.cat(layer) for layer in routes])  # [L, T, k]
+        for layer in routes:
+            layer.clear()
+        return save({"experts": experts.contiguous()})
+
     def rlbus_device(self) -> str:
         """Where the model's parameters live (``cpu`` or ``cuda:N``): picks the push path."""
         return str(next(self.model_runner.get_model().parameters()).device)
