@@ -41,16 +41,18 @@ import os
 import threading
 import time
 from collections import deque
-from collections.abc import Iterable, Mapping, Sequence
-from concurrent.futures import Future
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 
 from rlbus.engines.base import FinishReason, GenerationRequest, GenerationResult, LogprobSpec, SwapPoint
 from rlbus.errors import ConfigError
+
+T = TypeVar("T")
 
 WORKER_EXTENSION = "rlbus.engines.vllm_worker.RlbusWorkerExtension"
 #: Where `make vllm-env` puts the environment, relative to the checkout (``RLBUS_VLLM_PYTHON`` overrides).
@@ -153,7 +155,10 @@ class VLLMEngine:
         kwargs.update(llm_kwargs or {})
         self._detokenize = not kwargs.get("skip_tokenizer_init", False)
         self.model_dir = Path(model)
-        self.llm = LLM(**kwargs)
+        # Every vLLM call runs on this one thread (see `_on_thread`).
+        self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="vllm-engine")
+        self._thread_id = self._thread.submit(threading.get_ident).result()
+        self.llm = self._on_thread(LLM, **kwargs)
         self._engine = self.llm.llm_engine
         self.policy_version = policy_version
         self.record_experts = record_experts
@@ -202,7 +207,7 @@ class VLLMEngine:
             self._driving = True
         try:
             while not _all_done(futures):
-                self._step()
+                self._on_thread(self._step)
                 with self._cond:
                     self._cond.notify_all()
         finally:
@@ -345,7 +350,7 @@ class VLLMEngine:
             blob = _safetensors(dict(tensors))
             self._rpc("rlbus_reload", blob)
             sent, count = len(blob), len(tensors)
-        self._engine.reset_prefix_cache()
+        self._on_thread(self._engine.reset_prefix_cache)
         self.policy_version = version
         stats = PushStats(version=version, mode=self.push_mode if changes is not None else "reload", tensors=count,
                           bytes=sent, seconds=time.perf_counter() - started)
@@ -367,14 +372,27 @@ class VLLMEngine:
         return load(self._rpc("rlbus_take_routing"))["experts"]
 
     def _rpc(self, method: str, *args: Any) -> Any:
-        results = self._engine.collective_rpc(method, args=args)
+        results = self._on_thread(self._engine.collective_rpc, method, args=args)
         return results[0]
+
+    def _on_thread(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+        """Run ``fn`` on the engine's own thread (at once when already there).
+
+        vLLM's CPU backend binds OpenMP threads in the thread that builds the engine and sizes its attention
+        metadata by the calling thread's OpenMP thread count; a step driven from another thread (a rollout
+        worker's episode threads take turns driving) failed its check ``thread_num (2 vs. 1)``. One thread
+        for every call keeps both the same.
+        """
+        if threading.get_ident() == self._thread_id:
+            return fn(*args, **kwargs)
+        return self._thread.submit(fn, *args, **kwargs).result()
 
     def close(self) -> None:
         """Shut vLLM's engine core down (frees its KV cache and threads)."""
         shutdown = getattr(self._engine.engine_core, "shutdown", None)
         if shutdown is not None:
-            shutdown()
+            self._on_thread(shutdown)
+        self._thread.shutdown(wait=True)
 
 
 def _context(directory: Path, cap: int) -> int:

@@ -249,3 +249,24 @@ def test_a_request_in_flight_continues_on_the_new_version(engine: VLLMEngine, ll
     versions = res.policy_versions
     assert len(versions) == 200 and versions[0] == before and versions[-1] == before + 1
     assert list(versions) == sorted(versions)  # one switch, at a step boundary
+
+
+def test_episode_threads_take_turns_driving(engine: VLLMEngine, llama: Any) -> None:
+    """A rollout worker's episode threads call in through the batching engine and take turns driving
+    vLLM; every vLLM call still runs on the engine's own thread (OpenMP settings are per thread)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from rlbus.engines.batching import BatchingEngine
+
+    _, _, tok = llama
+    torch.set_num_threads(1)  # this thread's OpenMP count differs from the pool threads'
+    batching = BatchingEngine(engine, max_batch=8, window_s=0.002)
+    prompt = tuple(tok.encode("threads"))
+
+    def one(i: int) -> int:
+        req = GenerationRequest(prompt_ids=prompt, max_new_tokens=4 + i, temperature=1.0, seed=i)
+        (res,) = batching.generate([req])
+        return len(res.token_ids)
+
+    with ThreadPoolExecutor(6) as pool:
+        assert list(pool.map(one, range(12))) == [4 + i for i in range(12)]
