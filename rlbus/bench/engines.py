@@ -43,7 +43,9 @@ def _requests(tok: Any, count: int, new_tokens: int, seed: int = 0) -> list[Gene
                               seed=seed + i, request_id=f"r{i}") for i, line in enumerate(lines)]
 
 
-def _throughput(generate: Any, tok: Any, levels: tuple[int, ...], new_tokens: int) -> dict[int, float]:
+def _throughput(
+    label: str, generate: Any, tok: Any, levels: tuple[int, ...], new_tokens: int
+) -> dict[int, float]:
     out = {}
     generate(_requests(tok, 2, 4, seed=99))  # warm-up: first-call allocations, kernels
     for c in levels:
@@ -52,6 +54,7 @@ def _throughput(generate: Any, tok: Any, levels: tuple[int, ...], new_tokens: in
         results = generate(reqs)
         dt = time.perf_counter() - t0
         out[c] = sum(len(r.token_ids) for r in results) / dt
+        print(f"{label}: {c} concurrent, {out[c]:.1f} tokens/s", flush=True)
     return out
 
 
@@ -126,15 +129,16 @@ def run(quick: bool = False, json_path: Path | None = None) -> dict[str, Any]:
     torch.set_num_threads(2)
     torch_model = load_hf(directory, dtype=torch.bfloat16).eval()
     torch_engine = TorchEngine(torch_model, seed=0, max_batch=64)
-    torch_tps = _throughput(torch_engine.generate, tok, levels, new_tokens)
+    torch_tps = _throughput("torch engine", torch_engine.generate, tok, levels, new_tokens)
     t1 = time.perf_counter()
 
+    print("a real GRPO step on SmolLM2, its delta into a vLLM rollout stack", flush=True)
     swap = asyncio.run(_swap(directory, 1 if quick else 2, tok, torch_engine.generate))
     del torch_engine, torch_model
     t2 = time.perf_counter()
 
     vllm = VLLMEngine(directory, seed=0, max_batch=64)
-    vllm_tps = _throughput(vllm.generate, tok, levels, new_tokens)
+    vllm_tps = _throughput("vLLM", vllm.generate, tok, levels, new_tokens)
     vllm.close()
     t3 = time.perf_counter()
 
