@@ -123,6 +123,10 @@ def demo(
         str | None, typer.Option(help="Train a real LLM instead of the in-house policy: smollm2-135m-instruct (the "
                                       "shipped run, ~15 min on 2 cores), or an HF model directory or .gguf file.")
     ] = None,
+    engine: Annotated[
+        str, typer.Option(help="Rollout engine: torch, or vllm (an HF --model; the demo then runs under the vLLM "
+                               "environment's python, `make vllm-env`, with one rollout worker by default).")
+    ] = "torch",
 ) -> None:
     """Async RL end to end in one process: warm start, then prompts → rollout workers → rewards →
     GRPO trainer, weights flowing back as lossless deltas. Embedded bus, CPU, a few minutes."""
@@ -131,10 +135,18 @@ def demo(
     import msgspec
     from rich.live import Live
 
+    if engine not in ("torch", "vllm"):
+        raise typer.BadParameter("--engine is torch or vllm")
+    if engine == "vllm":
+        _in_vllm_env()
     from rlbus.demo import Demo, DemoConfig
     from rlbus.demo_view import live_table, plot, summary_table
 
     config = DemoConfig.for_model(model) if model else DemoConfig.quick() if quick else DemoConfig()
+    if engine == "vllm":
+        if workers is None:
+            workers = 1  # one vLLM per process on 2 cores
+        config = config.tuned(rollout={"engine": "vllm"})
     config = dataclasses.replace(
         config,
         rl_steps=config.rl_steps if steps is None else steps,
@@ -161,6 +173,25 @@ def demo(
     console.print(f"plot: {plot(result, run_dir / 'demo.png')}")
     if json_path is not None:
         json_path.write_bytes(msgspec.json.format(msgspec.json.encode(figures), indent=2))
+
+
+def _in_vllm_env() -> None:
+    """Re-run this command under the vLLM environment's ``rlbus`` unless vLLM imports here (the demo is one
+    process, so its trainer runs there too)."""
+    import importlib.util
+    import os
+
+    if importlib.util.find_spec("vllm") is not None:
+        return
+    from rlbus.launch.up import vllm_rlbus_command
+
+    try:
+        command = vllm_rlbus_command()
+    except RlbusError as exc:
+        err.print(f"[red]error:[/red] {exc}")
+        raise typer.Exit(1) from None
+    console.print(f"vLLM is not in this environment: running under {command[0]}")
+    os.execv(command[0], [*command, *sys.argv[1:]])
 
 
 def _status_logger(every_s: float = 10.0) -> Callable[[Any], None]:
@@ -1113,6 +1144,7 @@ BENCHMARKS = {
     "swe": "rlbus.bench.swe",
     "online": "rlbus.bench.online",
     "judge": "rlbus.bench.judge",
+    "engines": "rlbus.bench.engines",
 }
 
 
@@ -1133,6 +1165,11 @@ def bench(
         typer.Option(help="mismatch: policy (rlbus's MoE, the default) or hf-moe (a random Qwen3-MoE); judge: the "
                           "judge model (default smollm2-135m-instruct; a model directory or .gguf)."),
     ] = None,
+    engine: Annotated[
+        str | None,
+        typer.Option(help="mismatch only: torch (default) or vllm (SmolLM2 and a random Mixtral on vLLM; run it "
+                          "with .venv-vllm's rlbus)."),
+    ] = None,
 ) -> None:
     """Run a benchmark: prints a short table (with its same-run baseline) and optionally writes JSON."""
     if name not in BENCHMARKS:
@@ -1151,6 +1188,10 @@ def bench(
         if name != "judge" and (name != "mismatch" or model not in ("policy", "hf-moe")):
             raise typer.BadParameter("--model is policy or hf-moe for the mismatch benchmark, or the judge model")
         kwargs["model"] = model
+    if engine is not None:
+        if name != "mismatch" or engine not in ("torch", "vllm"):
+            raise typer.BadParameter("--engine is torch or vllm, for the mismatch benchmark only")
+        kwargs["engine"] = engine
     try:
         result = module.run(quick=quick, json_path=json_path, **kwargs)
     except RlbusError as exc:

@@ -295,6 +295,9 @@ class RolloutSection(msgspec.Struct, **_STRUCT):
     episode_threads: int = 64
     #: torch intra-op threads.
     torch_threads: int = 1
+    #: Inference engine: ``torch`` (in-process, the project's environment) or ``vllm`` (vLLM in its own
+    #: environment, ``make vllm-env``: `rlbus up` starts these workers with its python; needs an HF model).
+    engine: Literal["torch", "vllm"] = "torch"
 
     def __post_init__(self) -> None:
         for name in ("temperature", "prompts_in_flight", "max_batch", "episode_threads", "torch_threads"):
