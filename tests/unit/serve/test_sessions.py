@@ -154,7 +154,9 @@ async def test_a_completion_recorded_as_a_rollout_joins_feedback_by_its_id(gatew
                                               max_tokens=4, n=2, extra_headers={"X-RL-Record-Rollout": "1"})
     for recorder in (gateway.stack.recorder, gateway.stack.gateway.rollouts):
         assert recorder is not None and await recorder.flush()
-    one, *group = await on(gateway.bus, ROLLOUTS)
+    rollouts = await on(gateway.bus, ROLLOUTS)
+    [one] = [r for r in rollouts if r.rollout_id == reply.id]
+    group = [r for r in rollouts if r.rollout_id != reply.id]
     assert (one.rollout_id, one.prompt_id, one.group_size) == (reply.id, "sum", 1)
     assert sorted(r.rollout_id for r in group) == [f"{grouped.id}/0", f"{grouped.id}/1"]
     assert {(r.prompt_id, r.group_size) for r in group} == {(grouped.id, 2)}
