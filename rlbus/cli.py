@@ -701,7 +701,7 @@ def train_dpo(
 
 @app.command()
 def worker(
-    role: Annotated[str, typer.Argument(help="prompts, rollout, reward or trainer.")],
+    role: Annotated[str, typer.Argument(help="prompts, rollout, reward, trainer or serve (the gateway).")],
     config: RunConfigFile = None,
     region: Annotated[
         str | None, typer.Option(envvar="RLBUS_REGION", help="Region: Kafka client-id suffix and client.rack.")
@@ -731,13 +731,15 @@ def up(
         str | None, typer.Option(help="Run namespace (default: the config's, else a fresh up-<date>-<time>).")
     ] = None,
     grace: Annotated[float, typer.Option(help="Seconds a child may drain after SIGTERM before it is killed.")] = 30.0,
+    serve: Annotated[bool, typer.Option(help="Also run the OpenAI-compatible gateway ([serve] of the config).")
+                     ] = False,
 ) -> None:
     """A local distributed run: Kafka and Redis (started if missing), topics, a blob server, the trainer,
     a reward worker, rollout workers and the prompt producer as processes. Ctrl-C stops them gracefully."""
     from rlbus.launch.up import up as run_up
 
     raise typer.Exit(_run(lambda: run_up(config, rollout_workers=rollout_workers, steps=steps, namespace=namespace,
-                                         grace_s=grace)))
+                                         grace_s=grace, serve=serve)))
 
 
 # --- replay / tail --------------------------------------------------------------------------------
@@ -1017,6 +1019,7 @@ BENCHMARKS = {
     "window": "rlbus.bench.window",
     "join": "rlbus.bench.join",
     "llm": "rlbus.bench.llm",
+    "serve": "rlbus.bench.serve",
 }
 
 
@@ -1041,7 +1044,7 @@ def bench(
     if name not in BENCHMARKS:
         raise typer.BadParameter(f"unknown benchmark {name!r}; choose from {', '.join(BENCHMARKS)}")
     module = importlib.import_module(BENCHMARKS[name])
-    kwargs: dict[str, Any] = {"bootstrap": bootstrap} if name == "bus" else {}
+    kwargs: dict[str, Any] = {"bootstrap": bootstrap} if name in ("bus", "serve") else {}
     if mode is not None:
         if name != "pipeline" or mode not in ("sync", "async"):
             raise typer.BadParameter("--mode is sync or async, for the pipeline benchmark only")
