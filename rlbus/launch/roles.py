@@ -414,9 +414,7 @@ async def serve_main(
             gateway, sync = parts.gateway, parts.rollout.sync
 
             def info() -> dict[str, Any]:
-                return {"version": gateway.engine.policy_version, "processed": gateway.served,
-                        **(sync.stats() if sync is not None else {}), **(gateway.recorder.stats()
-                                                                        if gateway.recorder else {})}
+                return {**(sync.stats() if sync is not None else {}), **gateway.stats()}
 
             watch = observed(config, state, "serve", worker_id, region, info)
             async with asyncio.TaskGroup() as tasks:

@@ -58,6 +58,7 @@ import json
 import logging
 import re
 import time
+from collections import deque
 from collections.abc import Awaitable, Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
@@ -78,6 +79,7 @@ from rlbus.observe.metrics import (
     SERVE_REQUESTS,
     SERVE_TOKENS,
 )
+from rlbus.observe.stats import percentile
 from rlbus.schemas import Rollout, SamplingInfo, Served, ServedParams, TensorData, Turn
 from rlbus.serve import api
 from rlbus.serve.admission import Admission
@@ -165,8 +167,31 @@ class Gateway:
         self._clock = clock
         self.served = 0
         self.history_edits = 0
+        self.prompt_tokens = 0
+        self.completion_tokens = 0
+        self._latencies: deque[float] = deque(maxlen=1000)
+        #: Seconds each recent non-streamed completion spent in the gateway itself (its whole handling
+        #: minus the engine call): the gateway's own cost, free of the engine's load.
+        self.own_seconds: deque[float] = deque(maxlen=1000)
         self.address: tuple[str, int] | None = None
         self.listening = asyncio.Event()
+
+    def stats(self) -> dict[str, Any]:
+        """What the gateway's heartbeat carries (the dashboard's serving card): traffic over the latest
+        1,000 completions' latencies, tokens, recording, admission refusals, sessions."""
+        latencies = list(self._latencies)
+        recorder = self.recorder.stats() if self.recorder is not None else {}
+        return {
+            "version": self.engine.policy_version, "processed": self.served, "served": self.served,
+            "latency_p50_ms": round(percentile(latencies, 50) * 1000, 1) if latencies else None,
+            "latency_p99_ms": round(percentile(latencies, 99) * 1000, 1) if latencies else None,
+            "own_p50_ms": round(percentile(list(self.own_seconds), 50) * 1000, 2) if self.own_seconds else None,
+            "prompt_tokens": self.prompt_tokens, "completion_tokens": self.completion_tokens,
+            "recorded": recorder.get("recorded"), "buffered": recorder.get("buffered"),
+            "dropped": recorder.get("dropped"), "down": recorder.get("down"),
+            "rejected": sum(self.admission.refused.values()) if self.admission is not None else 0,
+            "sessions_open": len(self.sessions), "history_edits": self.history_edits,
+        }
 
     # -- app -------------------------------------------------------------------------------------------
 
@@ -255,9 +280,13 @@ class Gateway:
         call = self._prepare(api.parse_request(body, max_n=self.max_n), request, tenant, started)
         if call.request.stream:
             return await self._stream(request, call)
+        engine_started = time.perf_counter()
         results = await self._generate(call.engine_requests)
+        engine_s = time.perf_counter() - engine_started
         body_out = self._finish(call, results)
-        return _json(200, body_out, headers=self._headers(call, results))
+        response = _json(200, body_out, headers=self._headers(call, results))
+        self.own_seconds.append(time.perf_counter() - started - engine_s)
+        return response
 
     async def _session_info(self, request: web.Request) -> web.Response:
         tenant = self.tenants.tenant_of(request.headers.get("Authorization"))
@@ -415,7 +444,11 @@ class Gateway:
         prompt = len(call.context.ids)
         SERVE_TOKENS.labels("prompt").inc(prompt)
         SERVE_TOKENS.labels("completion").inc(completion)
-        SERVE_LATENCY_SECONDS.observe(time.perf_counter() - call.started)
+        latency = time.perf_counter() - call.started
+        SERVE_LATENCY_SECONDS.observe(latency)
+        self._latencies.append(latency)
+        self.prompt_tokens += prompt
+        self.completion_tokens += completion
         self.served += 1
         return {
             "id": call.served_id, "object": "chat.completion", "created": int(self._clock()),
