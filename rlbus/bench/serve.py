@@ -258,10 +258,12 @@ async def _last_served(bus: Bus) -> Served:
 
 def run(quick: bool = False, json_path: Path | None = None, bootstrap: str = "127.0.0.1:9092") -> dict[str, Any]:
     import torch
+    from rich.console import Console
 
     from rlbus.build.model import parse_model
 
     global _SOURCE
+    progress = Console(stderr=True)
     setup = QUICK if quick else FULL
     _SOURCE = parse_model(setup.model, device="cpu")
     torch.manual_seed(0)
@@ -276,6 +278,7 @@ def run(quick: bool = False, json_path: Path | None = None, bootstrap: str = "12
             direct, gateway = _Pool([], 0.0, {}), _Pool([], 0.0, {})
             stack.gateway.own_seconds.clear()
             for r in range(setup.rounds):  # alternate the order, so drift on a shared machine hits both
+                progress.print(f"[dim]concurrency {c}: round {r + 1}/{setup.rounds}, {n} requests per path[/dim]")
                 seeds = range(r * n, (r + 1) * n)
                 for path in (("direct", "gateway") if r % 2 == 0 else ("gateway", "direct")):
                     if path == "direct":

@@ -54,6 +54,7 @@ session nor recorded as a rollout are never refused for staleness.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import re
@@ -302,6 +303,9 @@ class Gateway:
     async def _session_reward(self, request: web.Request) -> web.Response:
         tenant = self.tenants.tenant_of(request.headers.get("Authorization"))
         session = self.sessions.owned(request.match_info["session_id"], tenant)
+        if session.closing:
+            raise ApiError(409, f"session {session.session_id!r} is being closed by another request",
+                           param="session_id", code="session_closing")
         try:
             body = json.loads(await request.read() or b"{}")
         except json.JSONDecodeError as exc:
@@ -554,7 +558,10 @@ class Gateway:
     # -- streaming ---------------------------------------------------------------------------------------
 
     async def _stream(self, http: web.Request, call: _Call) -> web.StreamResponse:
-        """Server-sent events: a role chunk, text deltas as tokens are sampled, the finish, ``[DONE]``."""
+        """Server-sent events: a role chunk, text deltas as tokens are sampled, the finish, ``[DONE]``.
+
+        A client that goes away mid-stream does not stop the generation or its recording: the tokens were
+        sampled, so they are recorded (and join the session) like any completion."""
         loop = asyncio.get_running_loop()
         queue: asyncio.Queue[tuple[int, int]] = asyncio.Queue()
 
@@ -569,6 +576,16 @@ class Gateway:
             "Content-Type": "text/event-stream", "Cache-Control": "no-cache", **self._headers(call, None)})
         await response.prepare(http)
         created = int(self._clock())
+        gone = False
+
+        async def send(data: bytes) -> None:
+            nonlocal gone
+            if gone:
+                return
+            try:
+                await response.write(data)
+            except (ConnectionError, RuntimeError):  # the client closed the connection
+                gone = True
 
         def chunk(choices: list[dict[str, Any]], **extra: Any) -> bytes:
             body = {"id": call.served_id, "object": "chat.completion.chunk", "created": created,
@@ -579,8 +596,8 @@ class Gateway:
         version = [str(self.engine.policy_version)]
         n = len(requests)
         for i in range(n):
-            await response.write(chunk([{"index": i, "delta": {"role": "assistant", "content": ""},
-                                         "logprobs": None, "finish_reason": None}]))
+            await send(chunk([{"index": i, "delta": {"role": "assistant", "content": ""},
+                               "logprobs": None, "finish_reason": None}]))
         tokens: list[list[int]] = [[] for _ in range(n)]
         sent = [""] * n
         holds = [*call.engine_requests[0].stop, *(["<tool_call>"] if call.tools else [])]
@@ -597,12 +614,17 @@ class Gateway:
                 visible = _safe_prefix(self.chat.decode(tokens[i]), holds)
                 if len(visible) > len(sent[i]) and visible.startswith(sent[i]):
                     piece, sent[i] = visible[len(sent[i]):], visible
-                    await response.write(chunk([{"index": i, "delta": {"content": piece}, "logprobs": None,
-                                                 "finish_reason": None}]))
+                    await send(chunk([{"index": i, "delta": {"content": piece}, "logprobs": None,
+                                       "finish_reason": None}]))
             results = generation.result()
-        except ApiError as exc:
-            await response.write(b"data: " + msgspec.json.encode(api.error_body(exc)) + b"\n\n")
-            await response.write_eof()
+        except Exception as exc:  # headers are out: the failure becomes the stream's last event
+            log.exception("streamed completion %s failed", call.served_id)
+            error = exc if isinstance(exc, ApiError) else ApiError(
+                500, f"internal error: {type(exc).__name__}", type="server_error", code="internal_error")
+            await send(b"data: " + msgspec.json.encode(api.error_body(error)) + b"\n\n")
+            if not gone:
+                with contextlib.suppress(ConnectionError, RuntimeError):
+                    await response.write_eof()
             return response
         version[0] = _versions(results, "v")
         body = self._finish(call, results)
@@ -613,12 +635,14 @@ class Gateway:
                 delta["content"] = content[len(sent[i]):]
             if "tool_calls" in choice["message"]:
                 delta["tool_calls"] = [{"index": k, **c} for k, c in enumerate(choice["message"]["tool_calls"])]
-            await response.write(chunk([{"index": i, "delta": delta, "logprobs": choice["logprobs"],
-                                         "finish_reason": choice["finish_reason"]}]))
+            await send(chunk([{"index": i, "delta": delta, "logprobs": choice["logprobs"],
+                               "finish_reason": choice["finish_reason"]}]))
         if call.request.stream_options is not None and call.request.stream_options.include_usage:
-            await response.write(chunk([], usage=body["usage"]))
-        await response.write(b"data: [DONE]\n\n")
-        await response.write_eof()
+            await send(chunk([], usage=body["usage"]))
+        await send(b"data: [DONE]\n\n")
+        if not gone:
+            with contextlib.suppress(ConnectionError, RuntimeError):
+                await response.write_eof()
         return response
 
 

@@ -169,3 +169,18 @@ def _tool(name: str) -> dict[str, Any]:
     return {"type": "function", "function": {"name": name, "description": "look it up",
                                              "parameters": {"type": "object", "properties": {
                                                  "city": {"type": "string"}}}}}
+
+
+async def test_a_client_leaving_mid_stream_is_still_recorded(gateway: Running) -> None:
+    from rlbus.aio import until
+
+    async with aiohttp.ClientSession() as http:
+        body = {"model": "tiny", "messages": HELLO, "max_tokens": 12, "stream": True}
+        async with http.post(f"{gateway.base_url}/chat/completions", json=body,
+                             headers={"Authorization": f"Bearer {KEY}"}) as response:
+            first = await response.content.readline()
+            served_id = response.headers["X-RL-Served-Id"]
+    assert first.startswith(b"data: {")
+    await until(lambda: gateway.stack.gateway.served == 1, "the abandoned stream to finish")
+    [record] = await served_on(gateway.bus, gateway)
+    assert record.served_id == served_id and record.params.stream and record.token_ids.numel >= 1
