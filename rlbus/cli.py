@@ -591,10 +591,10 @@ def feedback_send(
 def serve(
     config: Annotated[Path | None, typer.Option("--config", envvar="RLBUS_CONFIG", help=(
         "Run config (TOML): serve the run's model, weights following its trainer, recording on its bus; "
-        "[serve] sets port, tokens, sessions."))] = None,
+        "the config's serve table sets port, tokens, sessions."))] = None,
     model: Annotated[str | None, typer.Option(help="A shipped model (default smollm2-135m-instruct), a model "
                                                    "directory, a .gguf file, or a preset (tiny, bench, demo).")] = None,
-    port: Annotated[int | None, typer.Option(help="Port (default 8000, or [serve] port).")] = None,
+    port: Annotated[int | None, typer.Option(help="Port (default 8000, or the config's serve.port).")] = None,
     host: Annotated[str, typer.Option(help="Interface, without --config.")] = "127.0.0.1",
     token_file: Annotated[Path | None, typer.Option(envvar="RLBUS_SERVE_TOKEN_FILE", help=(
         "File of 'tenant: token' lines (else $RLBUS_SERVE_TOKENS='tenant:token,…')."))] = None,
@@ -731,7 +731,7 @@ def up(
         str | None, typer.Option(help="Run namespace (default: the config's, else a fresh up-<date>-<time>).")
     ] = None,
     grace: Annotated[float, typer.Option(help="Seconds a child may drain after SIGTERM before it is killed.")] = 30.0,
-    serve: Annotated[bool, typer.Option(help="Also run the OpenAI-compatible gateway ([serve] of the config).")
+    serve: Annotated[bool, typer.Option(help="Also run the OpenAI-compatible gateway (the config's serve table).")
                      ] = False,
 ) -> None:
     """A local distributed run: Kafka and Redis (started if missing), topics, a blob server, the trainer,

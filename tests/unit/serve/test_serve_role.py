@@ -65,6 +65,10 @@ async def test_served_versions_follow_the_trainer(tmp_path: Path) -> None:
             records = [r.value for r in await consumer.getmany(timeout_s=0.1)]
         versions = {r.served_id: set(r.token_versions.to_numpy().tolist()) for r in records}
         assert versions[before.id] == {0} and versions[after.id] == {1}
+        for record in records:  # the MoE policy's routing, for router replay: [layers, P + N - 1, top_k]
+            assert record.routed_experts is not None
+            layers, positions, k = record.routed_experts.shape
+            assert (layers, k) == (4, 2) and positions == record.prompt_ids.numel + record.token_ids.numel - 1
     finally:
         stop.set()
         await task
