@@ -551,8 +551,8 @@ class Gateway:
                 token_versions=TensorData.from_numpy(np.asarray(seq.versions, dtype=np.int32)),
                 routed_experts=None if routed is None else _routing_full(routed, len(seq.ids)),
                 sampling=_sampling(result), turns=turns, finish_reason=finishes[i], created_at=self._clock(),
-                metadata={"origin": "served", "tenant": call.tenant, "session_id": "",
-                          "request_ids": call.served_id, "task": (call.request.metadata or {}).get("task", "")},
+                metadata={"origin": "served", "tenant": call.tenant, "session_id": "", "request_ids": call.served_id,
+                          **({"task": task} if (task := (call.request.metadata or {}).get("task")) else {})},
             ))
 
     # -- streaming ---------------------------------------------------------------------------------------
