@@ -1,6 +1,7 @@
 """The OpenAI-compatible gateway: production traffic served by the rollout fleet's engine, recorded for RL.
 
-Routes (JSON; every route but ``/healthz`` needs ``Authorization: Bearer <tenant token>``, `rlbus.serve.auth`):
+Routes (JSON; every route but ``/healthz`` and ``/metrics`` needs ``Authorization: Bearer <tenant token>``,
+`rlbus.serve.auth`):
 
 =================================  =====================================================================
 ``POST /v1/chat/completions``      OpenAI chat completions: messages, tools / tool_choice, n, temperature,
@@ -11,6 +12,7 @@ Routes (JSON; every route but ``/healthz`` needs ``Authorization: Bearer <tenant
                                    rollout and the reward landed
 ``GET /rl/sessions/{id}``          an open session's turns, tokens, edits, oldest version
 ``GET /healthz``                   version served, recorder and session counters
+``GET /metrics``                   the process's Prometheus metrics (as vLLM serves them on its port)
 =================================  =====================================================================
 
 The engine is the one a rollout worker uses (`rlbus.build.rollout.rollout_stack`: the torch engine behind
@@ -75,10 +77,14 @@ from rlbus.engines.base import Engine, GenerationRequest, GenerationResult
 from rlbus.envs.chat import ChatFormat
 from rlbus.errors import ApiError, BusError
 from rlbus.observe.metrics import (
+    CONTENT_TYPE as METRICS_CONTENT_TYPE,
+)
+from rlbus.observe.metrics import (
     SERVE_HISTORY_EDITS,
     SERVE_LATENCY_SECONDS,
     SERVE_REQUESTS,
     SERVE_TOKENS,
+    exposition,
 )
 from rlbus.observe.stats import percentile
 from rlbus.schemas import Rollout, SamplingInfo, Served, ServedParams, TensorData, Turn
@@ -199,6 +205,7 @@ class Gateway:
     def app(self) -> web.Application:
         app = web.Application(middlewares=[self._errors], client_max_size=self.max_body_bytes)
         app.router.add_get("/healthz", self._health)
+        app.router.add_get("/metrics", self._metrics)
         app.router.add_get("/v1/models", self._models)
         app.router.add_post("/v1/chat/completions", self._chat_completions)
         app.router.add_post("/rl/sessions/{session_id}/reward", self._session_reward)
@@ -266,6 +273,9 @@ class Gateway:
             "recorder": None if self.recorder is None else self.recorder.stats(),
             "admission_refused": {} if self.admission is None else dict(self.admission.refused),
         })
+
+    async def _metrics(self, request: web.Request) -> web.Response:
+        return web.Response(body=exposition(), headers={"Content-Type": METRICS_CONTENT_TYPE})
 
     async def _models(self, request: web.Request) -> web.Response:
         self.tenants.tenant_of(request.headers.get("Authorization"))

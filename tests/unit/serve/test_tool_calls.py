@@ -11,6 +11,7 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
 
+import aiohttp
 import openai
 
 from rlbus.envs.chat import ChatFormat
@@ -89,3 +90,33 @@ async def test_a_streamed_tool_call() -> None:
 def engine_ids(gateway: Gateway, text: str) -> list[int]:
     """The ids the scripted engine sampled for ``text``: its encoding plus the end-of-turn token."""
     return [*gateway.chat.encode(text), gateway.chat.stop_ids[0]]
+
+
+async def test_the_user_field_marks_a_session_when_configured_and_metrics_are_served() -> None:
+    chat = ChatFormat.for_hf_tokenizer(offline_tokenizer(CHATML))
+    engine = ScriptedEngine(["one", "two"], tokenizer=chat.tokenizer)
+    gateway = Gateway(engine=engine, chat=chat, tenants=Tenants({"acme": KEY}), model_name="scripted",
+                      max_context=8192, user_sessions=True)
+    stop = asyncio.Event()
+    task = asyncio.create_task(gateway.run(stop, "127.0.0.1", 0))
+    await gateway.listening.wait()
+    host, port = gateway.address or ("", 0)
+    try:
+        client = openai.AsyncOpenAI(base_url=f"http://{host}:{port}/v1", api_key=KEY, max_retries=0)
+        messages: list[Any] = [{"role": "user", "content": "count"}]
+        raw = await client.chat.completions.with_raw_response.create(model="scripted", messages=messages,
+                                                                     user="u-42")
+        assert raw.headers["X-RL-Session"] == "u-42"
+        messages += [{"role": "assistant", "content": "one"}, {"role": "user", "content": "more"}]
+        raw = await client.chat.completions.with_raw_response.create(model="scripted", messages=messages,
+                                                                     user="u-42")
+        assert raw.headers["X-RL-History"] == "ok"
+        session = gateway.sessions.get("u-42")
+        assert session is not None and len(session.request_ids) == 2
+        async with aiohttp.ClientSession() as http, http.get(f"http://{host}:{port}/metrics") as response:
+            text = await response.text()
+        assert response.status == 200
+        assert 'rlbus_serve_requests_total{route="/v1/chat/completions",status="200"}' in text
+    finally:
+        stop.set()
+        await task
