@@ -29,6 +29,8 @@ _PYTHON = "/usr/bin/python3"
 
 @dataclass
 class TestOutcome:
+    __test__ = False  # not a pytest test class
+
     nodeid: str
     outcome: str
     """passed, failed, skipped or error."""
@@ -57,6 +59,8 @@ class RunReport:
 
 class TestRunner:
     """Runs pytest over repositories in sandboxes that share one staged runtime directory."""
+
+    __test__ = False  # not a pytest test class, whatever its name
 
     def __init__(self, *, timeout_s: float = 120.0, memory_mb: int = 2048, processes: int = 64) -> None:
         self.limits = SandboxLimits(
