@@ -90,7 +90,7 @@ def rollout_args(config: RunConfig) -> dict[str, Any]:
     """`rlbus.build.rollout.rollout_stack`'s sampling and batching arguments."""
     r = config.rollout
     return {"temperature": r.temperature, "prompts_in_flight": r.prompts_in_flight, "max_batch": r.max_batch,
-            "batch_window_s": r.batch_window_s}
+            "batch_window_s": r.batch_window_s, "engine": r.engine}
 
 
 def trainer_args(config: RunConfig) -> dict[str, Any]:
@@ -101,6 +101,7 @@ def trainer_args(config: RunConfig) -> dict[str, Any]:
         "keyframe_every": t.keyframe_every, "retain_versions": t.retain_versions,
         "checkpoint_every": t.checkpoint_every, "keep_checkpoints": t.keep_checkpoints,
         "reward_sources": tuple(t.reward_sources), "join_timeout_s": t.join_timeout_s, "ordered": t.ordered,
+        "online": t.online,
         "reward_weights": dict(t.reward_weights), "invalid_judgements": t.invalid_judgements,
         "invalid_weight": t.invalid_weight,
     }

@@ -14,6 +14,8 @@ Tables (each optional; defaults equal ``rlbus demo``'s, so a file with only ``[b
                without a checkpoint) …
     [trainer.grpo]  the GRPO step's other knobs (is_mode, router_replay, minibatches, micro_batch_rows,
                compute_dtype …: rlbus.training.config.GRPOConfig)
+    [trainer.online]  training on served traffic: enabled, estimator, baseline, max_age_s, release cadence …
+               (rlbus.training.config.OnlineConfig)
     [dpo]      the offline preference stage before RL: steps, data, beta, loss, gate_accuracy …
     [rollout]  temperature, prompts_in_flight, max_batch …
     [reward]   kind = "verifier" | "judge" | "both", concurrency; [reward.judge] the LM judge (rubric, backend …)
@@ -46,7 +48,7 @@ import msgspec
 from rlbus.config import KafkaBusConfig, parse, secret_from
 from rlbus.errors import ConfigError
 from rlbus.models.config import DEMO_SHAPE, PolicyConfig
-from rlbus.training.config import GRPOConfig
+from rlbus.training.config import GRPOConfig, OnlineConfig
 
 ENV_BOOTSTRAP = "RLBUS_KAFKA_BOOTSTRAP"
 ENV_REDIS = "RLBUS_REDIS_URL"
@@ -200,6 +202,10 @@ class TrainerSection(msgspec.Struct, **_STRUCT):
     retain_versions: int = 5
     #: torch intra-op threads (1: several processes share a small machine).
     torch_threads: int = 1
+    #: Training on served traffic with late user rewards (``[trainer.online]``: enabled, estimator, baseline,
+    #: ema, window, max_age_s, max_staleness, release_every_rewards, release_every_s …; see
+    #: `rlbus.training.config.OnlineConfig` and README "Learning from served traffic").
+    online: OnlineConfig = msgspec.field(default_factory=OnlineConfig)
 
     def __post_init__(self) -> None:
         positive = ("lr", "groups_per_step", "publish_every", "checkpoint_every", "keep_checkpoints",
@@ -289,6 +295,9 @@ class RolloutSection(msgspec.Struct, **_STRUCT):
     episode_threads: int = 64
     #: torch intra-op threads.
     torch_threads: int = 1
+    #: Inference engine: ``torch`` (in-process, the project's environment) or ``vllm`` (vLLM in its own
+    #: environment, ``make vllm-env``: `rlbus up` starts these workers with its python; needs an HF model).
+    engine: Literal["torch", "vllm"] = "torch"
 
     def __post_init__(self) -> None:
         for name in ("temperature", "prompts_in_flight", "max_batch", "episode_threads", "torch_threads"):
@@ -359,6 +368,36 @@ class RewardSection(msgspec.Struct, **_STRUCT):
             raise ConfigError("reward.judge.rubric", f'kind = "{self.kind}" needs a rubric file')
 
 
+class ServeSection(msgspec.Struct, **_STRUCT):
+    """The OpenAI-compatible gateway (`rlbus serve`, rlbus/serve/)."""
+
+    #: Interface to listen on (``0.0.0.0`` in containers).
+    host: str = "127.0.0.1"
+    #: Port of ``/v1/chat/completions``.
+    port: int = 8000
+    #: File of ``tenant: token`` lines (else ``$RLBUS_SERVE_TOKENS``); never the tokens themselves.
+    token_file: str | None = None
+    #: The name clients put in ``model`` (default: the model's own name).
+    model_name: str | None = None
+    #: Treat the request's ``user`` field as an RL session id when no ``X-RL-Session`` header is sent.
+    user_sessions: bool = False
+    #: RL sessions open at once; more are answered 429.
+    max_open_sessions: int = 1000
+    #: Served records buffered while the bus is down; beyond, the oldest are dropped (counted).
+    buffer_records: int = 10_000
+    #: ``max_tokens`` of a request that gives none.
+    default_max_tokens: int = 256
+    #: Largest merged decode batch (the engine's continuous batch).
+    max_batch: int = 32
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.port < 65536:
+            raise ValueError("port must be in 0..65535")
+        for name in ("max_open_sessions", "buffer_records", "default_max_tokens", "max_batch"):
+            if not getattr(self, name) > 0:
+                raise ValueError(f"{name} must be > 0")
+
+
 class RunSection(msgspec.Struct, **_STRUCT):
     """Where the run log goes and which names the run uses."""
 
@@ -406,6 +445,8 @@ class RunConfig(msgspec.Struct, **_STRUCT):
     rollout: RolloutSection = msgspec.field(default_factory=RolloutSection)
     #: Reward workers.
     reward: RewardSection = msgspec.field(default_factory=RewardSection)
+    #: The OpenAI-compatible gateway.
+    serve: ServeSection = msgspec.field(default_factory=ServeSection)
     #: The run's names, log and observability.
     run: RunSection = msgspec.field(default_factory=RunSection)
 
@@ -442,6 +483,7 @@ SECTIONS: dict[str, type[Any]] = {
     "dpo": DPOSection,
     "rollout": RolloutSection,
     "reward": RewardSection,
+    "serve": ServeSection,
     "run": RunSection,
 }
 
@@ -477,6 +519,8 @@ def config_from_dict(raw: Mapping[str, Any], environ: Mapping[str, str]) -> RunC
     for name in ("max_staleness", "normalize_std"):
         if name in tables["trainer"].get("grpo", {}):
             raise ConfigError(f"trainer.grpo.{name}", f"set trainer.{name} instead (it also bounds admission)")
+    if isinstance(tables["trainer"].get("online"), dict):  # its own errors name trainer.online.<field>
+        parse(OnlineConfig, tables["trainer"]["online"], prefix="trainer.online")
     sections = {name: parse(SECTIONS[name], data, prefix=name) for name, data in tables.items()}
     return RunConfig(model=_model_section(model), **sections)
 

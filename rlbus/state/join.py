@@ -87,6 +87,8 @@ class Outcome(StrEnum):
     INCOMPLETE = "dropped_incomplete_group"
     DEAD_LETTERED = "dead_lettered"
     DUPLICATE = "duplicate"
+    #: A served rollout past the online age bound (``max_age_s``): unrated that long, or rated too late.
+    TOO_OLD = "dropped_too_old"
     INVALID_JUDGEMENT = "dropped_invalid_judgement"
 
 
@@ -390,6 +392,157 @@ def scored_from_names(names: Iterable[str], copies: Mapping[str, bytes], sources
                 got.setdefault(rollout_id, set()).add(source)
     need = set(sources)
     return {rollout_id for rollout_id, have in got.items() if need <= have}
+
+
+# --- served traffic ------------------------------------------------------------------------------------------
+#: Counter of served rollouts that expired without any rating (a subset of ``outcome:dropped_too_old``).
+SERVED_UNRATED = "join:served_unrated"
+
+
+def is_served(rollout: Rollout) -> bool:
+    """Whether ``rollout`` was served to a user (the gateway's contract: ``metadata.origin = "served"``)."""
+    return rollout.metadata.get("origin") == "served"
+
+
+class ServedJoin:
+    """The join of served rollouts: one rollout (group_size 1) ⨝ its user reward, by rollout id.
+
+    Served traffic has no groups and its rewards come minutes or hours later, if at all, so it cannot wait
+    in a prompt's group (the GRPO join's timeout would drop it within a minute, and a task key shared by
+    many sessions is no group). Each served rollout gets its own entry; the first reward of a source in
+    ``sources`` releases it (whichever comes second, rollout or reward). A released rollout stays in the
+    store, indexed in ``ns:served:ready``, until the ledger gives it an outcome (`discard`, or the sweep
+    in `expire` once it is final), so a trainer restart requeues what it had released but not trained
+    (`pending`); unreleased rollouts wait in the store as the GRPO join's do. A rollout unrated after
+    ``max_age_s`` is dropped as :attr:`Outcome.TOO_OLD` (and counted in ``join:served_unrated``).
+
+    Store layout (``ns`` = the GRPO join's namespace; the ledger is shared)::
+
+        ns:served:<rollout_id>   r → Rollout bytes; w:<source> → Reward bytes (the last of each source)
+        ns:served:open           <rollout_id> → created_at: buffered, waiting for a reward (the age sweep)
+        ns:served:ready          <rollout_id> → release time: released, waiting for an outcome
+    """
+
+    def __init__(
+        self, *, ledger: JoinBuffer, state: StateStore, sources: Sequence[str], max_age_s: float,
+        namespace: str = "join", clock: Callable[[], float] = time.time,
+    ) -> None:
+        if not sources or max_age_s <= 0:
+            raise ValueError("a served join needs reward sources and max_age_s > 0")
+        self._ledger = ledger
+        self._state = state
+        self.sources = tuple(sources)
+        self.max_age_s = max_age_s
+        self._ns = f"{namespace}:served"
+        self._clock = clock
+        self._ttl = max_age_s * 1.5 + 60.0  # outlives the age sweep, so the sweep is what drops an entry
+
+    def _key(self, rollout_id: str) -> str:
+        return f"{self._ns}:{rollout_id}"
+
+    @property
+    def open_key(self) -> str:
+        return f"{self._ns}:open"
+
+    @property
+    def ready_key(self) -> str:
+        return f"{self._ns}:ready"
+
+    async def add_rollout(self, rollout: Rollout) -> ScoredRollout | None:
+        """Buffer a served rollout; returns it scored if its reward was already here."""
+        rid = rollout.rollout_id
+        merged = await self._state.merge_fields(self._key(rid), {}, self._ttl, if_absent={"r": encode(rollout)},
+                                                unless=(FINAL, rid))
+        if merged.skipped:
+            await self._state.incr(outcome_counter(Outcome.DUPLICATE))
+            return None
+        if "r" not in merged.added:  # a second copy (a redelivery): the first stays
+            await self._state.incr(REDELIVERED_COUNTER)
+            return None
+        await self._state.put_field(self.open_key, rid, repr(rollout.created_at).encode(), None)
+        return await self._release(rid)
+
+    async def add_reward(self, reward: Reward) -> ScoredRollout | None:
+        """Buffer a reward for a served rollout (any rollout id: it may come before its rollout, or be for an
+        RL rollout, and then simply expires); returns the rollout scored when it is buffered. Raises
+        MalformedMessage for a value that is not a finite number."""
+        if not math.isfinite(reward.value):
+            raise MalformedMessage(f"reward {reward.reward_id} for {reward.rollout_id}: value {reward.value} "
+                                   "is not a finite number")
+        if reward.source not in self.sources:
+            return None
+        rid = reward.rollout_id
+        merged = await self._state.merge_fields(self._key(rid), {f"w:{reward.source}": encode(reward)}, self._ttl,
+                                                unless=(FINAL, rid))
+        if merged.skipped:
+            return None
+        return await self._release(rid)
+
+    async def _release(self, rollout_id: str) -> ScoredRollout | None:
+        """The rollout scored, once: when it and a reward are buffered and it is not released already."""
+        names = await self._state.field_names(self._key(rollout_id))
+        if "r" not in names or not any(n.startswith("w:") for n in names):
+            return None
+        if await self._state.get_named(self.ready_key, [rollout_id]):
+            return None
+        await self._state.put_field(self.ready_key, rollout_id, repr(self._clock()).encode(), None)
+        await self._state.delete_field(self.open_key, rollout_id)
+        return await self._read(rollout_id)
+
+    async def _read(self, rollout_id: str) -> ScoredRollout | None:
+        fields = await self._state.get_fields(self._key(rollout_id))
+        if "r" not in fields:
+            return None
+        rewards = {name[2:]: decode(Reward, v) for name, v in fields.items() if name.startswith("w:")}
+        source = next((s for s in self.sources if s in rewards), None)
+        if source is None:
+            return None
+        got = rewards[source]
+        components = {f"{source}.{k}": v for k, v in got.components.items()} | {source: got.value}
+        return ScoredRollout(decode(Rollout, fields["r"]), got.value, components)
+
+    async def discard(self, rollout_ids: Iterable[str]) -> None:
+        """Forget released rollouts whose outcome the ledger now holds."""
+        for rid in rollout_ids:
+            await self._state.delete(self._key(rid))
+            await self._state.delete_field(self.ready_key, rid)
+
+    async def expire(self) -> int:
+        """The age sweep: drop unrated rollouts older than ``max_age_s`` (:attr:`Outcome.TOO_OLD`) and forget
+        released ones that have an outcome. Returns how many were dropped."""
+        now = self._clock()
+        old = [rid for rid, created in (await self._state.get_fields(self.open_key)).items()
+               if now - float(created) > self.max_age_s]
+        dropped = await self._ledger.record(Outcome.TOO_OLD, old)
+        if dropped:
+            await self._state.incr(SERVED_UNRATED, dropped)
+            log.info("%d served rollout(s) unrated after %.0f s dropped", dropped, self.max_age_s)
+        for rid in old:
+            await self._state.delete_field(self.open_key, rid)
+            await self._state.delete(self._key(rid))
+        done = [rid for rid in await self._state.field_names(self.ready_key) if await self._state.seen(FINAL, rid)]
+        await self.discard(done)
+        return dropped
+
+    async def pending(self) -> list[ScoredRollout]:
+        """At start-up: released rollouts without an outcome (their training died with the previous
+        process), oldest release first; those that have one are forgotten."""
+        ready = await self._state.get_fields(self.ready_key)
+        out = []
+        for rid, _ in sorted(ready.items(), key=lambda kv: float(kv[1])):
+            if await self._state.seen(FINAL, rid):
+                await self.discard([rid])
+                continue
+            scored = await self._read(rid)
+            if scored is None:  # its entry expired: nothing left to train
+                await self._state.delete_field(self.ready_key, rid)
+                continue
+            out.append(scored)
+        return out
+
+    async def waiting(self) -> int:
+        """Served rollouts buffered and not yet rated."""
+        return len(await self._state.field_names(self.open_key))
 
 
 # --- invalid judgements (rlbus.envs.judge) ---------------------------------------------------------------
