@@ -39,7 +39,7 @@ def smollm2() -> Any:
     return parse_model("smollm2-135m-instruct")
 
 
-@pytest.mark.timeout(900)  # 654 s at load ≈ 13 on the 2 shared cores (play 264 s, one fp32 step 360 s)
+@pytest.mark.timeout(900)  # 249 s at load ≈ 2–7, 654 s at ≈ 13 on the 2 shared cores (mostly the fp32 step)
 def test_a_summarising_smollm2_run_trains_every_segment(smollm2: Any) -> None:
     import torch
 
