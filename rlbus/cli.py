@@ -44,6 +44,10 @@ train_app = typer.Typer(help="Offline stages before RL (SFT → DPO → quality 
 app.add_typer(train_app, name="train")
 offline_app = typer.Typer(help="Offline data from a run's log (DPO preference pairs).", no_args_is_help=True)
 app.add_typer(offline_app, name="offline")
+env_app = typer.Typer(
+    help="Coding-agent task corpora (env swe): generate, check, write expert trajectories.", no_args_is_help=True
+)
+app.add_typer(env_app, name="env")
 
 console = Console()
 err = Console(stderr=True)
@@ -119,6 +123,10 @@ def demo(
         str | None, typer.Option(help="Train a real LLM instead of the in-house policy: smollm2-135m-instruct (the "
                                       "shipped run, ~15 min on 2 cores), or an HF model directory or .gguf file.")
     ] = None,
+    engine: Annotated[
+        str, typer.Option(help="Rollout engine: torch, or vllm (an HF --model; the demo then runs under the vLLM "
+                               "environment's python, `make vllm-env`, with one rollout worker by default).")
+    ] = "torch",
 ) -> None:
     """Async RL end to end in one process: warm start, then prompts → rollout workers → rewards →
     GRPO trainer, weights flowing back as lossless deltas. Embedded bus, CPU, a few minutes."""
@@ -127,10 +135,18 @@ def demo(
     import msgspec
     from rich.live import Live
 
+    if engine not in ("torch", "vllm"):
+        raise typer.BadParameter("--engine is torch or vllm")
+    if engine == "vllm":
+        _in_vllm_env()
     from rlbus.demo import Demo, DemoConfig
     from rlbus.demo_view import live_table, plot, summary_table
 
     config = DemoConfig.for_model(model) if model else DemoConfig.quick() if quick else DemoConfig()
+    if engine == "vllm":
+        if workers is None:
+            workers = 1  # one vLLM per process on 2 cores
+        config = config.tuned(rollout={"engine": "vllm"})
     config = dataclasses.replace(
         config,
         rl_steps=config.rl_steps if steps is None else steps,
@@ -157,6 +173,25 @@ def demo(
     console.print(f"plot: {plot(result, run_dir / 'demo.png')}")
     if json_path is not None:
         json_path.write_bytes(msgspec.json.format(msgspec.json.encode(figures), indent=2))
+
+
+def _in_vllm_env() -> None:
+    """Re-run this command under the vLLM environment's ``rlbus`` unless vLLM imports here (the demo is one
+    process, so its trainer runs there too)."""
+    import importlib.util
+    import os
+
+    if importlib.util.find_spec("vllm") is not None:
+        return
+    from rlbus.launch.up import vllm_rlbus_command
+
+    try:
+        command = vllm_rlbus_command()
+    except RlbusError as exc:
+        err.print(f"[red]error:[/red] {exc}")
+        raise typer.Exit(1) from None
+    console.print(f"vLLM is not in this environment: running under {command[0]}")
+    os.execv(command[0], [*command, *sys.argv[1:]])
 
 
 def _status_logger(every_s: float = 10.0) -> Callable[[Any], None]:
@@ -526,6 +561,54 @@ def sandbox_run(
     result = run_file(file, timeout)
     print(result.to_json())
     raise typer.Exit({"ok": 0, "refused": 2}.get(result.status, 1))
+
+
+# --- env (coding tasks) -------------------------------------------------------------------------
+TaskPaths = Annotated[
+    list[Path], typer.Argument(help="Task directories, corpus directories or SWE-bench .jsonl files.")
+]
+
+
+@env_app.command("check")
+def env_check(
+    tasks: TaskPaths,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the results as JSON.")] = False,
+) -> None:
+    """Grade each task's reference solution (must score 1) and its unchanged repository (must score 0),
+    in the sandbox, with timings. Exit status 1 if any task fails either check."""
+    from rlbus.envs.swe.commands import check
+
+    try:
+        results, code = check(tasks, as_json=as_json, log=console.print)
+    except RlbusError as exc:
+        err.print(f"[red]error:[/red] {exc}")
+        raise typer.Exit(2) from None
+    if not as_json:
+        table = Table("task", "solution", "s", "unchanged", "s", "ok")
+        for r in results:
+            table.add_row(r.task_id, f"{r.solution_reward:g}", f"{r.solution_s:.2f}", f"{r.unchanged_reward:g}",
+                          f"{r.unchanged_s:.2f}", "yes" if r.ok else f"[red]no[/red]: {r.problem[:80]}")
+        console.print(table)
+        console.print(f"{sum(r.ok for r in results)}/{len(results)} tasks valid")
+    raise typer.Exit(code)
+
+
+@env_app.command("trajectories")
+def env_trajectories(
+    tasks: TaskPaths,
+    out: Annotated[Path, typer.Option("--out", help="JSONL file to write (chat rows for rlbus pretrain).")],
+) -> None:
+    """Replay each reference solution through the tools (view / str_replace / create, tests, submit) and
+    write the sessions that score 1 as chat-format SFT rows with tool calls and results."""
+    from rlbus.envs.swe.commands import trajectories
+
+    try:
+        summary = trajectories(tasks, out, log=console.print)
+    except RlbusError as exc:
+        err.print(f"[red]error:[/red] {exc}")
+        raise typer.Exit(2) from None
+    console.print(f"wrote {summary['written']} trajectories to {out}")
+    raise typer.Exit(1 if summary["failed"] else 0)
 
 
 # --- feedback -----------------------------------------------------------------------------------
@@ -1004,6 +1087,47 @@ def report(
         console.print(str(path))
 
 
+# --- env generate (task corpus) -----------------------------------------------------------------
+@env_app.command("generate")
+def env_generate(
+    library: Annotated[
+        list[str], typer.Option("--library", help="NAME==VERSION of a pure-Python library with tests (repeat).")
+    ],
+    tasks: Annotated[int, typer.Option("--tasks", min=1, help="Tasks to make in all, split over the libraries.")],
+    out: Annotated[Path, typer.Option("--out", help="Corpus directory (task dirs, _bases/, manifest.json).")],
+    seed: Annotated[int, typer.Option("--seed", help="One seed, one corpus.")] = 0,
+    max_failing: Annotated[int, typer.Option(help="Reject bugs that break more tests than this.")] = 50,
+    pass_to_pass: Annotated[int, typer.Option(help="PASS_TO_PASS tests sampled per task.")] = 25,
+    test_timeout: Annotated[int, typer.Option(help="Seconds per sandboxed test run.")] = 120,
+) -> None:
+    """Make bug-fixing tasks from released libraries (SWE-smith style, rlbus/envs/swegen): inject a bug into a
+    function the library's tests cover, keep the tests that now fail, validate each task in the sandbox.
+    A library's earlier tasks in OUT are replaced; other libraries' tasks are kept."""
+    from rlbus.envs.swegen.generate import GenerateOptions, generate
+
+    options = GenerateOptions(
+        libraries=library, tasks=tasks, seed=seed, out=out, max_failing=max_failing,
+        pass_to_pass=pass_to_pass, test_timeout_s=test_timeout,
+    )  # fmt: skip
+    try:
+        results = asyncio.run(
+            generate(options, lambda line: err.print(line, markup=False, highlight=False, soft_wrap=True))
+        )
+    except RlbusError as exc:
+        err.print(f"[red]error:[/red] {exc}")
+        raise typer.Exit(1) from None
+    table = Table("library", "tests", "mutants", "kept", "rejected")
+    for r in results:
+        reasons = ", ".join(f"{n} {why}" for why, n in sorted(r.rejected.items())) or "-"
+        table.add_row(r.library, str(r.baseline_tests), str(r.tried), str(r.made), reasons)
+    console.print(table)
+    made = sum(r.made for r in results)
+    console.print(f"{made} tasks written to {out} (manifest.json)")
+    if made < tasks:
+        err.print(f"[yellow]made {made} of the {tasks} tasks asked for[/yellow]")
+        raise typer.Exit(1)
+
+
 # --- bench ----------------------------------------------------------------------------------------
 BENCHMARKS = {
     "bus": "rlbus.bench.bus",
@@ -1017,7 +1141,10 @@ BENCHMARKS = {
     "window": "rlbus.bench.window",
     "join": "rlbus.bench.join",
     "llm": "rlbus.bench.llm",
+    "swe": "rlbus.bench.swe",
     "online": "rlbus.bench.online",
+    "judge": "rlbus.bench.judge",
+    "engines": "rlbus.bench.engines",
 }
 
 
@@ -1035,7 +1162,13 @@ def bench(
     ] = None,
     model: Annotated[
         str | None,
-        typer.Option(help="mismatch only: policy (rlbus's MoE, the default) or hf-moe (a random Qwen3-MoE)."),
+        typer.Option(help="mismatch: policy (rlbus's MoE, the default) or hf-moe (a random Qwen3-MoE); judge: the "
+                          "judge model (default smollm2-135m-instruct; a model directory or .gguf)."),
+    ] = None,
+    engine: Annotated[
+        str | None,
+        typer.Option(help="mismatch only: torch (default) or vllm (SmolLM2 and a random Mixtral on vLLM; run it "
+                          "with .venv-vllm's rlbus)."),
     ] = None,
 ) -> None:
     """Run a benchmark: prints a short table (with its same-run baseline) and optionally writes JSON."""
@@ -1052,9 +1185,13 @@ def bench(
             raise typer.BadParameter("--seed is for the pipeline and chaos benchmarks")
         kwargs["seed"] = seed
     if model is not None:
-        if name != "mismatch" or model not in ("policy", "hf-moe"):
-            raise typer.BadParameter("--model is policy or hf-moe, for the mismatch benchmark only")
+        if name != "judge" and (name != "mismatch" or model not in ("policy", "hf-moe")):
+            raise typer.BadParameter("--model is policy or hf-moe for the mismatch benchmark, or the judge model")
         kwargs["model"] = model
+    if engine is not None:
+        if name != "mismatch" or engine not in ("torch", "vllm"):
+            raise typer.BadParameter("--engine is torch or vllm, for the mismatch benchmark only")
+        kwargs["engine"] = engine
     try:
         result = module.run(quick=quick, json_path=json_path, **kwargs)
     except RlbusError as exc:
@@ -1062,6 +1199,9 @@ def bench(
         raise typer.Exit(1) from None
     if name == "sandbox" and result["escapes_contained"] < result["escapes_tried"]:
         err.print("[red]an escape attempt was NOT contained[/red]")
+        raise typer.Exit(1)
+    if name == "swe" and result["summary"]["cheats_scored_zero"] < result["summary"]["cheats_tried"]:
+        err.print("[red]a cheat scored above 0 (see the JSON's cheats.rows)[/red]")
         raise typer.Exit(1)
     if name == "chaos" and result["summary"]["passed"] < result["summary"]["scenarios"]:
         err.print("[red]a chaos scenario failed its checks (see the table)[/red]")

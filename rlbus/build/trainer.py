@@ -8,7 +8,7 @@ and trains a GRPO step every ``groups_per_step`` complete groups.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -54,6 +54,9 @@ def trainer_stack(
     keep_checkpoints: int = 2,
     reward_sources: Sequence[str] = ("verifier",),
     join_timeout_s: float = 60.0,
+    reward_weights: Mapping[str, float] | None = None,
+    invalid_judgements: str = "drop",
+    invalid_weight: float = 0.0,
     ordered: bool = False,
     join_class: type[JoinBuffer] | None = None,
     max_steps: int | None = None,
@@ -81,7 +84,8 @@ def trainer_stack(
         publish_every=publish_every, checkpoint_every=checkpoint_every if checkpoint_dir else 0,
         keep_checkpoints=keep_checkpoints,
     )
-    policy = RewardPolicy(sources=tuple(reward_sources), timeout_s=join_timeout_s)
+    policy = RewardPolicy(sources=tuple(reward_sources), weights=dict(reward_weights or {}), timeout_s=join_timeout_s,
+                          invalid=invalid_judgements, invalid_weight=invalid_weight)  # type: ignore[arg-type]
     join: JoinBuffer
     if ordered:
         join = (join_class or OrderedJoin)(state=state, policy=policy, batch=groups_per_step)  # type: ignore[call-arg]

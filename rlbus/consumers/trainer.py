@@ -468,7 +468,11 @@ class TrainerWorker:
         for group in scored:
             keep: list[tuple[ScoredRollout, Sample]] = []
             stale: list[tuple[ScoredRollout, Sample]] = []
+            invalid = [s.rollout.rollout_id for s in group.rollouts if self.join.policy.drops(s)]
+            await self.join.record(Outcome.INVALID_JUDGEMENT, invalid)
             for scored_rollout in group.rollouts:
+                if self.join.policy.drops(scored_rollout):
+                    continue
                 sample = sample_from_rollout(scored_rollout.rollout)
                 oldest = sample.oldest_version()
                 fresh = oldest is None or self.trainer.version - oldest <= limit

@@ -228,6 +228,27 @@ LOOP_LAG_SECONDS = Histogram(
     registry=REGISTRY,
 )
 
+# --- LM judges ------------------------------------------------------------------------------------
+JUDGE_SECONDS = Histogram(
+    "rlbus_judge_seconds",
+    "Time of one LM judgement (every dimension and retry of one rollout), by reward source.",
+    ["source"],
+    buckets=_LATENCY_BUCKETS,
+    registry=REGISTRY,
+)
+JUDGE_RETRIES = Counter(
+    "rlbus_judge_retries",
+    "Judge calls repeated because the reply had no readable or an out-of-range score, by reward source.",
+    ["source"],
+    registry=REGISTRY,
+)
+JUDGE_INVALID = Counter(
+    "rlbus_judge_invalid",
+    "Judgements published invalid (a dimension still unreadable after the retries), by reward source.",
+    ["source"],
+    registry=REGISTRY,
+)
+
 
 def rlbus_metrics() -> list[MetricWrapperBase]:
     """Every metric defined above, in definition order (the README table's rows)."""

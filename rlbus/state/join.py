@@ -26,6 +26,15 @@ buffer (later copies are counted in ``join:redelivered``), and each reward names
 (``Reward.rollout_created_at``), so a rollout is only ever paired with its own reward. Rewards that do
 not name a copy (user feedback) match any.
 
+Invalid judgements. An LM judge that could not produce a readable score publishes its reward with
+``metadata["judge_valid"] = "false"`` (`rlbus.envs.judge`); every one that arrives is counted
+(``join:invalid_judgements``) and it never overwrites a valid reward of the same rollout and source. The
+policy's ``invalid`` says what happens next: ``drop`` — the rollout is scored (the group completes) but
+flagged, and the trainer records it as ``dropped_invalid_judgement`` instead of training it; ``downweight``
+— it trains with the judgement pulled towards its group's mean (`judged_group`); ``wait`` — the
+judgement is set aside under ``x:`` and the rollout waits for a valid one (another judge worker's), or
+the join's timeout. These rules live in their own functions and fields, apart from the join itself.
+
 Trained with the checkpoint. A trainer that checkpoints (``checkpoint_every`` steps) holds the rollouts of
 each step in ``ns:held`` (rollout id → step) *before* the step runs, and enters them in the ledger as
 trained only once a checkpoint containing that step is written (:meth:`JoinBuffer.settle`). At start-up
@@ -41,12 +50,14 @@ Store layout (``ns`` = namespace)::
     ns:group:<prompt_id>   meta → {"group_size", "first_seen"}; r:<rollout_id> → Rollout bytes;
                            c:<rollout_id> → which copy r: holds (its created_at, for readiness without
                            reading r:); w:<rollout_id>:<source>:<copy> → Reward bytes
-                           (copy: the scored rollout's created_at, "" when the reward names none)
+                           (copy: the scored rollout's created_at, "" when the reward names none);
+                           x:<rollout_id>:<source>:<copy> → an invalid judgement set aside (policy "wait")
     ns:open                <prompt_id> → first-seen time (the groups the sweeper looks at)
     ns:held                <rollout_id> → step: trained, waiting for the checkpoint that holds the step
     ledger "outcome"       every rollout id that reached an outcome (SET NX): the exactly-once gate
     ledger <outcome>       the ids per outcome ("trained", "dropped_stale" …), for audits
-    counters outcome:<name>, ledger:trained_again (a training the gate caught only afterwards),
+    counters outcome:<name>, join:invalid_judgements (invalid judgements that arrived),
+             ledger:trained_again (a training the gate caught only afterwards),
              ledger:rolled_back (held rollouts released again after a crash)
 """
 
@@ -59,6 +70,7 @@ import time
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
+from typing import Literal
 
 from rlbus.errors import MalformedMessage
 from rlbus.schemas import Reward, Rollout, decode, encode
@@ -77,6 +89,7 @@ class Outcome(StrEnum):
     DUPLICATE = "duplicate"
     #: A served rollout past the online age bound (``max_age_s``): unrated that long, or rated too late.
     TOO_OLD = "dropped_too_old"
+    INVALID_JUDGEMENT = "dropped_invalid_judgement"
 
 
 #: Ledger namespace holding every rollout id that has reached an outcome (the exactly-once gate).
@@ -87,6 +100,8 @@ TRAINED_AGAIN = "ledger:trained_again"
 ROLLED_BACK = "ledger:rolled_back"
 #: Second copies of buffered rollouts (a prompt redelivered after a crash, played again under the same ids).
 REDELIVERED_COUNTER = "join:redelivered"
+#: Invalid judgements (``judge_valid = "false"``) of a source the policy waits for, as they arrived.
+INVALID_COUNTER = "join:invalid_judgements"
 
 
 @dataclass(frozen=True)
@@ -101,9 +116,20 @@ class RewardPolicy:
     timeout_s: float = 300.0
     #: A timed-out group still trains if at least this many rollouts are fully scored.
     min_group: int = 2
+    #: What an invalid judgement (`rlbus.envs.judge`) does to its rollout: ``drop`` it (the trainer records
+    #: `Outcome.INVALID_JUDGEMENT`), ``downweight`` it (see `judged_group`), or ``wait`` for a valid one
+    #: (kept aside in an ``x:`` field, so readiness does not count it; a timeout drops the rollout).
+    invalid: Literal["drop", "downweight", "wait"] = "drop"
+    #: With ``downweight``: the share of an invalid judgement's own value that counts (the rest: its group's
+    #: mean valid value of the source), see `judged_group`.
+    invalid_weight: float = 0.0
 
     def combine(self, rewards: dict[str, Reward]) -> float:
         return sum(self.weights.get(source, 1.0) * rewards[source].value for source in self.sources)
+
+    def drops(self, scored: ScoredRollout) -> bool:
+        """Whether the trainer drops this rollout for an invalid judgement."""
+        return self.invalid == "drop" and bool(scored.invalid)
 
 
 @dataclass(frozen=True)
@@ -111,6 +137,8 @@ class ScoredRollout:
     rollout: Rollout
     reward: float
     components: dict[str, float]
+    #: Sources whose reward is an invalid judgement (`rlbus.envs.judge.is_valid`), handled per the policy.
+    invalid: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -193,12 +221,23 @@ class JoinBuffer:
                                    "or a component is not a finite number")
         if reward.source not in self.policy.sources:
             return None
+        if reward.metadata.get("judge_valid") == "false":
+            await self._state.incr(INVALID_COUNTER)
         copy = "" if reward.rollout_created_at is None else repr(reward.rollout_created_at)
-        field = f"w:{reward.rollout_id}:{reward.source}:{copy}"
-        merged, meta = await self._merge(reward.prompt_id, reward.rollout_id, {field: encode(reward)}, {})
+        field = f"{self._reward_prefix(reward)}{reward.rollout_id}:{reward.source}:{copy}"
+        arrival = {field: encode(reward)}
+        valid = reward.metadata.get("judge_valid") != "false"  # an invalid judgement never replaces a valid one
+        merged, meta = await self._merge(reward.prompt_id, reward.rollout_id, arrival if valid else {},
+                                         {} if valid else arrival)
         if merged.skipped:  # its rollout already has an outcome
             return None
         return await self._ready(reward.prompt_id, meta, merged.size)
+
+    def _reward_prefix(self, reward: Reward) -> str:
+        """``w:`` — or ``x:`` for an invalid judgement the policy waits past, which readiness ignores."""
+        if reward.metadata.get("judge_valid") != "false":
+            return "w:"
+        return "x:" if self.policy.invalid == "wait" else "w:"
 
     def _assemble(self, prompt_id: str, fields: dict[str, bytes]) -> ScoredGroup:
         rollouts = {k[2:]: decode(Rollout, v) for k, v in fields.items() if k.startswith("r:")}
@@ -216,10 +255,11 @@ class JoinBuffer:
             if all(source in got for source in self.policy.sources):
                 components = {f"{s}.{name}": value for s, r in got.items() for name, value in r.components.items()}
                 components.update({s: got[s].value for s in self.policy.sources})
-                scored.append(ScoredRollout(rollout, self.policy.combine(got), components))
+                invalid = tuple(s for s in self.policy.sources if got[s].metadata.get("judge_valid") == "false")
+                scored.append(ScoredRollout(rollout, self.policy.combine(got), components, invalid))
             else:
                 unscored.append(rollout_id)
-        return ScoredGroup(prompt_id, scored, unscored)
+        return judged_group(self.policy, ScoredGroup(prompt_id, scored, unscored))
 
     async def _complete(self, prompt_id: str, meta: dict[str, float], count: int) -> bool:
         """Whether every rollout of the group is scored by every source — from the field count, then
@@ -503,3 +543,32 @@ class ServedJoin:
     async def waiting(self) -> int:
         """Served rollouts buffered and not yet rated."""
         return len(await self._state.field_names(self.open_key))
+
+
+# --- invalid judgements (rlbus.envs.judge) ---------------------------------------------------------------
+def judged_group(policy: RewardPolicy, group: ScoredGroup) -> ScoredGroup:
+    """``group`` with the policy's ``downweight`` rule applied to rollouts holding an invalid judgement: the
+    invalid source's value becomes ``invalid_weight`` × its own value (the dimensions that did parse, 0.0
+    when none did) + (1 − ``invalid_weight``) × the mean of that source's valid values in the group (0.0
+    when none is valid). At the default weight 0 an invalid judgement is neutral — its rollout's advantage
+    comes from the other sources alone, neither rewarded nor punished by the broken judgement. ``drop`` is
+    the trainer's (`RewardPolicy.drops`); ``wait`` never releases an invalid judgement as a reward."""
+    if policy.invalid != "downweight" or not any(s.invalid for s in group.rollouts):
+        return group
+    means: dict[str, float] = {}
+    for source in policy.sources:
+        valid = [s.components[source] for s in group.rollouts if source not in s.invalid]
+        means[source] = sum(valid) / len(valid) if valid else 0.0
+    rollouts = []
+    for s in group.rollouts:
+        if not s.invalid:
+            rollouts.append(s)
+            continue
+        reward = 0.0
+        for source in policy.sources:
+            value = s.components[source]
+            if source in s.invalid:
+                value = policy.invalid_weight * value + (1.0 - policy.invalid_weight) * means[source]
+            reward += policy.weights.get(source, 1.0) * value
+        rollouts.append(ScoredRollout(s.rollout, reward, s.components, s.invalid))
+    return ScoredGroup(group.prompt_id, rollouts, group.unscored)
