@@ -44,6 +44,10 @@ train_app = typer.Typer(help="Offline stages before RL (SFT → DPO → quality 
 app.add_typer(train_app, name="train")
 offline_app = typer.Typer(help="Offline data from a run's log (DPO preference pairs).", no_args_is_help=True)
 app.add_typer(offline_app, name="offline")
+env_app = typer.Typer(
+    help="Coding-agent task corpora (env swe): generate, check, write expert trajectories.", no_args_is_help=True
+)
+app.add_typer(env_app, name="env")
 
 console = Console()
 err = Console(stderr=True)
@@ -559,6 +563,54 @@ def sandbox_run(
     raise typer.Exit({"ok": 0, "refused": 2}.get(result.status, 1))
 
 
+# --- env (coding tasks) -------------------------------------------------------------------------
+TaskPaths = Annotated[
+    list[Path], typer.Argument(help="Task directories, corpus directories or SWE-bench .jsonl files.")
+]
+
+
+@env_app.command("check")
+def env_check(
+    tasks: TaskPaths,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the results as JSON.")] = False,
+) -> None:
+    """Grade each task's reference solution (must score 1) and its unchanged repository (must score 0),
+    in the sandbox, with timings. Exit status 1 if any task fails either check."""
+    from rlbus.envs.swe.commands import check
+
+    try:
+        results, code = check(tasks, as_json=as_json, log=console.print)
+    except RlbusError as exc:
+        err.print(f"[red]error:[/red] {exc}")
+        raise typer.Exit(2) from None
+    if not as_json:
+        table = Table("task", "solution", "s", "unchanged", "s", "ok")
+        for r in results:
+            table.add_row(r.task_id, f"{r.solution_reward:g}", f"{r.solution_s:.2f}", f"{r.unchanged_reward:g}",
+                          f"{r.unchanged_s:.2f}", "yes" if r.ok else f"[red]no[/red]: {r.problem[:80]}")
+        console.print(table)
+        console.print(f"{sum(r.ok for r in results)}/{len(results)} tasks valid")
+    raise typer.Exit(code)
+
+
+@env_app.command("trajectories")
+def env_trajectories(
+    tasks: TaskPaths,
+    out: Annotated[Path, typer.Option("--out", help="JSONL file to write (chat rows for rlbus pretrain).")],
+) -> None:
+    """Replay each reference solution through the tools (view / str_replace / create, tests, submit) and
+    write the sessions that score 1 as chat-format SFT rows with tool calls and results."""
+    from rlbus.envs.swe.commands import trajectories
+
+    try:
+        summary = trajectories(tasks, out, log=console.print)
+    except RlbusError as exc:
+        err.print(f"[red]error:[/red] {exc}")
+        raise typer.Exit(2) from None
+    console.print(f"wrote {summary['written']} trajectories to {out}")
+    raise typer.Exit(1 if summary["failed"] else 0)
+
+
 # --- feedback -----------------------------------------------------------------------------------
 TokenFile = Annotated[
     Path | None,
@@ -615,6 +667,58 @@ def feedback_send(
         return await send_feedback(url, load_token(file=token_file), item)
 
     console.print_json(json.dumps(_run(go)))
+
+
+# --- serve ----------------------------------------------------------------------------------------
+@app.command()
+def serve(
+    config: Annotated[Path | None, typer.Option("--config", envvar="RLBUS_CONFIG", help=(
+        "Run config (TOML): serve the run's model, weights following its trainer, recording on its bus; "
+        "the config's serve table sets port, tokens, sessions."))] = None,
+    model: Annotated[str | None, typer.Option(help="A shipped model (default smollm2-135m-instruct), a model "
+                                                   "directory, a .gguf file, or a preset (tiny, bench, demo).")] = None,
+    port: Annotated[int | None, typer.Option(help="Port (default 8000, or the config's serve.port).")] = None,
+    host: Annotated[str, typer.Option(help="Interface, without --config.")] = "127.0.0.1",
+    token_file: Annotated[Path | None, typer.Option(envvar="RLBUS_SERVE_TOKEN_FILE", help=(
+        "File of 'tenant: token' lines (else $RLBUS_SERVE_TOKENS='tenant:token,…')."))] = None,
+    bootstrap: Bootstrap = "127.0.0.1:9092",
+    user_sessions: Annotated[
+        bool, typer.Option(help="Without --config: the 'user' field marks an RL session.")] = False,
+    device: Annotated[str, typer.Option(help="auto, cpu, cuda … (without --config).")] = "auto",
+) -> None:
+    """An OpenAI-compatible gateway (/v1/chat/completions, /v1/models, /rl/sessions/{id}/reward) on the rollout
+    engine; every completion is recorded token-exact on rl.served.v1 (buffered while Kafka is down)."""
+    from rlbus.launch.signals import GracefulStop
+
+    if config is not None:
+        from rlbus.launch.config import load_config
+        from rlbus.launch.roles import default_worker_id, serve_main
+
+        async def go_config() -> None:
+            await serve_main(load_config(config), worker_id=default_worker_id("serve", None), model=model,
+                             port=port, token_file=token_file)
+
+        _run(go_config)
+        return
+    from rlbus.build.model import parse_model
+    from rlbus.serve.auth import load_tenants
+    from rlbus.serve.stack import standalone
+
+    try:
+        source = parse_model(model or SMOLLM2, device=device, progress=err.print)
+    except RlbusError as exc:
+        err.print(f"[red]error:[/red] {exc}" + ("" if model else " (or serve an in-house policy: --model tiny)"))
+        raise typer.Exit(1) from None
+
+    async def go() -> None:
+        tenants = load_tenants(token_file)
+        with GracefulStop() as stopping:
+            console.print(f"serving {Path(model or SMOLLM2).name} on http://{host}:{port or 8000}/v1 for tenants "
+                          f"{', '.join(tenants.names)}; recording to Kafka at {bootstrap}; Ctrl-C stops")
+            await standalone(source, tenants, stopping.stop, bootstrap=bootstrap, host=host, port=port or 8000,
+                             user_sessions=user_sessions, model_name=Path(model or SMOLLM2).name)
+
+    _run(go)
 
 
 # --- distributed mode -------------------------------------------------------------------------------
@@ -680,7 +784,7 @@ def train_dpo(
 
 @app.command()
 def worker(
-    role: Annotated[str, typer.Argument(help="prompts, rollout, reward or trainer.")],
+    role: Annotated[str, typer.Argument(help="prompts, rollout, reward, trainer or serve (the gateway).")],
     config: RunConfigFile = None,
     region: Annotated[
         str | None, typer.Option(envvar="RLBUS_REGION", help="Region: Kafka client-id suffix and client.rack.")
@@ -710,13 +814,15 @@ def up(
         str | None, typer.Option(help="Run namespace (default: the config's, else a fresh up-<date>-<time>).")
     ] = None,
     grace: Annotated[float, typer.Option(help="Seconds a child may drain after SIGTERM before it is killed.")] = 30.0,
+    serve: Annotated[bool, typer.Option(help="Also run the OpenAI-compatible gateway (the config's serve table).")
+                     ] = False,
 ) -> None:
     """A local distributed run: Kafka and Redis (started if missing), topics, a blob server, the trainer,
     a reward worker, rollout workers and the prompt producer as processes. Ctrl-C stops them gracefully."""
     from rlbus.launch.up import up as run_up
 
     raise typer.Exit(_run(lambda: run_up(config, rollout_workers=rollout_workers, steps=steps, namespace=namespace,
-                                         grace_s=grace)))
+                                         grace_s=grace, serve=serve)))
 
 
 # --- replay / tail --------------------------------------------------------------------------------
@@ -983,6 +1089,47 @@ def report(
         console.print(str(path))
 
 
+# --- env generate (task corpus) -----------------------------------------------------------------
+@env_app.command("generate")
+def env_generate(
+    library: Annotated[
+        list[str], typer.Option("--library", help="NAME==VERSION of a pure-Python library with tests (repeat).")
+    ],
+    tasks: Annotated[int, typer.Option("--tasks", min=1, help="Tasks to make in all, split over the libraries.")],
+    out: Annotated[Path, typer.Option("--out", help="Corpus directory (task dirs, _bases/, manifest.json).")],
+    seed: Annotated[int, typer.Option("--seed", help="One seed, one corpus.")] = 0,
+    max_failing: Annotated[int, typer.Option(help="Reject bugs that break more tests than this.")] = 50,
+    pass_to_pass: Annotated[int, typer.Option(help="PASS_TO_PASS tests sampled per task.")] = 25,
+    test_timeout: Annotated[int, typer.Option(help="Seconds per sandboxed test run.")] = 120,
+) -> None:
+    """Make bug-fixing tasks from released libraries (SWE-smith style, rlbus/envs/swegen): inject a bug into a
+    function the library's tests cover, keep the tests that now fail, validate each task in the sandbox.
+    A library's earlier tasks in OUT are replaced; other libraries' tasks are kept."""
+    from rlbus.envs.swegen.generate import GenerateOptions, generate
+
+    options = GenerateOptions(
+        libraries=library, tasks=tasks, seed=seed, out=out, max_failing=max_failing,
+        pass_to_pass=pass_to_pass, test_timeout_s=test_timeout,
+    )  # fmt: skip
+    try:
+        results = asyncio.run(
+            generate(options, lambda line: err.print(line, markup=False, highlight=False, soft_wrap=True))
+        )
+    except RlbusError as exc:
+        err.print(f"[red]error:[/red] {exc}")
+        raise typer.Exit(1) from None
+    table = Table("library", "tests", "mutants", "kept", "rejected")
+    for r in results:
+        reasons = ", ".join(f"{n} {why}" for why, n in sorted(r.rejected.items())) or "-"
+        table.add_row(r.library, str(r.baseline_tests), str(r.tried), str(r.made), reasons)
+    console.print(table)
+    made = sum(r.made for r in results)
+    console.print(f"{made} tasks written to {out} (manifest.json)")
+    if made < tasks:
+        err.print(f"[yellow]made {made} of the {tasks} tasks asked for[/yellow]")
+        raise typer.Exit(1)
+
+
 # --- bench ----------------------------------------------------------------------------------------
 BENCHMARKS = {
     "bus": "rlbus.bench.bus",
@@ -996,7 +1143,11 @@ BENCHMARKS = {
     "window": "rlbus.bench.window",
     "join": "rlbus.bench.join",
     "llm": "rlbus.bench.llm",
+    "swe": "rlbus.bench.swe",
+    "online": "rlbus.bench.online",
+    "judge": "rlbus.bench.judge",
     "engines": "rlbus.bench.engines",
+    "serve": "rlbus.bench.serve",
 }
 
 
@@ -1014,7 +1165,8 @@ def bench(
     ] = None,
     model: Annotated[
         str | None,
-        typer.Option(help="mismatch only: policy (rlbus's MoE, the default) or hf-moe (a random Qwen3-MoE)."),
+        typer.Option(help="mismatch: policy (rlbus's MoE, the default) or hf-moe (a random Qwen3-MoE); judge: the "
+                          "judge model (default smollm2-135m-instruct; a model directory or .gguf)."),
     ] = None,
     engine: Annotated[
         str | None,
@@ -1026,7 +1178,7 @@ def bench(
     if name not in BENCHMARKS:
         raise typer.BadParameter(f"unknown benchmark {name!r}; choose from {', '.join(BENCHMARKS)}")
     module = importlib.import_module(BENCHMARKS[name])
-    kwargs: dict[str, Any] = {"bootstrap": bootstrap} if name == "bus" else {}
+    kwargs: dict[str, Any] = {"bootstrap": bootstrap} if name in ("bus", "serve") else {}
     if mode is not None:
         if name != "pipeline" or mode not in ("sync", "async"):
             raise typer.BadParameter("--mode is sync or async, for the pipeline benchmark only")
@@ -1036,8 +1188,8 @@ def bench(
             raise typer.BadParameter("--seed is for the pipeline and chaos benchmarks")
         kwargs["seed"] = seed
     if model is not None:
-        if name != "mismatch" or model not in ("policy", "hf-moe"):
-            raise typer.BadParameter("--model is policy or hf-moe, for the mismatch benchmark only")
+        if name != "judge" and (name != "mismatch" or model not in ("policy", "hf-moe")):
+            raise typer.BadParameter("--model is policy or hf-moe for the mismatch benchmark, or the judge model")
         kwargs["model"] = model
     if engine is not None:
         if name != "mismatch" or engine not in ("torch", "vllm"):
@@ -1050,6 +1202,9 @@ def bench(
         raise typer.Exit(1) from None
     if name == "sandbox" and result["escapes_contained"] < result["escapes_tried"]:
         err.print("[red]an escape attempt was NOT contained[/red]")
+        raise typer.Exit(1)
+    if name == "swe" and result["summary"]["cheats_scored_zero"] < result["summary"]["cheats_tried"]:
+        err.print("[red]a cheat scored above 0 (see the JSON's cheats.rows)[/red]")
         raise typer.Exit(1)
     if name == "chaos" and result["summary"]["passed"] < result["summary"]["scenarios"]:
         err.print("[red]a chaos scenario failed its checks (see the table)[/red]")

@@ -6,7 +6,8 @@ rlbus, so callers handle one hierarchy. Each class says whether retrying the sam
 
     RlbusError                       base; retriable = False
     ├── ConfigError                  bad configuration; names the offending field; fails at start
-    │   └── PromptFileError          a bad line in a JSONL prompt file (rlbus.envs.tasks.jsonl)
+    │   ├── PromptFileError          a bad line in a JSONL prompt file (rlbus.envs.tasks.jsonl)
+    │   └── TaskFormatError          a coding task that cannot be loaded (rlbus.envs.swe.task)
     ├── SchemaError                  a message does not match its schema (bad input → DLQ)
     │   ├── MalformedMessage         bytes are not valid MessagePack for the schema
     │   ├── SchemaVersionError       schema_version is not one this build can read
@@ -32,8 +33,11 @@ rlbus, so callers handle one hierarchy. Each class says whether retrying the sam
     │   └── JudgeUnavailable         it could not be reached or kept failing       (retriable)
     ├── FeedbackError                the feedback API refused a user signal or could not be reached
     │   └── FeedbackRejected         a request it answers with 400; names the field (rlbus.producers.feedback)
+    ├── ApiError                     the gateway refuses an HTTP request: status, OpenAI error type, param, code
+    │                                (rlbus.serve; a 429 is retriable after its Retry-After)
     ├── ServiceError                 a local service (Kafka, Redis) failed to start or stop
     ├── RunLogMissing                a run directory has no run log to report on (rlbus.observe.report)
+    ├── GenerateError                a task corpus cannot be generated from a library (rlbus.envs.swegen)
     ├── ToolError                    an expected tool failure; the model sees the message (rlbus.envs.agent)
     ├── QualityGateFailed            the offline stages ended below the bar RL waits for (rlbus.training.offline)
     └── WorkerCrashed                a chaos scenario's pipeline stopped while it ran (rlbus.chaos.harness)
@@ -160,6 +164,15 @@ class SandboxError(RlbusError):
     """The sandbox itself could not be set up (distinct from the sandboxed program failing)."""
 
 
+class TaskFormatError(ConfigError):
+    """A coding task (task directory or SWE-bench row) that cannot be loaded; ``field`` is
+    ``file: field`` (``toolz-1/task.toml: tests.fail_to_pass``). Not retriable: fix the task."""
+
+    def __init__(self, where: str, problem: str) -> None:
+        super().__init__(where, problem)
+        self.args = (f"{where}: {problem}",)
+
+
 class JudgeError(RlbusError):
     """The judge endpoint rejected the request or answered something that is not a chat completion."""
 
@@ -182,12 +195,40 @@ class FeedbackRejected(FeedbackError):
         self.field = field
 
 
+class ApiError(RlbusError):
+    """A request the OpenAI-compatible gateway refuses; rendered as ``{"error": {message, type, param, code}}``
+    with ``status``. ``retry_after_s`` (429/503) becomes the Retry-After header."""
+
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        *,
+        type: str = "invalid_request_error",
+        param: str | None = None,
+        code: str | None = None,
+        retry_after_s: float | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.type = type
+        self.param = param
+        self.code = code
+        self.retry_after_s = retry_after_s
+        self.retriable = status in (429, 503)
+
+
 class ServiceError(RlbusError):
     """A local service (Kafka, Redis) could not be started, reached or stopped."""
 
 
 class RunLogMissing(RlbusError):
     """``rlbus report`` was pointed at a directory without a run log; the message names the missing file."""
+
+
+class GenerateError(RlbusError):
+    """A library cannot be turned into tasks: no sdist, no tests, a suite that fails unchanged (rlbus.envs.swegen)."""
 
 
 class ToolError(RlbusError):

@@ -10,7 +10,7 @@ from dataclasses import replace
 
 from rlbus.bus.topic import Topic, dlq_name
 from rlbus.bus.types import TopicSpec
-from rlbus.schemas import Prompt, Reward, Rollout, WeightVersion
+from rlbus.schemas import Prompt, Reward, Rollout, Served, WeightVersion
 
 DAY_MS = 24 * 3600 * 1000
 
@@ -19,9 +19,10 @@ ROLLOUTS: Topic[Rollout] = Topic("rl.rollouts.v1", Rollout, key=lambda m: m.prom
 REWARDS: Topic[Reward] = Topic("rl.rewards.v1", Reward, key=lambda m: m.rollout_id)
 WEIGHTS: Topic[WeightVersion] = Topic("rl.weights.v1", WeightVersion, key=lambda m: m.model_id)
 WEIGHTS_LATEST: Topic[WeightVersion] = Topic("rl.weights.latest.v1", WeightVersion, key=lambda m: m.model_id)
+SERVED: Topic[Served] = Topic("rl.served.v1", Served, key=lambda m: m.session_id or m.served_id)
 
-TYPED_TOPICS: dict[str, Topic[Prompt] | Topic[Rollout] | Topic[Reward] | Topic[WeightVersion]] = {
-    t.name: t for t in (PROMPTS, ROLLOUTS, REWARDS, WEIGHTS, WEIGHTS_LATEST)
+TYPED_TOPICS: dict[str, Topic[Prompt] | Topic[Rollout] | Topic[Reward] | Topic[WeightVersion] | Topic[Served]] = {
+    t.name: t for t in (PROMPTS, ROLLOUTS, REWARDS, WEIGHTS, WEIGHTS_LATEST, SERVED)
 }
 
 _BASE: list[TopicSpec] = [
@@ -58,6 +59,16 @@ _BASE: list[TopicSpec] = [
         partitions=1,
         config={"cleanup.policy": "compact", "min.cleanable.dirty.ratio": "0.01", "segment.ms": "60000"},
         doc="Newest manifest per model (compacted) for late joiners.",
+    ),
+    TopicSpec(
+        SERVED.name,
+        partitions=12,
+        config={
+            "retention.ms": str(7 * DAY_MS),
+            "max.message.bytes": str(4 * 1024 * 1024),
+            "compression.type": "producer",
+        },
+        doc="Every completion the gateway served, token-exact with per-token versions; key session or served id.",
     ),
 ]
 

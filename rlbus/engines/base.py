@@ -57,6 +57,12 @@ class GenerationRequest:
     """Per-request sampling seed; None uses the engine's seeded generator."""
     request_id: str = ""
     """Caller's id, echoed in the result."""
+    top_logprobs: int = 0
+    """Also report the ``top_logprobs`` most likely ids of each step's sampled distribution (log π', the
+    processed one) in ``GenerationResult.extra["top_logprobs"]``; 0 = off. The gateway's OpenAI field."""
+    on_token: Callable[[int], None] | None = field(default=None, compare=False, repr=False)
+    """Called with each sampled id as soon as it is sampled, on the generating thread (must not block):
+    how the gateway streams tokens while the row is still in the running batch."""
 
     def __post_init__(self) -> None:
         if len(self.prompt_ids) == 0:
@@ -69,6 +75,8 @@ class GenerationRequest:
             raise ValueError("top_p must be in (0, 1]")
         if self.top_k < 0:
             raise ValueError("top_k must be >= 0 (0 = off)")
+        if self.top_logprobs < 0:
+            raise ValueError("top_logprobs must be >= 0 (0 = off)")
         if any(s == "" for s in self.stop):
             raise ValueError("stop strings must not be empty")
 

@@ -81,6 +81,7 @@ class _Row:
     logprobs: list[float] = field(default_factory=list)
     versions: list[int] = field(default_factory=list)
     experts: list[torch.Tensor] = field(default_factory=list)  # [L, t, k] per forward that fed this row
+    top: list[list[tuple[int, float]]] = field(default_factory=list)  # per step: (id, log π') most likely first
     finish: FinishReason | None = None
     text: str = ""
 
@@ -283,6 +284,12 @@ class TorchEngine:
         logp = processed_logprobs(logits, temperature, top_k, top_p)  # [B, V]
         tokens = sample(logp, [row.generator for row in rows])  # [B]
         token_logp = logp.gather(1, tokens[:, None]).squeeze(1)  # [B]
+        k = max(row.request.top_logprobs for row in rows)
+        if k:
+            top_lp, top_ids = logp.topk(min(k, logp.shape[-1]), dim=-1)  # [B, k] each
+            for i, row in enumerate(rows):
+                n = row.request.top_logprobs
+                row.top.append(list(zip(top_ids[i, :n].tolist(), top_lp[i, :n].tolist(), strict=True)))
         for row, token, lp in zip(rows, tokens.tolist(), token_logp.tolist(), strict=True):
             self._append(row, token, lp, version)
         return tokens
@@ -345,6 +352,8 @@ class TorchEngine:
         row.tokens.append(token)
         row.logprobs.append(logprob)
         row.versions.append(version)
+        if req.on_token is not None:
+            req.on_token(token)
         if token in req.stop_token_ids:
             row.finish, row.text = "stop", self._decode_text(row.tokens[:-1])
             return
@@ -372,6 +381,8 @@ class TorchEngine:
             "wait_seconds": row.admitted - row.submitted,
             "run_seconds": time.perf_counter() - row.admitted,
         }
+        if req.top_logprobs:
+            extra["top_logprobs"] = row.top
         return GenerationResult(
             request_id=req.request_id,
             prompt_ids=tuple(req.prompt_ids),

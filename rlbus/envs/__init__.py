@@ -13,12 +13,14 @@
     sandbox.py    bubblewrap sandbox for untrusted code (``rlbus sandbox run``)
     judge.py      LM judges: rubric dimensions, local engine or OpenAI-compatible HTTP backend
     tasks/        built-in tasks (arith, strings, kv, python_fn) and JSONL prompt files
+    swe/          the coding-agent environment (repositories in the sandbox, hidden tests): ``swe``
 
 Importing this package (which Python does before any module in it) registers the built-in tasks, so
 `make_env` knows them wherever it is imported from. It stays light (no torch): reward workers and the
 prompt producer use it without the engine; the rollout worker imports `rlbus.envs.agent` itself.
 """
 
+import rlbus.envs.swe  # the coding environment registers ``swe`` as it is imported
 import rlbus.envs.tasks  # noqa: F401  (each built-in task module calls register_env as it is imported)
 from rlbus.envs.base import (
     Environment,

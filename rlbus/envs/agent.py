@@ -95,14 +95,19 @@ class _Run:
         self.loop, self.chat, self.limits = loop, loop.chat, loop.limits
         self.tools, self.task = tools, task
         schemas = (
-            [tool_schema(t.name, t.description) for t in tools.values()] if self.chat.actions == "native" else None
+            [tool_schema(t.name, t.description, t.parameters) for t in tools.values()]
+            if self.chat.actions == "native"
+            else None
         )
+        self.structured = frozenset(t.name for t in tools.values() if t.parameters is not None)
         self.system = self.chat.system_text(system, schemas)
         self.seq = _Sequence(loop.chat)
         self.answer: str | None = None
         self.sampling = loop.sampling
         self.timings = {"generate": 0.0, "env": 0.0}
         self.stats = {"turns": 0, "tool_calls": 0, "tool_errors": 0, "malformed": 0, "segments": 1}
+        self.final_output: str | None = None
+        """Set by a successful call of a ``final`` tool (``submit``): the episode ends with it as the answer."""
         self.turns_in_segment = 0
         self._open_segment(summary=None)
 
@@ -115,13 +120,16 @@ class _Run:
             budget = min(self.limits.max_new_tokens, *self._turn_rooms())
             if budget < 1:
                 return "length"
-            action = self.chat.parse(await self._model_turn(budget, self.chat.action_stops))
+            action = self.chat.parse(await self._model_turn(budget, self.chat.action_stops), self.structured)
             self.stats["turns"] += 1
             self.turns_in_segment += 1
             if isinstance(action, Answer):
                 self.answer = action.text
                 return "stop"
             observation = await self._observe(action)
+            if self.final_output is not None:
+                self.answer = self.final_output
+                return "stop"
             if self.stats["turns"] < self.limits.max_turns:
                 self._add_observation(observation)
         return "max_turns"
@@ -240,11 +248,14 @@ class _Run:
             return f"error: unknown tool {call.name!r} (tools: {known})", False
         try:
             async with asyncio.timeout(self.limits.tool_timeout_s):
-                return await tool.run(call.argument), True
+                output = await tool.run(call.argument)
         except ToolError as exc:
             return f"error: {exc}", False
         except TimeoutError:
             return f"error: tool {call.name!r} timed out after {self.limits.tool_timeout_s:g}s", False
+        if tool.final:
+            self.final_output = output
+        return output, True
 
     def _add_observation(self, text: str) -> None:
         """Append tool output, cut to the observation limit and so that a summary request still fits."""
@@ -388,12 +399,15 @@ async def run_episode(
     """Play ``prompt`` in its environment: open the world, run the loop with its tools, close the world."""
     async with env.world(prompt) as world:
         loop = AgentLoop(engine=engine, chat=chat, limits=env.limits(), sampling=sampling)
-        return await loop.run(
+        episode = await loop.run(
             task=prompt.text,
             tools=world.tools,
             system=env.instructions(world, native_tools=chat.actions == "native"),
             episode_id=episode_id,
         )
+        if world.result is not None:
+            episode.metadata.update(await world.result())
+        return episode
 
 
 async def reference_episode(task: Task[Any], prompt: Prompt, *, chat: ChatFormat) -> Episode:

@@ -96,18 +96,28 @@ class Limits:
 @dataclass(frozen=True)
 class Tool:
     """A tool the model can call with ``<tool name="NAME">INPUT</tool>`` (or a native ``<tool_call>`` whose
-    ``arguments.input`` is INPUT: `rlbus.envs.tool_calls`); ``run`` maps INPUT to output."""
+    ``arguments.input`` is INPUT: `rlbus.envs.tool_calls`); ``run`` maps INPUT to output.
+
+    A tool with ``parameters`` (a JSON schema of its arguments object) is offered with that schema, and a
+    native call's whole ``arguments`` object reaches ``run`` as JSON text. A ``final`` tool ends the
+    episode when it succeeds (``submit``); its output becomes the episode's answer."""
 
     name: str
     description: str
     run: Callable[[str], Awaitable[str]]
+    parameters: Mapping[str, Any] | None = None
+    final: bool = False
 
 
 @dataclass
 class World:
-    """One episode's state as the harness sees it: the tools bound to that state."""
+    """One episode's state as the harness sees it: the tools bound to that state.
+
+    ``result``, when set, is awaited after the last turn and before the world closes; what it returns goes
+    into the rollout's metadata (the coding environment's final diff)."""
 
     tools: dict[str, Tool] = field(default_factory=dict)
+    result: Callable[[], Awaitable[dict[str, str]]] | None = None
 
 
 C = TypeVar("C", bound=HarnessConfig)

@@ -39,7 +39,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Container, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
@@ -175,12 +175,13 @@ class ChatFormat:
             return NATIVE_STOPS
         return ACTION_STOPS
 
-    def parse(self, text: str) -> Action:
-        """The action of a model turn in this format's action syntax."""
+    def parse(self, text: str, structured: Container[str] = ()) -> Action:
+        """The action of a model turn in this format's action syntax (``structured``: tools whose native
+        calls keep their whole arguments object, `rlbus.envs.tool_calls.parse_native_action`)."""
         if self.actions == "native":
             from rlbus.envs.tool_calls import parse_native_action
 
-            return parse_native_action(text)
+            return parse_native_action(text, structured)
         return parse_action(text)
 
     def header(self, role: str) -> tuple[int, ...]:

@@ -52,6 +52,8 @@ class Episode:
     timings: dict[str, float] = field(default_factory=dict)
     stats: dict[str, int] = field(default_factory=dict)
     """Counters: ``turns``, ``tool_calls``, ``tool_errors``, ``malformed``, ``segments``."""
+    metadata: dict[str, str] = field(default_factory=dict)
+    """What the world reported at the end (`rlbus.envs.base.World.result`), carried in rollout metadata."""
 
     def __post_init__(self) -> None:
         n = len(self.token_ids)
@@ -90,7 +92,7 @@ def episode_to_rollout(
     created_at: float | None = None,
 ) -> Rollout:
     """The `Rollout` message for an episode; the answer and counters travel in ``metadata``."""
-    metadata = {"env": prompt.env, **{f"stat.{k}": str(v) for k, v in episode.stats.items()}}
+    metadata = {**episode.metadata, "env": prompt.env, **{f"stat.{k}": str(v) for k, v in episode.stats.items()}}
     if episode.answer is not None:
         metadata["answer"] = episode.answer
     routed = episode.routed_experts
@@ -134,4 +136,8 @@ def rollout_to_episode(rollout: Rollout) -> Episode:
         sampling=rollout.sampling,
         timings=dict(rollout.timings),
         stats=stats,
+        metadata={k: v for k, v in rollout.metadata.items() if not k.startswith("stat.") and k not in _OWN_KEYS},
     )
+
+
+_OWN_KEYS = ("env", "answer")

@@ -46,6 +46,14 @@ A sandbox that cannot isolate refuses: when bwrap is missing or cannot create na
 user namespaces, a seccomp profile that forbids ``unshare``), `Sandbox` raises `SandboxError` with bwrap's
 reason. It never falls back to running the program unsandboxed.
 
+Nested worlds (the coding environment, `rlbus.envs.swe`): `write` / `read` take repository-relative
+paths and walk them one component at a time with ``O_NOFOLLOW`` (a symlink anywhere on the path is
+refused, so the program cannot point the worker at a host file); `populate` copies a template directory
+into the world (as the sandbox uid, so the program owns its copy); ``binds`` mounts extra host directories
+read-only at fixed inner paths (the test runtime), ``env`` adds variables, and `run` takes an inner
+``cwd``. Each `run` is its own PID namespace: a background process a command starts dies when that
+command returns, so nothing outlives a tool call, let alone the episode.
+
 Known limits: without a delegated cgroup, memory is bounded per process (address space × processes) and
 the world directory's total size is not capped (each file is, by RLIMIT_FSIZE, and CPU time bounds the
 write rate).
@@ -154,8 +162,14 @@ class Sandbox:
         root: str | os.PathLike[str] | None = None,
         python: str | None = None,
         uid_range: range = range(65000, 65534),
+        binds: Sequence[tuple[str, str]] = (),
+        env: dict[str, str] | None = None,
     ) -> None:
         self.limits = limits or SandboxLimits()
+        self.binds = tuple(binds)
+        """(host path, inner path) pairs mounted read-only."""
+        self.env = dict(env or {})
+        """Variables set inside besides PATH/HOME/LANG/TMPDIR (these may be overridden)."""
         self._root = Path(root) if root is not None else None
         self._python = python
         self._uid_range = uid_range
@@ -225,6 +239,51 @@ class Sandbox:
                 return None
             return f.read(max_bytes)
 
+    def write(self, path: str, data: str | bytes, *, mode: int = 0o644) -> None:
+        """Create or replace the file at a world-relative ``path`` (``repo/pkg/mod.py``), creating parent
+        directories; no component may be a symlink. Owned by the sandbox uid when there is one."""
+        payload = data.encode() if isinstance(data, str) else data
+        parts = _split_path(path)
+        dir_fd = _open_dirs(self.path, parts[:-1], create=True, uid=self.uid)
+        try:
+            flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW
+            fd = os.open(parts[-1], flags, mode, dir_fd=dir_fd)
+            if self.uid is not None:
+                os.fchown(fd, self.uid, self.uid)
+            with os.fdopen(fd, "wb") as f:
+                f.write(payload)
+        finally:
+            os.close(dir_fd)
+
+    def read(self, path: str, *, max_bytes: int = 16 * _MIB) -> bytes | None:
+        """The regular file at a world-relative ``path``, or None if absent, not regular, or reached
+        through a symlink."""
+        parts = _split_path(path)
+        try:
+            dir_fd = _open_dirs(self.path, parts[:-1], create=False, uid=None)
+        except OSError:
+            return None
+        try:
+            fd = os.open(parts[-1], os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK, dir_fd=dir_fd)
+        except OSError:
+            return None
+        finally:
+            os.close(dir_fd)
+        with os.fdopen(fd, "rb") as f:
+            if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
+                return None
+            return f.read(max_bytes)
+
+    async def populate(self, template: str | os.PathLike[str], dest: str, *, method: CopyMethod = "copytree") -> float:
+        """Copy the directory ``template`` to the world-relative ``dest``, owned by the program (`copy_tree`);
+        returns the seconds it took."""
+        target = self.path / Path(*_split_path(dest))
+        if target.exists() or target.is_symlink():
+            raise ValueError(f"{dest!r} already exists in the world")
+        start = time.perf_counter()
+        await asyncio.to_thread(copy_tree, Path(template), target, self.uid, method)
+        return time.perf_counter() - start
+
     async def run_python(
         self, script: str, *, args: Sequence[str] = (), timeout_s: float | None = None, stdin: bytes | None = None
     ) -> SandboxResult:
@@ -232,16 +291,27 @@ class Sandbox:
         return await self.run([self.python, "-B", _check_name(script), *args], timeout_s=timeout_s, stdin=stdin)
 
     async def run(
-        self, argv: Sequence[str], *, timeout_s: float | None = None, stdin: bytes | None = None
+        self,
+        argv: Sequence[str],
+        *,
+        timeout_s: float | None = None,
+        stdin: bytes | None = None,
+        cwd: str | None = None,
+        env: dict[str, str] | None = None,
     ) -> SandboxResult:
-        """Run ``argv`` inside the sandbox with cwd ``/sandbox``; the outcome is data, never an exception.
+        """Run ``argv`` inside the sandbox with cwd ``/sandbox`` (or the world-relative ``cwd``); the
+        outcome is data, never an exception.
 
         Raises SandboxError only when the sandbox itself cannot be set up.
         """
         limits = self.limits if timeout_s is None else replace(self.limits, wall_s=timeout_s)
+        inner_cwd = SANDBOX_DIR if cwd is None else "/".join((SANDBOX_DIR, *_split_path(cwd)))
+        extra = [*_bind_args(self.binds), "--chdir", inner_cwd]
+        for name, value in {**self.env, **(env or {})}.items():
+            extra += ["--setenv", name, value]
         status_r, status_w = os.pipe()
         try:
-            command = [self._bwrap, *_bwrap_args(self.path, status_w), *_prlimit_args(limits), *argv]
+            command = [self._bwrap, *_bwrap_args(self.path, status_w, extra), *_prlimit_args(limits), *argv]
             return await _execute(command, limits, status_r, status_w, self.uid, stdin)
         finally:
             os.close(status_r)
@@ -301,7 +371,7 @@ def _probe_once(bwrap: str, uid: int | None) -> str | None:
     return None
 
 
-def _bwrap_args(world: Path, status_fd: int | None) -> list[str]:
+def _bwrap_args(world: Path, status_fd: int | None, extra: Sequence[str] = ()) -> list[str]:
     args = [
         "--unshare-all",
         "--unshare-user",
@@ -319,11 +389,12 @@ def _bwrap_args(world: Path, status_fd: int | None) -> list[str]:
         "--bind", str(world), SANDBOX_DIR,
         "--symlink", SANDBOX_DIR, "/tmp",
         "--remount-ro", "/dev",
-        "--remount-ro", "/",
-        "--chdir", SANDBOX_DIR,
     ]  # fmt: skip
+    if "--chdir" not in extra:
+        args += ["--chdir", SANDBOX_DIR]
     for name, value in _INNER_ENV.items():
         args += ["--setenv", name, value]
+    args += [*extra, "--remount-ro", "/"]  # extra binds need the root writable while they are made
     if status_fd is not None:
         args += ["--json-status-fd", str(status_fd)]
     return args
@@ -339,6 +410,76 @@ def _top_level_args() -> list[str]:
         elif host.is_dir():
             args += ["--ro-bind", str(host), str(host)]
     return args
+
+
+def _bind_args(binds: Sequence[tuple[str, str]]) -> list[str]:
+    args: list[str] = []
+    for host, inner in binds:
+        if not inner.startswith("/") or inner.startswith((SANDBOX_DIR, "/proc", "/dev", "/usr")):
+            raise ValueError(f"cannot bind over {inner!r}")
+        args += ["--ro-bind", host, inner]
+    return args
+
+
+def _split_path(path: str) -> list[str]:
+    """A world-relative path's components; absolute paths, ``..``, empty names and NUL are refused."""
+    parts = [p for p in path.split("/") if p not in ("", ".")]
+    if not parts or path.startswith("/") or "\0" in path or any(p == ".." for p in parts):
+        raise ValueError(f"{path!r} is not a relative path inside the sandbox directory")
+    return parts
+
+
+def _open_dirs(root: Path, parts: Sequence[str], *, create: bool, uid: int | None) -> int:
+    """An fd of ``root/parts…``, each component opened with O_NOFOLLOW (created when ``create``)."""
+    fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        for part in parts:
+            try:
+                child = os.open(part, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=fd)
+            except FileNotFoundError:
+                if not create:
+                    raise
+                os.mkdir(part, 0o755, dir_fd=fd)
+                if uid is not None:
+                    os.chown(part, uid, uid, dir_fd=fd, follow_symlinks=False)
+                child = os.open(part, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=fd)
+            os.close(fd)
+            fd = child
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+CopyMethod = Literal["copytree", "cp"]
+
+
+def copy_tree(source: Path, target: Path, uid: int | None, method: CopyMethod = "copytree") -> None:
+    """Copy the directory ``source`` to ``target`` (not existing yet), owned by ``uid`` when given.
+
+    Modes and times are kept, symlinks are copied as symlinks, hard links become separate files (the
+    program can never write through to the source). ``copytree``: `shutil.copytree` and an ``lchown``
+    pass, in this process; ``cp``: ``cp -R --reflink=auto`` run as ``uid`` (a reflink on filesystems that
+    have them). Measured by ``rlbus bench swe`` (bench/RESULTS.md); on ext4 ``copytree`` is faster for
+    small repositories (no process to start) and about even at a few hundred files, so it is the default.
+    Raises SandboxError when the copy fails."""
+    if method == "copytree":
+        try:
+            shutil.copytree(source, target, symlinks=True)
+            if uid is not None:
+                for dirpath, dirnames, filenames in os.walk(target):
+                    os.lchown(dirpath, uid, uid)
+                    for name in (*dirnames, *filenames):
+                        os.lchown(os.path.join(dirpath, name), uid, uid)
+        except OSError as exc:
+            raise SandboxError(f"copying {source} into the world failed: {exc}") from exc
+        return
+    command = ["cp", "-R", "--no-dereference", "--preserve=mode,timestamps", "--reflink=auto", "--",
+               str(source), str(target)]  # fmt: skip
+    ids: dict[str, Any] = {} if uid is None else {"user": uid, "group": uid, "extra_groups": []}
+    done = subprocess.run(command, capture_output=True, env=_HOST_ENV, check=False, **ids)
+    if done.returncode != 0:
+        raise SandboxError(f"copying {source} into the world failed: {done.stderr.decode(errors='replace')[:300]}")
 
 
 def _prlimit_args(limits: SandboxLimits) -> list[str]:

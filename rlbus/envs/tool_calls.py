@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Container, Mapping, Sequence
 from typing import Any
 
 from rlbus.envs.actions import Action, Answer, Malformed, ToolCall
@@ -38,19 +38,17 @@ _ANSWER = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
 _CALL_HELP = 'write <tool_call>{"name": "NAME", "arguments": {"input": "INPUT"}}</tool_call>'
 
 
-def tool_schema(name: str, description: str) -> dict[str, Any]:
-    """The JSON schema (OpenAI function format) of an rlbus tool: one required string ``input``."""
+def tool_schema(name: str, description: str, parameters: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """The JSON schema (OpenAI function format) of an rlbus tool: one required string ``input``, or the
+    tool's own ``parameters`` schema."""
+    default = {
+        "type": "object",
+        "properties": {"input": {"type": "string", "description": "the tool's input, as free text"}},
+        "required": ["input"],
+    }
     return {
         "type": "function",
-        "function": {
-            "name": name,
-            "description": description,
-            "parameters": {
-                "type": "object",
-                "properties": {"input": {"type": "string", "description": "the tool's input, as free text"}},
-                "required": ["input"],
-            },
-        },
+        "function": {"name": name, "description": description, "parameters": dict(parameters or default)},
     }
 
 
@@ -73,11 +71,14 @@ def format_native_call(name: str, arguments: Mapping[str, Any]) -> str:
     return f"<tool_call>\n{call}\n</tool_call>"
 
 
-def parse_native_action(text: str) -> Action:
-    """The first complete ``<tool_call>`` or ``<answer>`` of a turn, or what is wrong with it."""
+def parse_native_action(text: str, structured: Container[str] = ()) -> Action:
+    """The first complete ``<tool_call>`` or ``<answer>`` of a turn, or what is wrong with it.
+
+    A call of a tool named in ``structured`` (one with its own parameters schema) keeps its whole
+    ``arguments`` object, as JSON text, for the tool to validate."""
     call, answer = _TOOL_CALL.search(text), _ANSWER.search(text)
     if call and (answer is None or call.start() < answer.start()):
-        return _parse_call(call.group(1))
+        return _parse_call(call.group(1), structured)
     if answer:
         return Answer(text=answer.group(1).strip())
     if "<tool_call" in text:
@@ -87,7 +88,7 @@ def parse_native_action(text: str) -> Action:
     return Malformed(f"no action: {_CALL_HELP} or <answer>ANSWER</answer>")
 
 
-def _parse_call(body: str) -> Action:
+def _parse_call(body: str, structured: Container[str] = ()) -> Action:
     try:
         call = json.loads(body)
     except json.JSONDecodeError as exc:
@@ -107,6 +108,8 @@ def _parse_call(body: str) -> Action:
             pass
     if not isinstance(arguments, dict):
         return Malformed(f'"arguments" must be a JSON object: {_CALL_HELP}')
+    if name in structured:
+        return ToolCall(name=name, argument=json.dumps(arguments, ensure_ascii=False))
     argument = arguments.get("input")
     if not isinstance(argument, str):
         return Malformed(f'"arguments" must have a string "input": {_CALL_HELP}')

@@ -76,7 +76,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("rlbus.launch.roles")
 
-ROLES = ("prompts", "rollout", "reward", "trainer")
+ROLES = ("prompts", "rollout", "reward", "trainer", "serve")
 
 
 @contextlib.contextmanager
@@ -381,7 +381,49 @@ def _join_stats(join: Any) -> dict[str, Any]:
     return {f"join_{k}": v for k, v in stats.items()}
 
 
-MAINS = {"prompts": prompts_main, "rollout": rollout_main, "reward": reward_main, "trainer": trainer_main}
+# --- serve ---------------------------------------------------------------------------------------------
+async def serve_main(
+    config: RunConfig, *, worker_id: str, region: str | None = None, stop: asyncio.Event | None = None,
+    bus: Bus | None = None, state: StateStore | None = None, store: BlobStore | None = None,
+    model: str | None = None, port: int | None = None, token_file: Path | None = None,
+) -> None:
+    """The OpenAI-compatible gateway of a run (rlbus/serve/): the run's model on a rollout stack whose
+    weights follow the trainer, recording on the run's bus. ``model``/``port``/``token_file`` override
+    the config's (``rlbus serve --config``)."""
+    import torch
+
+    from rlbus.build.model import parse_model
+    from rlbus.serve.auth import load_tenants
+    from rlbus.serve.stack import run_serve, serve_stack
+
+    s = config.serve
+    torch.set_num_threads(config.rollout.torch_threads)
+    tenants = load_tenants(token_file or (Path(s.token_file) if s.token_file else None))
+    with stopping(stop) as stop:
+        async with connected(config, region, bus=bus, state=state, store=store) as (bus, state, store, _):
+            source = await asyncio.to_thread(
+                lambda: parse_model(model, progress=log.info) if model else model_source(config, progress=log.info))
+            parts = serve_stack(
+                bus=bus, source=source, tenants=tenants, store=store, worker_id=worker_id, region=region or "",
+                model_name=s.model_name or (Path(model).name if model else config.model.name),
+                seed=config.task.seed + 7 + zlib.crc32(worker_id.encode()) % 10_000,
+                max_batch=s.max_batch, batch_window_s=config.rollout.batch_window_s,
+                max_staleness=config.trainer.max_staleness, max_open_sessions=s.max_open_sessions,
+                user_sessions=s.user_sessions, buffer_records=s.buffer_records, default_max_tokens=s.default_max_tokens,
+            )
+            gateway, sync = parts.gateway, parts.rollout.sync
+
+            def info() -> dict[str, Any]:
+                return {**(sync.stats() if sync is not None else {}), **gateway.stats()}
+
+            watch = observed(config, state, "serve", worker_id, region, info)
+            async with asyncio.TaskGroup() as tasks:
+                tasks.create_task(watch.run(stop))
+                tasks.create_task(run_serve(parts, stop, host=s.host, port=s.port if port is None else port))
+
+
+MAINS = {"prompts": prompts_main, "rollout": rollout_main, "reward": reward_main, "trainer": trainer_main,
+         "serve": serve_main}
 
 
 def run_role(role: str, config: RunConfig, *, region: str | None = None, worker_id: str | None = None) -> None:

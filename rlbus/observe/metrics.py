@@ -180,14 +180,72 @@ TRAINER_GAUGES: dict[str, Gauge] = {
         "reward_mean": "Mean reward of the latest step's batch.",
         "loss": "Objective of the latest step.",
         "grad_norm": "Gradient norm before clipping of the latest step.",
+        "online_samples": "Served rollouts trained in the latest online step (README: learning from served traffic).",
+        "online_baseline": "The global online baseline after the latest online step.",
+        "online_releases_total": "Online releases (steps on served traffic) so far.",
+        "online_dropped_age_total": "Served rollouts dropped for max_age_s at training time so far.",
     }.items()
 }
+
+# --- serving (rlbus.serve) -----------------------------------------------------------------------
+SERVE_REQUESTS = Counter(
+    "rlbus_serve_requests", "Gateway requests answered, by route and HTTP status.", ["route", "status"],
+    registry=REGISTRY,
+)
+SERVE_LATENCY_SECONDS = Histogram(
+    "rlbus_serve_latency_seconds", "Chat completion latency, request arrival to last token.",
+    buckets=_LATENCY_BUCKETS, registry=REGISTRY,
+)
+SERVE_TOKENS = Counter(
+    "rlbus_serve_tokens", "Tokens the gateway served, by kind (prompt, completion).", ["kind"], registry=REGISTRY
+)
+SERVE_REJECTED = Counter(
+    "rlbus_serve_rejected", "RL-session requests answered 429 by admission control, by reason.", ["reason"],
+    registry=REGISTRY,
+)
+SERVE_HISTORY_EDITS = Counter(
+    "rlbus_serve_history_edits",
+    "Session requests whose history did not match the turns the gateway sampled (re-tokenised, untrained).",
+    registry=REGISTRY,
+)
+SERVE_SESSIONS_OPEN = Gauge("rlbus_serve_sessions_open", "Agent sessions open in the gateway.", registry=REGISTRY)
+SERVED_RECORDED = Counter(
+    "rlbus_served_recorded", "Served completions written to rl.served.v1 (acknowledged).", registry=REGISTRY
+)
+SERVED_BUFFERED = Gauge(
+    "rlbus_served_buffered", "Served records waiting in the gateway's buffer for the bus.", registry=REGISTRY
+)
+SERVED_DROPPED = Counter(
+    "rlbus_served_dropped", "Served records dropped because the buffer was full while the bus was down.",
+    registry=REGISTRY,
+)
 
 # --- process --------------------------------------------------------------------------------------
 LOOP_LAG_SECONDS = Histogram(
     "rlbus_event_loop_lag_seconds",
     "How late the event loop ran a timer: time the loop was blocked by work that belongs in a thread.",
     buckets=_LOOP_BUCKETS,
+    registry=REGISTRY,
+)
+
+# --- LM judges ------------------------------------------------------------------------------------
+JUDGE_SECONDS = Histogram(
+    "rlbus_judge_seconds",
+    "Time of one LM judgement (every dimension and retry of one rollout), by reward source.",
+    ["source"],
+    buckets=_LATENCY_BUCKETS,
+    registry=REGISTRY,
+)
+JUDGE_RETRIES = Counter(
+    "rlbus_judge_retries",
+    "Judge calls repeated because the reply had no readable or an out-of-range score, by reward source.",
+    ["source"],
+    registry=REGISTRY,
+)
+JUDGE_INVALID = Counter(
+    "rlbus_judge_invalid",
+    "Judgements published invalid (a dimension still unreadable after the retries), by reward source.",
+    ["source"],
     registry=REGISTRY,
 )
 

@@ -5,6 +5,7 @@ from rlbus.schemas.common import BlobRef
 from rlbus.schemas.prompt import Prompt
 from rlbus.schemas.reward import Reward
 from rlbus.schemas.rollout import Rollout, SamplingInfo, Turn
+from rlbus.schemas.served import Served, ServedParams
 from rlbus.schemas.tensor import TensorData
 from rlbus.schemas.weights import ChunkRef, TensorMeta, TensorSpan, WeightVersion
 
@@ -17,6 +18,8 @@ __all__ = [
     "Reward",
     "Rollout",
     "SamplingInfo",
+    "Served",
+    "ServedParams",
     "TensorData",
     "TensorMeta",
     "TensorSpan",

@@ -61,7 +61,9 @@ class SFTExample:
 class ChatRenderer(Protocol):
     """What `load_examples` needs to read chat rows (`rlbus.envs.chat.ChatFormat` implements it)."""
 
-    def render_messages(self, messages: Sequence[Mapping[str, Any]]) -> tuple[list[int], list[bool]]:
+    def render_messages(
+        self, messages: Sequence[Mapping[str, Any]], *, tools: Sequence[Mapping[str, Any]] | None = None
+    ) -> tuple[list[int], list[bool]]:
         """(ids, trained): True exactly on assistant content tokens and each assistant turn's end-of-turn."""
         ...
 
@@ -135,7 +137,8 @@ def load_examples(
     ``{"prompt": "3+4=", "completion": "7"}`` — byte-tokenized: BOS + prompt, completion + EOS;
     ``{"prompt_ids": [...], "completion_ids": [...]}`` — taken as is (any chat format, any special tokens);
     ``{"messages": [{"role": "user", "content": ...}, ...]}`` — rendered by ``chat.render_messages``,
-    training the assistant turns only (needs ``chat``).
+    training the assistant turns only (needs ``chat``); an optional ``"tools"`` list of JSON function
+    schemas goes into the system message as the template writes it (tool-use trajectories).
     """
     tok = tokenizer or ByteTokenizer()
     examples = []
@@ -147,7 +150,8 @@ def load_examples(
             if "messages" in row:
                 if chat is None:
                     raise ValueError("a chat row (messages) needs a chat format to render it")
-                ids, trained = chat.render_messages(row["messages"])
+                tools = {"tools": row["tools"]} if row.get("tools") else {}
+                ids, trained = chat.render_messages(row["messages"], **tools)
                 examples.append(SFTExample(tuple(ids), tuple(bool(t) for t in trained)))
             elif "prompt_ids" in row:
                 examples.append(SFTExample.from_completion(row["prompt_ids"], row["completion_ids"]))

@@ -1,0 +1,328 @@
+"""``rlbus bench swe``: the coding environment — corpus validity, cheater suite, world and tool speed, SmolLM2.
+
+1. **Corpus**: `rlbus env check` on every task (the shipped corpus if present, plus the test fixtures):
+   ``tasks_valid`` of ``tasks``.
+2. **Cheater suite** (`rlbus.envs.swe.cheats`) on every valid task (one task when ``--quick``): each cheat
+   must score 0 — ``cheats_tried`` / ``cheats_scored_zero``.
+3. **Reset**: per-episode copy of a template — `Sandbox.populate` (``cp -R --reflink=auto`` as the sandbox
+   uid) against ``shutil.copytree`` + chown, and against a sandbox with no copy at all (the floor).
+4. **Throughput at concurrency 1, 2, 4, 8**, scripted agent (the expert's calls), each against the same
+   commands run without the sandbox (plain subprocess / host file operations in a temp copy):
+   tool calls/s (bash ``ls`` + view), full expert episodes/s (reset, calls, diff), hidden-test runs/s
+   (the grader vs ``python -m pytest`` on the same tree).
+5. **SmolLM2** (skipped with ``--quick``): 16 episodes of the real model through the native tool-call
+   format; checks that token ids, loss masks and tool calls line up and that every reward is 0 or 1.
+
+Absolute figures drift on shared machines; the ratios against the same-run baselines are the point.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+from rlbus.bench.common import meta, print_table, write_json
+from rlbus.envs.swe.cheats import cheat_patches
+from rlbus.envs.swe.check import check_tasks
+from rlbus.envs.swe.env import SHIPPED_CORPUS, SweEnv
+from rlbus.envs.swe.expert import expert_calls
+from rlbus.envs.swe.grade import grade
+from rlbus.envs.swe.patch import tree_diff
+from rlbus.envs.swe.runtime import runtime_dir
+from rlbus.envs.swe.task import RepoTask, load_tasks
+from rlbus.envs.swe.tools import repo_tools
+from rlbus.envs.swe.world import open_world, task_sandbox, template
+
+FIXTURES = Path(__file__).resolve().parents[2] / "tests" / "fixtures" / "swe" / "corpus"
+LEVELS = (1, 2, 4, 8)
+
+
+def _corpora() -> list[Path]:
+    return [p for p in (SHIPPED_CORPUS, FIXTURES) if p.is_dir()]
+
+
+async def _timed(n: int, concurrency: int, make: Any) -> float:
+    """Operations per second of ``n`` calls of the coroutine factory ``make`` with ``concurrency`` in flight."""
+    sem = asyncio.Semaphore(concurrency)
+
+    async def one(i: int) -> None:
+        async with sem:
+            await make(i)
+
+    start = time.perf_counter()
+    await asyncio.gather(*(one(i) for i in range(n)))
+    return round(n / (time.perf_counter() - start), 2)
+
+
+async def _reset(task: RepoTask, n: int) -> dict[str, Any]:
+    """Median ms of one episode reset: the copy by each method, and opening + closing the sandbox."""
+    base = await template(task)
+    times: dict[str, list[float]] = {"copytree": [], "cp": []}
+    for _ in range(n):
+        for method in times:
+            async with task_sandbox(task) as box:
+                times[method].append(await box.populate(base, "repo", method=method))  # type: ignore[arg-type]
+    t0 = time.perf_counter()
+    for _ in range(n):
+        async with task_sandbox(task):
+            pass
+    open_close = (time.perf_counter() - t0) / n
+    files = sum(len(f) for _, _, f in os.walk(base))
+
+    def ms(xs: list[float]) -> float:
+        return round(1000 * sorted(xs)[len(xs) // 2], 2)
+
+    return {
+        "task": task.task_id, "files": files, "copytree_ms": ms(times["copytree"]), "cp_reflink_ms": ms(times["cp"]),
+        "sandbox_open_close_ms": round(1000 * open_close, 2), "chosen": "copytree",
+    }  # fmt: skip
+
+
+async def _throughput(task: RepoTask, quick: bool) -> list[dict[str, Any]]:
+    """Tool calls, expert episodes and hidden-test runs per second, sandboxed and plain, per concurrency."""
+    base = await template(task)
+    calls = expert_calls(task, base)
+    n_tools, n_eps, n_tests = (16, 4, 4) if quick else (48, 12, 8)
+    levels = []
+    for c in LEVELS:
+        plain = Path(tempfile.mkdtemp(prefix="rlbus-bench-swe-"))
+        try:
+            shutil.copytree(base, plain / "repo")
+            async with open_world(task) as world:
+                tools = repo_tools(world)
+                boxed_tools = await _timed(n_tools, c, partial(_tool_call, tools))
+            level = {
+                "concurrency": c,
+                "tool_calls_per_s": {"sandbox": boxed_tools,
+                                     "plain": await _timed(n_tools, c, partial(_plain_tool_call, plain / "repo"))},
+                "episodes_per_s": {"sandbox": await _timed(n_eps, c, partial(_episode, task, calls)),
+                                   "plain": await _timed(n_eps, c, partial(_plain_episode, task, base))},
+                "hidden_test_runs_per_s": {"sandbox": await _timed(n_tests, c, partial(_hidden, task)),
+                                           "plain": await _timed(n_tests, c,
+                                                                 partial(_plain_hidden, task, base, plain))},
+            }  # fmt: skip
+        finally:
+            shutil.rmtree(plain, ignore_errors=True)
+        levels.append(level)
+    return levels
+
+
+async def _tool_call(tools: dict[str, Any], i: int) -> None:
+    await (tools["bash"].run("ls") if i % 2 else tools["view"].run('{"path": "."}'))
+
+
+async def _plain_tool_call(repo: Path, i: int) -> None:
+    if i % 2:
+        proc = await asyncio.create_subprocess_exec(
+            "/bin/bash", "-c", "ls", cwd=repo, stdout=subprocess.PIPE, stderr=subprocess.PIPE
+        )
+        await proc.communicate()
+    else:
+        await asyncio.to_thread(lambda: sorted(os.walk(repo)))
+
+
+async def _episode(task: RepoTask, calls: list[tuple[str, dict[str, Any]]], i: int) -> None:
+    async with open_world(task) as world:
+        tools = repo_tools(world)
+        for name, args in calls:
+            await tools[name].run(json.dumps(args))
+        await asyncio.to_thread(tree_diff, world.base, world.repo)
+
+
+async def _plain_episode(task: RepoTask, base: Path, i: int) -> None:
+    """The same work unsandboxed: copy, apply the solution, run the visible tests, diff."""
+    with tempfile.TemporaryDirectory(prefix="rlbus-bench-swe-") as tmp:
+        repo = Path(tmp) / "repo"
+        await asyncio.to_thread(shutil.copytree, base, repo)
+        proc = await asyncio.create_subprocess_exec(
+            "git", "apply", "-", cwd=repo, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+            env={"PATH": "/usr/bin:/bin", "GIT_CEILING_DIRECTORIES": tmp},
+        )  # fmt: skip
+        await proc.communicate(task.solution.encode())
+        visible = [t.split("::")[0] for t in task.fail_to_pass if (repo / t.split("::")[0]).is_file()]
+        await _plain_pytest(repo, visible)
+        await asyncio.to_thread(tree_diff, base, repo)
+
+
+async def _hidden(task: RepoTask, i: int) -> None:
+    await grade(task, task.solution)
+
+
+async def _plain_hidden(task: RepoTask, base: Path, scratch: Path, i: int) -> None:
+    """The hidden tests run with plain pytest on a copy (no sandbox, no launcher, no filter)."""
+    repo = scratch / f"graded-{i}"
+    shutil.copytree(base, repo)
+    for path, content in task.hidden_tests.items():
+        (repo / path).parent.mkdir(parents=True, exist_ok=True)
+        (repo / path).write_bytes(content)
+    await _plain_pytest(repo, list(task.tests), task.test_env.get("PYTHONPATH", ""))
+
+
+async def _plain_pytest(repo: Path, targets: list[str], extra_path: str = "") -> None:
+    if not targets:
+        return
+    env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": ":".join(p for p in (str(runtime_dir() / "site"),
+           str(repo / extra_path) if extra_path else "") if p), "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1"}  # fmt: skip
+    proc = await asyncio.create_subprocess_exec(str(runtime_dir() / "bin" / "python"), "-m", "pytest", "-q",
+                                                "-p", "no:cacheprovider", *targets, cwd=repo, env=env,
+                                                stdout=subprocess.PIPE, stderr=subprocess.PIPE)  # fmt: skip
+    await proc.communicate()
+
+
+async def _cheats(tasks: list[RepoTask]) -> dict[str, Any]:
+    rows = []
+    for task in tasks:
+        for cheat in cheat_patches(task, await template(task)):
+            verdict = await grade(task, cheat.patch)
+            how = "tampering detected" if verdict.tampered else ("dropped by the filter" if verdict.dropped else
+                                                                 "tests fail")  # fmt: skip
+            rows.append({"task": task.task_id, "cheat": cheat.name, "reward": verdict.value, "caught_by": how,
+                         "reason": verdict.reason[:160]})  # fmt: skip
+    return {"tried": len(rows), "scored_zero": sum(r["reward"] == 0.0 for r in rows), "rows": rows}
+
+
+async def _smollm2(task_ids: list[str], corpus: list[str], episodes: int) -> dict[str, Any]:
+    import torch
+
+    from rlbus.build.model import parse_model
+    from rlbus.engines.torch_engine import TorchEngine
+    from rlbus.envs.agent import run_episode
+    from rlbus.envs.base import make_env
+    from rlbus.envs.episode import episode_to_rollout
+    from rlbus.schemas import SamplingInfo
+
+    source = parse_model("smollm2-135m-instruct")
+    chat = source.chat
+    engine = TorchEngine(source.build(torch.float32).eval(), tokenizer=chat, pad_id=source.pad_id, seed=0)
+    config = {"corpus": corpus, "tasks": task_ids, "context_tokens": 4096, "max_total_tokens": 6144,
+              "max_new_tokens": 128, "max_turns": 5}  # fmt: skip
+    env0 = make_env("swe", config)
+    assert isinstance(env0, SweEnv)
+    prompts = env0.generate(0, episodes)
+    t0 = time.perf_counter()
+
+    async def play(i: int, prompt: Any) -> dict[str, Any]:
+        env = make_env("swe", prompt.env_config)
+        episode = await run_episode(env, prompt, engine=engine, chat=chat, sampling=SamplingInfo(temperature=0.7),
+                                    episode_id=f"smollm2-{i}")  # fmt: skip
+        reward = await env.score(episode, prompt)
+        print(f"  episode {i + 1}/{len(prompts)} {prompt.env_config['task']}: {episode.finish_reason}, "
+              f"{episode.stats.get('tool_calls', 0)} tool calls, reward {reward.value:g}", file=sys.stderr)  # fmt: skip
+        rollout = episode_to_rollout(episode, prompt=prompt, group_index=i)
+        ids, mask = rollout.token_ids.to_numpy(), rollout.loss_mask.to_numpy()
+        trained = [int(m) for m in mask]
+        model_spans = [(t.start, t.end) for t in episode.turns if t.role == "assistant"]
+        inside = all(any(a <= k < b for a, b in model_spans) for k, m in enumerate(trained) if m)
+        spans_ok = episode.turns[-1].end == len(ids) and all(t.end > t.start for t in episode.turns)
+        return {
+            "task": prompt.env_config["task"], "tokens": len(ids), "trained_tokens": sum(trained),
+            "masks_ok": spans_ok and inside and sum(trained) > 0 and len(trained) == len(ids),
+            "tool_calls": episode.stats.get("tool_calls", 0), "malformed": episode.stats.get("malformed", 0),
+            "segments": episode.stats.get("segments", 1), "finish": episode.finish_reason, "reward": reward.value,
+            "reward_in_range": reward.value in (0.0, 1.0)
+            and set(reward.components) >= {"fail_to_pass", "pass_to_pass"},
+            "patch_bytes": len(episode.metadata.get("swe.patch", "")),
+        }  # fmt: skip
+
+    # all episodes at once: the engine batches their turns (continuous batching), the sandboxes overlap
+    rows = list(await asyncio.gather(*(play(i, p) for i, p in enumerate(prompts))))
+    return {"episodes": rows, "seconds": round(time.perf_counter() - t0, 1),
+            "mean_reward": round(sum(r["reward"] for r in rows) / max(1, len(rows)), 3),
+            "all_masks_ok": all(r["masks_ok"] for r in rows),
+            "tool_calls": sum(r["tool_calls"] for r in rows),
+            "malformed": sum(r["malformed"] for r in rows)}  # fmt: skip
+
+
+async def _run(quick: bool, json_path: Path | None = None) -> dict[str, Any]:
+    corpora = _corpora()
+    tasks = load_tasks(corpora)
+    print(f"checking {len(tasks)} tasks from {', '.join(map(str, corpora))}", file=sys.stderr)
+    checks = await check_tasks(tasks, lambda r: print(f"  {'ok ' if r.ok else 'FAIL'} {r.task_id} {r.problem}",
+                                                      file=sys.stderr))  # fmt: skip
+    valid = [t for t, r in zip(tasks, checks, strict=True) if r.ok]
+    cheat_tasks = valid[:1] if quick else valid
+    print(f"cheater suite on {len(cheat_tasks)} task(s)", file=sys.stderr)
+    cheats = await _cheats(cheat_tasks)
+    result: dict[str, Any] = {"checks": [r.to_dict() for r in checks], "cheats": cheats}
+    _partial(json_path, result)
+    probe = (
+        next(t for t in valid if t.task_id == "calc-add") if any(t.task_id == "calc-add" for t in valid) else valid[0]
+    )
+    sizes = {t.task_id: sum(len(f) for _, _, f in os.walk(await template(t))) for t in valid}
+    largest = max(valid, key=lambda t: sizes[t.task_id])
+    result["reset"] = await _reset(probe, 5 if quick else 20)
+    result["reset_largest"] = await _reset(largest, 5 if quick else 20)
+    if not quick:
+        print("throughput at concurrency 1, 2, 4, 8", file=sys.stderr)
+        result["throughput"] = await _throughput(probe, quick)
+        _partial(json_path, result)
+        print("SmolLM2: 16 episodes", file=sys.stderr)
+        ids = [t.task_id for t in valid]
+        result["smollm2"] = await _smollm2(ids, [str(c) for c in corpora], 16)
+    result["summary"] = {
+        "tasks": len(tasks), "tasks_valid": len(valid), "cheats_tried": cheats["tried"],
+        "cheats_scored_zero": cheats["scored_zero"], "reset_ms": result["reset"]["copytree_ms"],
+        "solution_check_s_median": sorted(r.solution_s for r in checks)[len(checks) // 2],
+    }  # fmt: skip
+    if "throughput" in result:
+        one = result["throughput"][0]
+        result["summary"].update({
+            "tool_calls_per_s_c1": one["tool_calls_per_s"]["sandbox"],
+            "episodes_per_s_c1": one["episodes_per_s"]["sandbox"],
+            "hidden_test_runs_per_s_c1": one["hidden_test_runs_per_s"]["sandbox"],
+        })  # fmt: skip
+    if "smollm2" in result:
+        result["summary"]["smollm2_mean_reward"] = result["smollm2"]["mean_reward"]
+        result["summary"]["smollm2_masks_ok"] = result["smollm2"]["all_masks_ok"]
+    return result
+
+
+def _partial(json_path: Path | None, result: dict[str, Any]) -> None:
+    """Figures so far, next to the final file (a long run that dies keeps what it measured)."""
+    if json_path is not None:
+        json_path.with_suffix(".partial.json").write_text(json.dumps(result, indent=1, default=str))
+
+
+def run(quick: bool, json_path: Path | None) -> dict[str, Any]:
+    result = asyncio.run(_run(quick, json_path))
+    result["meta"] = {**{k: str(v) if isinstance(v, str) else v for k, v in meta().items()}, "quick": quick,
+                      "worker_uid": os.geteuid(), "note": "2 CPU cores shared with other jobs"}  # fmt: skip
+    s = result["summary"]
+    print_table(
+        "rlbus bench swe — corpus and cheater suite",
+        ["tasks", "valid", "cheats tried", "scored 0", "reset ms"],
+        [[s["tasks"], s["tasks_valid"], s["cheats_tried"], s["cheats_scored_zero"], s["reset_ms"]]],
+    )
+    for r in (result["reset"], result["reset_largest"]):
+        print_table(f"episode reset ({r['task']}, {r['files']} files; median)",
+                    ["copytree+lchown ms (used)", "cp --reflink=auto ms", "sandbox open+close ms"],
+                    [[r["copytree_ms"], r["cp_reflink_ms"], r["sandbox_open_close_ms"]]])  # fmt: skip
+    if "throughput" in result:
+        rows = [
+            [
+                lv["concurrency"],
+                *(
+                    f"{lv[k]['sandbox']} / {lv[k]['plain']}"
+                    for k in ("tool_calls_per_s", "episodes_per_s", "hidden_test_runs_per_s")
+                ),
+            ]
+            for lv in result["throughput"]
+        ]
+        print_table(
+            "throughput, sandbox / plain", ["concurrency", "tool calls/s", "episodes/s", "hidden-test runs/s"], rows
+        )
+    if "smollm2" in result:
+        m = result["smollm2"]
+        print_table("SmolLM2-135M, 16 episodes", ["mean reward", "masks ok", "tool calls", "malformed", "seconds"],
+                    [[m["mean_reward"], m["all_masks_ok"], m["tool_calls"], m["malformed"], m["seconds"]]])  # fmt: skip
+    write_json(json_path, result)
+    return result

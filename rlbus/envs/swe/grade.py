@@ -1,0 +1,180 @@
+"""Hidden-test grading of a patch: fresh copy, filtered patch, restored tests, pytest under a launcher.
+
+`grade` is the reward of the coding environment (and of `rlbus env check`):
+
+1. the patch goes through `rlbus.envs.swe.patch.filter_patch`: sections outside the repository,
+   symlinks, binaries, renames, and every file that decides how tests are *run* (tests, conftest, pytest
+   / tox / setup.cfg / pyproject configuration, sitecustomize / usercustomize / ``.pth``, anything named
+   like a runner module) are dropped and listed;
+2. a fresh copy of the task's template is made in a new sandbox, the rest is ``git apply``-ed *inside*
+   the sandbox (a patch that does not apply scores 0 with git's reason), the hidden test files are
+   written over it and the task's ``test_patch`` applied;
+3. the task's pytest command runs under `rlbus.envs.swe.grader_main` — from the read-only runtime, with
+   the runtime before the repository on ``sys.path``, a fingerprint of pytest's internals, a plugin check
+   and verdicts taken from each phase's exception info — which writes an HMAC-signed report (key on
+   stdin) outside the repository;
+4. the report must verify, show no tampering, have collected exactly the expected node ids (or their
+   parametrisations), and agree with pytest's exit code. Reward 1 only when every FAIL_TO_PASS and every
+   PASS_TO_PASS test passed (setup, call and teardown); components are the fractions of each that passed.
+
+What remains possible: code of the repository runs in the same process as the launcher, so a program
+written to attack *this* grader — finding the key in the launcher's memory (``gc``, frames), or patching
+pytest in ways the fingerprint does not cover (C-level state, objects outside the checked modules) —
+could still forge a pass. Filtering removes every cheat that does not touch library code; the rest must
+live in the library's own modules, where a reviewer of the rollout (or an LM judge) can see it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import json
+import secrets
+import shlex
+from dataclasses import dataclass, field
+from typing import Any
+
+from rlbus.envs.sandbox import Sandbox, SandboxResult
+from rlbus.envs.swe.patch import filter_patch
+from rlbus.envs.swe.runtime import HYPOTHESIS_PLUGIN, INNER
+from rlbus.envs.swe.task import RepoTask
+from rlbus.envs.swe.world import REPO, task_sandbox, template
+
+_REPORT = "grade/report.json"
+_GIT_ENV = {"GIT_CEILING_DIRECTORIES": "/sandbox", "HOME": "/sandbox/grade", "GIT_CONFIG_NOSYSTEM": "1"}
+
+
+@dataclass
+class Verdict:
+    """The outcome of grading one patch."""
+
+    value: float
+    reason: str
+    fail_to_pass: dict[str, bool] = field(default_factory=dict)
+    pass_to_pass: dict[str, bool] = field(default_factory=dict)
+    dropped: list[tuple[str, str]] = field(default_factory=list)
+    tampered: list[str] = field(default_factory=list)
+    wall_s: float = 0.0
+    status: str = ""
+    """The sandbox status of the test run (``ok``, ``error`` when tests failed, ``timeout`` …)."""
+
+    @property
+    def failing(self) -> list[str]:
+        return [n for n, ok in {**self.fail_to_pass, **self.pass_to_pass}.items() if not ok]
+
+    def components(self) -> dict[str, float]:
+        def frac(d: dict[str, bool]) -> float:
+            return sum(d.values()) / len(d) if d else 1.0
+
+        return {
+            "fail_to_pass": frac(self.fail_to_pass) if self.fail_to_pass else 0.0,
+            "pass_to_pass": frac(self.pass_to_pass),
+            "dropped_files": float(len(self.dropped)),
+        }
+
+    def metadata(self) -> dict[str, str]:
+        data = {"failing": ",".join(self.failing)[:4000], "status": self.status, "tests_wall_s": f"{self.wall_s:.3f}"}
+        if self.dropped:
+            data["dropped"] = "; ".join(f"{p} ({why})" for p, why in self.dropped)[:4000]
+        if self.tampered:
+            data["tampered"] = "; ".join(self.tampered)[:4000]
+        return data
+
+
+async def grade(task: RepoTask, patch: str) -> Verdict:
+    """Grade ``patch`` (a git-format diff against the task's starting repository); see the module docstring.
+
+    Raises SandboxError only when the sandbox cannot be built (the worker's failure, not the patch's)."""
+    filtered = filter_patch(patch, protected=task.test_paths())
+    base = await template(task)
+    async with task_sandbox(task) as box:
+        await box.populate(base, REPO)
+        if filtered.patch:
+            applied = await _git_apply(box, filtered.patch, "agent.patch")
+            if not applied.ok:
+                return _zero(f"the patch does not apply: {applied.stderr.strip()[-300:]}", filtered.dropped)
+        for path, content in task.hidden_tests.items():
+            box.write(f"{REPO}/{path}", content)
+        if task.test_patch:
+            applied = await _git_apply(box, task.test_patch, "test.patch")
+            if not applied.ok:
+                return _zero(f"the task's test_patch does not apply: {applied.stderr.strip()[-300:]}", filtered.dropped)
+        key = secrets.token_bytes(32)
+        run = await box.run(launcher_argv(task), stdin=key, cwd=REPO)
+        report = box.read(_REPORT)
+    verdict = judge(task, run, report, key)
+    verdict.dropped = filtered.dropped
+    return verdict
+
+
+def launcher_argv(task: RepoTask) -> list[str]:
+    words = shlex.split(task.command)
+    args: list[str] = ["-p", HYPOTHESIS_PLUGIN]
+    for word in words[3:]:  # after "python -m pytest"
+        args += list(task.tests) if word == "{tests}" else [word]
+    extra = ":".join(p for p in task.test_env.get("PYTHONPATH", "").split(":") if p)
+    grader = f"{INNER}/grader/grader_main.py"
+    return [f"{INNER}/bin/python", "-I", "-B", grader, f"/sandbox/{_REPORT}", f"/sandbox/{REPO}", extra, "--", *args]
+
+
+async def _git_apply(box: Sandbox, patch: str, name: str) -> SandboxResult:
+    box.write(f"grade/{name}", patch)
+    argv = ["git", "apply", "--whitespace=nowarn", f"/sandbox/grade/{name}"]
+    return await box.run(argv, cwd=REPO, env=_GIT_ENV)
+
+
+def judge(task: RepoTask, run: SandboxResult, raw: bytes | None, key: bytes) -> Verdict:
+    """The verdict from the launcher's report; any doubt about the report is a 0."""
+    status = run.status
+    if raw is None:
+        tail = (run.stdout + run.stderr).strip()[-300:]
+        return _zero(f"no test report (the run ended early: {run.status}, {run.reason}): {tail}", status=status)
+    try:
+        outer = json.loads(raw)
+        body, mac = outer["body"], outer["mac"]
+        good = hmac.new(key, body.encode(), hashlib.sha256).hexdigest()
+        if not hmac.compare_digest(good, str(mac)):
+            return _zero("the test report is forged (bad signature)", status=status)
+        report: dict[str, Any] = json.loads(body)
+    except (ValueError, KeyError, TypeError, AttributeError):
+        return _zero("the test report is not readable", status=status)
+    phases: dict[str, dict[str, str]] = report.get("phases", {})
+    collected: list[str] = report.get("collected", [])
+    tampered = list(report.get("tampered", []))
+    unexpected = [n for n in collected if _expected_of(n, task.tests) is None]
+    if unexpected:
+        tampered.append(f"tests that were not asked for ran: {', '.join(unexpected[:5])}")
+    f2p = {n: _passed(n, phases) for n in task.fail_to_pass}
+    p2p = {n: _passed(n, phases) for n in task.pass_to_pass}
+    all_passed = all(f2p.values()) and all(p2p.values())
+    if all_passed and report.get("exit_code") != 0:
+        tampered.append(f"every test passed but pytest exited with {report.get('exit_code')}")
+    verdict = Verdict(0.0, "", f2p, p2p, tampered=tampered, wall_s=run.wall_s, status=status)
+    if tampered:
+        verdict.reason = f"test run tampered with: {tampered[0]}"
+    elif all_passed:
+        verdict.value = 1.0
+        verdict.reason = f"all {len(f2p)} FAIL_TO_PASS and {len(p2p)} PASS_TO_PASS tests pass"
+    else:
+        failing = verdict.failing
+        verdict.reason = (
+            f"{sum(f2p.values())}/{len(f2p)} FAIL_TO_PASS and {sum(p2p.values())}/{len(p2p)} PASS_TO_PASS pass;"
+            f" failing: {', '.join(failing[:5])}{' …' if len(failing) > 5 else ''}"
+        )
+    return verdict
+
+
+def _expected_of(nodeid: str, expected: tuple[str, ...]) -> str | None:
+    for e in expected:
+        if nodeid == e or nodeid.startswith(e + "[") or nodeid.startswith(e + "::"):
+            return e
+    return None
+
+
+def _passed(expected: str, phases: dict[str, dict[str, str]]) -> bool:
+    runs = [p for n, p in phases.items() if _expected_of(n, (expected,)) is not None]
+    return bool(runs) and all(p.get("call") == "passed" and set(p.values()) == {"passed"} for p in runs)
+
+
+def _zero(reason: str, dropped: list[tuple[str, str]] | None = None, *, status: str = "") -> Verdict:
+    return Verdict(0.0, reason, dropped=list(dropped or []), status=status)

@@ -1,0 +1,128 @@
+"""The Python the coding tasks' tests run with inside the sandbox, and the shared cache it lives in.
+
+The sandbox shows only the host's ``/usr`` (`rlbus.envs.sandbox`), so the interpreter is the system
+``python3`` there (`rlbus.envs.sandbox.find_python`). pytest and hypothesis come from the *worker's own*
+installation — CI installs ``.[dev]``, which has both — copied once into a runtime directory
+(``<cache>/runtime-<hash>/site``), together with the launcher `rlbus.envs.swe.grader_main` and a ``bin/``
+with ``python`` / ``pytest``. The runtime is mounted read-only at ``/opt/rlbus`` in every episode and
+grading sandbox; ``PATH`` starts with ``/opt/rlbus/bin`` and ``PYTHONPATH`` with ``/opt/rlbus/site``, so the
+agent's ``python -m pytest`` works like the grader's. Only pure-Python distributions are copied, so the
+system interpreter's minor version may differ from the worker's (3.11 here, 3.12 on a fresh Ubuntu).
+Nothing is downloaded; a worker without pytest installed gets a `SandboxError` saying so.
+
+The cache (``$RLBUS_SWE_CACHE``, default ``<tmp>/rlbus-swe-<uid>``) also holds the per-task repository
+templates (`rlbus.envs.swe.world`). It must be readable by the sandbox's uid — a root worker runs bwrap as
+an unprivileged uid that cannot enter ``/root`` — so it lives in the temp directory, is created 0755, and
+is refused when it is a symlink or belongs to someone else (a squatted temp path).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.metadata
+import os
+import shutil
+import tempfile
+from functools import cache
+from pathlib import Path
+
+from rlbus.envs.sandbox import find_python
+from rlbus.errors import SandboxError
+
+#: Where the runtime appears inside the sandbox.
+INNER = "/opt/rlbus"
+#: Distributions copied into the runtime: pytest and its dependencies, hypothesis and its.
+DISTRIBUTIONS = ("pytest", "pluggy", "iniconfig", "packaging", "hypothesis", "attrs", "sortedcontainers")
+_OPTIONAL = ("exceptiongroup", "tomli")  # pytest's backports on Python < 3.11
+_LAUNCHER = Path(__file__).with_name("grader_main.py")
+#: hypothesis's pytest plugin (an entry point, but plugin autoloading is off: the repository's own
+#: ``*.dist-info`` could otherwise register plugins), loaded by name instead.
+HYPOTHESIS_PLUGIN = "_hypothesis_pytestplugin"
+
+
+def cache_root() -> Path:
+    """The shared cache directory (created on first use); see the module docstring."""
+    root = Path(os.environ.get("RLBUS_SWE_CACHE") or Path(tempfile.gettempdir()) / f"rlbus-swe-{os.geteuid()}")
+    root.mkdir(mode=0o755, parents=True, exist_ok=True)
+    st = os.lstat(root)
+    if not os.path.isdir(root) or os.path.islink(root) or st.st_uid != os.geteuid():
+        raise SandboxError(f"{root} is not a directory owned by this user; set RLBUS_SWE_CACHE elsewhere")
+    os.chmod(root, 0o755)
+    return root
+
+
+@cache
+def runtime_dir() -> Path:
+    """The runtime directory for this installation, built on first use (atomically: built aside, renamed)."""
+    dists = []
+    for name in (*DISTRIBUTIONS, *_OPTIONAL):
+        try:
+            dists.append(importlib.metadata.distribution(name))
+        except importlib.metadata.PackageNotFoundError:
+            if name in DISTRIBUTIONS:
+                raise SandboxError(
+                    f"the coding environment's test runtime needs {name!r} installed in the worker's Python"
+                    " (pip install 'rlbus[dev]')"
+                ) from None
+    python = find_python()
+    key = hashlib.sha256(_LAUNCHER.read_bytes())
+    key.update(python.encode())
+    for d in dists:
+        key.update(f"{d.metadata['Name']}=={d.version}".encode())
+    target = cache_root() / f"runtime-{key.hexdigest()[:16]}"
+    if (target / "ready").exists():
+        return target
+    build = Path(tempfile.mkdtemp(prefix="runtime-build-", dir=cache_root()))
+    try:
+        site = build / "site"
+        for dist in dists:
+            _copy_distribution(dist, site)
+        (build / "grader").mkdir()
+        shutil.copy2(_LAUNCHER, build / "grader" / "grader_main.py")
+        (build / "bin").mkdir()
+        os.symlink(python, build / "bin" / "python")
+        os.symlink(python, build / "bin" / "python3")
+        (build / "bin" / "pytest").write_text(f'#!/bin/sh\nexec {python} -m pytest "$@"\n')
+        (build / "ready").write_text("")
+        _world_readable(build)
+        try:
+            os.rename(build, target)
+        except OSError:  # another process finished first
+            if not (target / "ready").exists():
+                raise
+    finally:
+        shutil.rmtree(build, ignore_errors=True)
+    return target
+
+
+def runtime_env(extra_paths: list[str] | None = None) -> dict[str, str]:
+    """The variables every sandbox of the coding environment gets (``extra_paths``: inner directories
+    appended to PYTHONPATH, e.g. the repository's ``src``)."""
+    return {
+        "PATH": f"{INNER}/bin:/usr/local/bin:/usr/bin:/bin",
+        "PYTHONPATH": ":".join([f"{INNER}/site", *(extra_paths or [])]),
+        "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1",
+        "PYTEST_PLUGINS": HYPOTHESIS_PLUGIN,
+        "HYPOTHESIS_STORAGE_DIRECTORY": "/sandbox/.hypothesis",
+    }
+
+
+def _copy_distribution(dist: importlib.metadata.Distribution, site: Path) -> None:
+    for entry in dist.files or ():
+        rel = Path(str(entry))
+        if rel.is_absolute() or ".." in rel.parts or "__pycache__" in rel.parts or rel.suffix == ".pyc":
+            continue  # console scripts (../../bin/pytest) and caches
+        source = Path(str(dist.locate_file(entry)))
+        if source.is_file():
+            dest = site / rel
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(source, dest)
+
+
+def _world_readable(root: Path) -> None:
+    for dirpath, _dirs, filenames in os.walk(root):
+        os.chmod(dirpath, 0o755)
+        for name in filenames:
+            path = os.path.join(dirpath, name)
+            if not os.path.islink(path):
+                os.chmod(path, 0o755 if os.access(path, os.X_OK) else 0o644)

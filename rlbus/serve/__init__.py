@@ -1,0 +1,7 @@
+"""The OpenAI-compatible gateway and served-traffic recording (`rlbus serve`).
+
+``gateway`` (routes and the trainer-side contract), ``api`` (the OpenAI wire format and error bodies),
+``auth`` (tenant tokens), ``prompt`` (messages → ids, earlier turns mapped to sampled ids), ``sessions``
+(agent sessions → rollouts), ``admission`` (429s for RL sessions), ``recorder`` (buffered writes to
+``rl.served.v1``), ``stack`` (the wiring over a rollout stack).
+"""

@@ -1,0 +1,153 @@
+"""A chat request → the exact ids the engine is fed, with earlier turns mapped to the ids sampled.
+
+Rendering follows the model's chat format piece by piece (`rlbus.envs.chat.ChatFormat`: BOS, the system
+message carrying the tools' schemas, each message's opening, content and closing, then the generation
+prompt), which reproduces the template's own rendering. What a template cannot know is what the model
+actually sampled: decoding sampled ids to text and encoding the text again does not always give the
+same ids back (byte-level BPE merges, a stop string cut mid-token), and training on re-tokenised turns
+trains on tokens the policy never produced. So an assistant message the gateway itself returned in
+this session is replaced by the turn it recorded — the sampled ids with their log-probs and versions —
+provided the context before it is the one it was sampled under.
+
+An assistant message that matches no recorded turn, or whose context changed (the client edited an
+earlier message), is rendered from its text and masked: it is not the policy's sample, so it is not
+trained. Each such case is reported (``edits``), and the gateway passes it on to the client and the
+counters. Outside a session there are no recorded turns and history is rendered as text, unreported.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from rlbus.envs.chat import ChatFormat, Message, ToolSchema
+from rlbus.envs.tool_calls import format_native_call
+from rlbus.schemas import Turn
+from rlbus.serve.api import turn_key
+
+
+@dataclass(frozen=True)
+class SampledTurn:
+    """One completion the gateway returned in a session, as sampled."""
+
+    key: str
+    """`rlbus.serve.api.turn_key` of the message returned to the client."""
+    prompt_ids: tuple[int, ...]
+    token_ids: tuple[int, ...]
+    logprobs: tuple[float, ...]
+    versions: tuple[int, ...]
+    text: str
+    finish_reason: str
+    routed_experts: np.ndarray[Any, Any] | None = None
+    """[L, P + N - 1, k] as the engine returned it, for router replay."""
+
+    @property
+    def prompt_digest(self) -> str:
+        return ids_digest(self.prompt_ids)
+
+
+def ids_digest(ids: Sequence[int]) -> str:
+    return hashlib.blake2b(np.asarray(ids, dtype=np.int32).tobytes(), digest_size=16).hexdigest()
+
+
+@dataclass
+class Rendered:
+    """A context as flat token-aligned lists (the layout of `rlbus.envs.episode.Episode`)."""
+
+    ids: list[int] = field(default_factory=list)
+    mask: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    versions: list[int] = field(default_factory=list)
+    turns: list[Turn] = field(default_factory=list)
+    mapped: list[SampledTurn] = field(default_factory=list)
+    """Recorded turns this context contains as sampled, in order."""
+    edits: list[str] = field(default_factory=list)
+    """Why assistant messages could not be mapped to sampled turns."""
+
+    def add(self, ids: Sequence[int]) -> None:
+        self.ids += ids
+        self.mask += [0] * len(ids)
+        self.logprobs += [0.0] * len(ids)
+        self.versions += [-1] * len(ids)
+
+    def add_sampled(self, token_ids: Sequence[int], logprobs: Sequence[float], versions: Sequence[int]) -> None:
+        self.ids += token_ids
+        self.mask += [1] * len(token_ids)
+        self.logprobs += logprobs
+        self.versions += versions
+
+    def turn(self, role: str, text: str, start: int) -> None:
+        self.turns.append(Turn(role=role, text=text, start=start, end=len(self.ids)))
+
+    def copy(self) -> Rendered:
+        return Rendered(list(self.ids), list(self.mask), list(self.logprobs), list(self.versions),
+                        list(self.turns), list(self.mapped), list(self.edits))
+
+
+def render(
+    chat: ChatFormat,
+    messages: Sequence[Message],
+    *,
+    tools: Sequence[ToolSchema] | None = None,
+    recorded: Mapping[str, SampledTurn] | None = None,
+) -> Rendered:
+    """The context for the next model turn: ``messages`` then the generation prompt (not yet sampled).
+
+    Raises ValueError when the format cannot carry ``tools`` (the byte format lists tools in text).
+    """
+    out = Rendered()
+    rest = list(messages)
+    offset = 1 if rest and rest[0]["role"] == "system" else 0
+    system = str(rest.pop(0)["content"]) if offset else None
+    system = chat.system_text(system, tools)
+    start = 0
+    out.add(chat.bos)
+    if system is not None:
+        out.add(chat.message_ids("system", system))
+        out.turn("system", system, start)
+    for i, message in enumerate(rest):
+        role, content = str(message["role"]), str(message.get("content") or "")
+        start = len(out.ids)
+        if role != "assistant":
+            out.add(chat.message_ids(role, content))
+            out.turn(role, content, start)
+            continue
+        turn = None if recorded is None else recorded.get(turn_key(content, message.get("tool_calls")))
+        if turn is not None and ids_digest([*out.ids, *chat.model_header]) == turn.prompt_digest:
+            out.add(chat.model_header)
+            out.add_sampled(turn.token_ids, turn.logprobs, turn.versions)
+            out.add(chat.turn_closing(turn.token_ids))
+            out.mapped.append(turn)
+            out.turn("assistant", turn.text, start)
+            continue
+        if recorded is not None:
+            out.edits.append(
+                f"messages[{i + offset}]: " + ("not a reply this session returned" if turn is None
+                                           else "the conversation before it changed since it was sampled")
+            )
+        text = content + _calls_text(message.get("tool_calls"), content)
+        out.add([*chat.header("assistant"), *chat.encode(text), chat.turn_end, *chat.closing("assistant")])
+        out.turn("assistant", content, start)
+    return out
+
+
+def _calls_text(calls: Any, content: str) -> str:
+    """OpenAI ``tool_calls`` as the ``<tool_call>`` blocks the model writes (as the template renders them)."""
+    if not calls:
+        return ""
+    blocks = []
+    for call in calls:
+        function = call.get("function", call)
+        arguments = function.get("arguments", {})
+        try:
+            arguments = json.loads(arguments) if isinstance(arguments, str) else arguments
+        except json.JSONDecodeError:
+            arguments = {"input": arguments}
+        blocks.append(format_native_call(str(function.get("name", "")), arguments if isinstance(arguments, dict)
+                                         else {"input": arguments}))
+    return ("\n" if content else "") + "\n".join(blocks)

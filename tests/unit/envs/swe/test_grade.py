@@ -1,0 +1,94 @@
+"""Grading on the final state: reference solutions score 1, unchanged repositories 0, every cheat 0."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+
+from rlbus.envs.swe.cheats import cheat_patches
+from rlbus.envs.swe.check import check_task
+from rlbus.envs.swe.grade import grade
+from rlbus.envs.swe.patch import filter_patch, tree_diff
+from rlbus.envs.swe.task import RepoTask, load_tasks
+from rlbus.envs.swe.world import template
+
+
+@pytest.mark.parametrize("task_id", ["calc-add", "textkit-words"])
+async def test_check_passes_fixture_tasks(corpus_tasks: dict[str, RepoTask], task_id: str) -> None:
+    result = await check_task(corpus_tasks[task_id])
+    assert result.ok, result.problem
+    assert (result.solution_reward, result.unchanged_reward) == (1.0, 0.0)
+
+
+async def test_jsonl_task_checks_and_names_failures(jsonl_file: Path) -> None:
+    [task] = load_tasks([jsonl_file])
+    assert (await check_task(task)).ok
+    verdict = await grade(task, "")
+    assert verdict.fail_to_pass == {
+        "tests/test_counter.py::test_count": False,
+        "tests/test_counter.py::test_missing": False,
+    }
+    assert verdict.pass_to_pass == {"tests/test_counter.py::test_empty": True}
+    assert verdict.components()["fail_to_pass"] == 0.0 and verdict.components()["pass_to_pass"] == 1.0
+    assert "test_missing" in verdict.metadata()["failing"]
+
+
+async def test_partial_fix_scores_zero_with_fractions(corpus_tasks: dict[str, RepoTask], tmp_path: Path) -> None:
+    task = corpus_tasks["calc-add"]
+    base = await template(task)
+    repo = tmp_path / "repo"
+    shutil.copytree(base, repo)
+    source = repo / "calc" / "__init__.py"
+    source.write_text(source.read_text().replace("return a - b", "return a + b", 1).replace("a * b", "0"))
+    verdict = await grade(task, tree_diff(base, repo).patch)
+    assert verdict.value == 0.0 and verdict.fail_to_pass == {"tests/test_calc.py::test_add": True}
+    assert verdict.components()["pass_to_pass"] == 0.5 and "test_mul" in verdict.reason
+
+
+async def test_patch_that_does_not_apply_scores_zero(corpus_tasks: dict[str, RepoTask]) -> None:
+    verdict = await grade(corpus_tasks["calc-add"], corpus_tasks["calc-add"].solution.replace("a - b", "a * b"))
+    assert verdict.value == 0.0 and "does not apply" in verdict.reason
+
+
+@pytest.mark.parametrize("task_id", ["calc-add"])  # rlbus bench swe runs the suite on every corpus task
+async def test_every_cheat_scores_zero(corpus_tasks: dict[str, RepoTask], task_id: str) -> None:
+    task = corpus_tasks[task_id]
+    cheats = cheat_patches(task, await template(task))
+    assert len(cheats) >= 20
+    scored = {c.name: (await grade(task, c.patch)) for c in cheats}
+    assert {n: v.value for n, v in scored.items() if v.value != 0.0} == {}
+    # defence in depth: the in-process cheats are caught by the launcher, not only by the missing fix
+    assert scored["patch_callinfo"].tampered and scored["register_plugin"].tampered
+    assert "forged" in scored["fake_report"].reason
+    assert any("outside" in why for _, why in scored["path_outside"].dropped)
+
+
+async def test_cheats_plus_real_fix_still_lose_their_cheat(corpus_tasks: dict[str, RepoTask]) -> None:
+    """A correct fix bundled with a test edit is graded on the fix alone (the edit is dropped)."""
+    task = corpus_tasks["calc-add"]
+    [edit] = [c for c in cheat_patches(task, await template(task)) if c.name == "edit_tests"]
+    verdict = await grade(task, task.solution + edit.patch)
+    assert verdict.value == 1.0 and verdict.dropped == [("tests/test_calc.py", "a hidden test path")]
+
+
+@pytest.mark.parametrize(
+    ("path", "reason"),
+    [
+        ("conftest.py", "test configuration"),
+        ("pkg/conftest.py", "test configuration"),
+        ("src/sitecustomize.py", "start-up hook"),
+        ("x.pth", "start-up hook"),
+        ("_pytest/runner.py", "runner"),
+        ("pluggy.py", "runner"),
+        ("tests/helpers.py", "test directory"),
+        ("pkg/test_thing.py", "test file"),
+        ("../x.py", "outside"),
+        (".git/config", "outside"),
+    ],
+)
+def test_filter_drops_protected_paths(path: str, reason: str) -> None:
+    patch = f"diff --git a/{path} b/{path}\nnew file mode 100644\n--- /dev/null\n+++ b/{path}\n@@ -0,0 +1 @@\n+x\n"
+    result = filter_patch(patch + patch.replace(path, "pkg/mod.py"))
+    assert result.kept == ["pkg/mod.py"] and reason in result.dropped[0][1]
