@@ -240,8 +240,9 @@ def test_a_request_in_flight_continues_on_the_new_version(engine: VLLMEngine, ll
     futures = engine.submit([GenerationRequest(prompt_ids=prompt, max_new_tokens=200, temperature=1.0, seed=1)])
     driver = threading.Thread(target=engine.drive, args=(futures,))
     driver.start()
-    while not engine._running:  # the request is in vLLM's batch
-        time.sleep(0.005)
+    deadline = time.monotonic() + 120
+    while not engine._running and not futures[0].done() and time.monotonic() < deadline:
+        time.sleep(0.005)  # until the request is in vLLM's batch (never hangs: a miss fails below)
     before = engine.pushes[-1].version
     engine.load_weights(list(state.items()), version=before + 1)  # waits for a step boundary
     driver.join()
