@@ -31,6 +31,9 @@ from rlbus.weights.apply import SparseUpdate, apply_update_
 from rlbus.weights.codec import StagedUpdate
 from rlbus.weights.digest import state_digest
 
+#: `make test` runs these under the vLLM environment's python (``-m vllm``) and the rest under .venv's.
+pytestmark = pytest.mark.vllm
+
 
 def _conforms(engine: VLLMEngine) -> Engine:
     """Never called: mypy checks here that VLLMEngine satisfies the Engine protocol."""
