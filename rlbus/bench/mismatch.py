@@ -262,7 +262,13 @@ MODELS = ("policy", "hf-moe")
 from ``transformers``, routed through `rlbus.models.hf_moe.RouterTap`)."""
 
 
-def run(quick: bool = False, json_path: Path | None = None, model: str = "policy") -> dict[str, Any]:
+def run(
+    quick: bool = False, json_path: Path | None = None, model: str = "policy", engine: str = "torch"
+) -> dict[str, Any]:
+    if engine == "vllm":
+        return run_vllm(quick=quick, json_path=json_path)
+    if engine != "torch":
+        raise ValueError(f"engine must be torch or vllm, got {engine!r}")
     if model not in MODELS:
         raise ValueError(f"model must be one of {', '.join(MODELS)}, got {model!r}")
     setup = QUICK if quick else FULL
@@ -324,5 +330,150 @@ def run(quick: bool = False, json_path: Path | None = None, model: str = "policy
         "summary": summary,
         "seconds": {"warmup": t1 - t0, "measure": t2 - t1},
     }
+    write_json(json_path, result)
+    return result
+
+
+# --- the same figures with vLLM as the engine (`--engine vllm`, run in the vLLM environment) ------------
+
+
+def vllm_moe_config(d_model: int) -> Any:
+    """A random ``transformers`` Mixtral for vLLM: 4 layers, 8 experts top-2, head size 64 (the CPU attention
+    kernels' smallest), the byte vocabulary, untied LM head."""
+    from transformers import MixtralConfig
+
+    return MixtralConfig(
+        vocab_size=272, hidden_size=d_model, intermediate_size=d_model, num_hidden_layers=4,
+        num_attention_heads=max(1, d_model // 64), num_key_value_heads=max(1, d_model // 128),
+        num_local_experts=8, num_experts_per_tok=2, max_position_embeddings=160, tie_word_embeddings=False,
+    )  # fmt: skip
+
+
+def measure_vllm(
+    master: HFCausalLM, directory: Path, prompts: list[tuple[int, ...]], setup: Setup, *, seed: int = 1,
+    tokenizer: bool = True,
+) -> list[dict[str, Any]]:
+    """vLLM (bf16, from ``directory``) generates; the trainer re-scores through `HFCausalLM.features` with the
+    bf16 cast and the fp32 master, with and without router replay for an MoE.
+
+    CPU vLLM returns no routing (``enable_return_routed_experts`` needs Triton), so for an MoE the engine
+    hooks vLLM's router gates (`VLLMEngine.record_routing`) and runs one request at a time with the prefix
+    cache off, so each forward's tokens are that request's, in order."""
+    from dataclasses import replace
+
+    from rlbus.engines.vllm_engine import VLLMEngine
+
+    moe = master.is_moe
+    kwargs: dict[str, Any] = {"enable_prefix_caching": False}
+    if not tokenizer:
+        kwargs["skip_tokenizer_init"] = True
+    engine = VLLMEngine(directory, dtype="bfloat16", seed=seed, max_batch=setup.engine_batch, llm_kwargs=kwargs)
+    try:
+        if moe:
+            engine.record_routing(int(master.hf.config.num_experts_per_tok))
+        results = []
+        for i, p in enumerate(prompts):
+            engine.take_routing()  # drop anything not of this request
+            req = GenerationRequest(prompt_ids=p, max_new_tokens=setup.new_tokens, temperature=1.0, seed=seed + i)
+            (r,) = engine.generate([req])
+            if moe:
+                experts = engine.take_routing()  # [L, P + N - 1, k]
+                fed = len(p) + len(r.token_ids) - 1
+                if experts.shape[1] != fed:
+                    raise RuntimeError(f"vLLM routed {experts.shape[1]} tokens, expected {fed}")
+                r = replace(r, routed_experts=experts)
+            results.append(r)
+    finally:
+        engine.close()
+    samples = [sample_from_generation(r) for r in results]
+    engine_lp = torch.cat([r.logprobs for r in results])  # [N]
+    recorded = None
+    if moe:
+        recorded = torch.cat([r.routed_experts[:, len(r.prompt_ids) - 1 :] for r in results  # [L, N, k]
+                              if r.routed_experts is not None], dim=1).long()
+    bf16 = copy.deepcopy(master).to(torch.bfloat16)
+    cases = []
+    for name, trainer in (("bf16", bf16), ("fp32", master)):
+        for replay in (False, True) if moe else (False,):
+            scorer = partial(score_features, trainer, replay=replay)
+            if recorded is not None:
+                scored = rescore(samples, setup, scorer, replay=replay)
+                cases.append(case(name, replay, engine_lp, recorded, *scored))
+            else:
+                cases.append(dense_case(name, engine_lp, rescore_dense(samples, setup, scorer)))
+    return cases
+
+
+def rescore_dense(samples: list[Sample], setup: Setup, scorer: Scorer) -> torch.Tensor:
+    """Trainer log-probs [N] at every generated token of a dense model, ``trainer_batch`` rows at a time."""
+    out = []
+    for i in range(0, len(samples), setup.trainer_batch):
+        chunk = samples[i : i + setup.trainer_batch]
+        batch = pack(chunk, torch.zeros(len(chunk)))
+        logp, _ = scorer(batch)
+        out.append(logp[batch.loss_mask])
+    return torch.cat(out)
+
+
+def dense_case(trainer: str, engine_lp: torch.Tensor, t: torch.Tensor) -> dict[str, Any]:
+    """`case` for a dense model: no routing, no flips."""
+    everywhere = torch.ones_like(t, dtype=torch.bool)
+    return {"name": trainer, "trainer": trainer, "replay": False, "kl": kl_k3(engine_lp, t, everywhere),
+            "max_abs_dlogprob": max_abs_logprob_diff(t, engine_lp, everywhere), "router_flip_rate": None,
+            "router_own_flip_rate": None, "tokens": int(t.numel())}
+
+
+def vllm_models(setup: Setup, root: Path) -> list[tuple[str, HFCausalLM, Path, list[tuple[int, ...]], bool]]:
+    """(label, fp32 master, model directory for vLLM, prompts, has a tokenizer): SmolLM2-135M-Instruct (the
+    shipped real model, when installed) and a random Mixtral saved to ``root``."""
+    from rlbus.errors import ConfigError
+    from rlbus.models.sources import load_tokenizer, model_dir
+
+    out = []
+    lines = corpus(setup.prompts, 2)
+    try:
+        smol = model_dir(name="smollm2-135m-instruct")
+    except ConfigError as exc:
+        print(f"SmolLM2 skipped: {exc}")
+    else:
+        tok = load_tokenizer(smol)
+        prompts = [tuple(tok.encode(line)[: 6 + i % 9]) for i, line in enumerate(lines)]
+        out.append(("smollm2-135m-instruct", HFCausalLM.from_pretrained(smol), smol, prompts, True))
+    moe = HFCausalLM.from_config(vllm_moe_config(setup.d_model * 2), seed=0).eval()
+    moe_dir = root / "mixtral"
+    moe.hf.save_pretrained(str(moe_dir))
+    prompts = [(BOS_ID, *line.encode()[: 8 + i % 9]) for i, line in enumerate(lines)]
+    out.append(("random Mixtral", moe, moe_dir, prompts, False))
+    return out
+
+
+def run_vllm(quick: bool = False, json_path: Path | None = None) -> dict[str, Any]:
+    """``rlbus bench mismatch --engine vllm``: KL(vLLM ‖ trainer), max |Δ log-prob|, router flips with and
+    without replay, on SmolLM2 and a random Mixtral."""
+    import tempfile
+
+    setup = QUICK if quick else FULL
+    t0 = time.perf_counter()
+    models: dict[str, Any] = {}
+    with tempfile.TemporaryDirectory(prefix="rlbus-mismatch-") as tmp:
+        for label, master, directory, prompts, has_tok in vllm_models(setup, Path(tmp)):
+            cases = measure_vllm(master, directory, prompts, setup, tokenizer=has_tok)
+            cfg = master.hf.config
+            models[label] = {"family": cfg.model_type, "params": master.num_params(), "cases": cases,
+                             "summary": summarize(cases) if master.is_moe else None}
+            print_table(
+                f"trainer vs vLLM (bf16, CPU), {label}",
+                ["case", "KL k3", "max|Δlp|", "flips used", "flips own", "tokens"],
+                [[c["name"], f"{c['kl']:.3e}", f"{c['max_abs_dlogprob']:.4f}",
+                  "-" if c["router_flip_rate"] is None else f"{c['router_flip_rate']:.4f}",
+                  "-" if c["router_own_flip_rate"] is None else f"{c['router_own_flip_rate']:.4f}", c["tokens"]]
+                 for c in cases],
+            )
+    result = {
+        "benchmark": "mismatch", "engine": "vllm", "quick": quick, "meta": json_meta(), "models": models,
+        "setup": {"prompts": setup.prompts, "new_tokens": setup.new_tokens, "trainer_batch": setup.trainer_batch,
+                  "engine_dtype": "bf16", "temperature": 1.0},
+        "seconds": time.perf_counter() - t0,
+    }  # fmt: skip
     write_json(json_path, result)
     return result

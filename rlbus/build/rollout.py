@@ -6,13 +6,17 @@ it (behind the batching engine that merges the episodes' decode calls), the `Wei
 the trainer's versions and swaps them in between decode steps, and the `RolloutWorker` on the bus. The
 stack's one notion of "the version this engine serves" is set inside the swap, so the engine stamps
 tokens with the version they were sampled from.
+
+With ``engine="vllm"`` the engine is vLLM (`rlbus.engines.vllm_engine`; the process must run in the vLLM
+environment, ``make vllm-env``): the bf16 copy stays as the worker's mirror in trainer names, which weight sync
+stages against, and each swap hands vLLM the tensors that changed (`rlbus.engines.vllm_sync`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from rlbus.bus.base import Bus
 from rlbus.weights.store import BlobStore
@@ -24,6 +28,7 @@ if TYPE_CHECKING:
     from rlbus.consumers.rollout import RolloutWorker
     from rlbus.engines.batching import BatchingEngine
     from rlbus.engines.torch_engine import TorchEngine
+    from rlbus.engines.vllm_engine import VLLMEngine
     from rlbus.envs.chat import ChatFormat
     from rlbus.schemas import Rollout
     from rlbus.weights.sync import WeightSync
@@ -34,7 +39,7 @@ class RolloutStack:
     """One rollout worker's parts; ``sync`` is None when the worker serves fixed weights."""
 
     weights: Model
-    engine: TorchEngine
+    engine: TorchEngine | VLLMEngine
     batching: BatchingEngine
     sync: WeightSync | None
     worker: RolloutWorker
@@ -58,13 +63,27 @@ def rollout_stack(
     on_policy: bool = False,
     on_swap: Callable[[int, Model], None] | None = None,
     on_rollout: Callable[[Rollout], None] | None = None,
+    engine: str = "torch",
+    vllm_kwargs: Mapping[str, Any] | None = None,
 ) -> RolloutStack:
     """A rollout worker over a bf16 copy of ``model``, sampling with ``seed``.
 
     With a ``store`` the worker follows the trainer's versions through a `WeightSync` (double-buffered:
     the swap re-points parameters); without one it serves ``initial`` (fp32 or bf16 weights, cast) as
     version 0. ``on_swap(version, weights)`` runs inside each swap, after the engine's version is set.
+    ``engine`` is ``torch`` or ``vllm`` (``vllm_kwargs`` go to `VLLMEngine`).
     """
+    if engine == "vllm":
+        return _vllm_stack(
+            bus=bus, store=store, model=model, worker_id=worker_id, seed=seed, region=region, model_id=model_id,
+            initial=initial, temperature=temperature, prompts_in_flight=prompts_in_flight, max_batch=max_batch,
+            batch_window_s=batch_window_s, on_policy=on_policy, on_swap=on_swap, on_rollout=on_rollout,
+            vllm_kwargs=vllm_kwargs,
+        )
+    if engine != "torch":
+        from rlbus.errors import ConfigError
+
+        raise ConfigError("rollout.engine", f"{engine!r} is neither torch nor vllm")
     import torch
 
     from rlbus.consumers.rollout import RolloutWorker
@@ -77,17 +96,68 @@ def rollout_stack(
     if initial is not None:
         weights.load_state_dict({name: t.to(torch.bfloat16) for name, t in initial.items()})
     chat = model.chat
-    engine = TorchEngine(weights, tokenizer=chat, seed=seed, pad_id=model.pad_id, policy_version=0, max_batch=max_batch)
+    torch_engine = TorchEngine(weights, tokenizer=chat, seed=seed, pad_id=model.pad_id, policy_version=0,
+                               max_batch=max_batch)
 
     def swapped(version: int) -> None:  # inside the swap: the engine now serves ``version``
-        engine.policy_version = version
+        torch_engine.policy_version = version
         if on_swap is not None:
             on_swap(version, weights)
 
     sync = None
     if store is not None:
         sync = WeightSync(bus=bus, store=store, state=live_state(weights), bind=bind_module(weights),
-                          swap=engine.swap_point.apply, on_swap=swapped, model_id=model_id, worker_id=worker_id)
+                          swap=torch_engine.swap_point.apply, on_swap=swapped, model_id=model_id, worker_id=worker_id)
+    batching = BatchingEngine(torch_engine, max_batch=max_batch, window_s=batch_window_s)
+    worker = RolloutWorker(
+        bus=bus, engine=batching, chat=chat, worker_id=worker_id, region=region, model_id=model_id,
+        sampling=SamplingInfo(temperature=temperature), prompts_in_flight=prompts_in_flight, on_policy=on_policy,
+        on_rollout=on_rollout,
+    )
+    return RolloutStack(weights=weights, engine=torch_engine, batching=batching, sync=sync, worker=worker, chat=chat)
+
+
+def _vllm_stack(
+    *, bus: Bus, store: BlobStore | None, model: ModelSource, worker_id: str, seed: int, region: str, model_id: str,
+    initial: Mapping[str, torch.Tensor] | None, temperature: float, prompts_in_flight: int, max_batch: int,
+    batch_window_s: float, on_policy: bool, on_swap: Callable[[int, Model], None] | None,
+    on_rollout: Callable[[Rollout], None] | None, vllm_kwargs: Mapping[str, Any] | None,
+) -> RolloutStack:
+    """`rollout_stack` on vLLM: the bf16 mirror in trainer names, vLLM over the model's directory, and the
+    `VLLMWeightSync` that stages against the mirror and pushes each version's changes into vLLM."""
+    import torch
+
+    from rlbus.consumers.rollout import RolloutWorker
+    from rlbus.engines.batching import BatchingEngine
+    from rlbus.engines.vllm_engine import VLLMEngine
+    from rlbus.engines.vllm_sync import VLLMWeightSync, push_staged
+    from rlbus.errors import ConfigError
+    from rlbus.schemas import SamplingInfo
+    from rlbus.weights.sync import bind_module, live_state
+
+    if model.directory is None:
+        raise ConfigError("rollout.engine", "engine = \"vllm\" needs a Hugging Face model ([model] name, path or gguf)")
+    weights = model.build(torch.bfloat16).eval()
+    if initial is not None:
+        weights.load_state_dict({name: t.to(torch.bfloat16) for name, t in initial.items()})
+    chat = model.chat
+    engine = VLLMEngine(model.directory, seed=seed, max_batch=max_batch, **dict(vllm_kwargs or {}))
+    # vLLM loaded the directory itself; hand it the mirror once, so both hold the same bits from the start
+    # and the extension holds what it was given (its digest).
+    engine.push(live_state(weights), version=0)
+
+    sync: VLLMWeightSync | None = None
+
+    def swapped(version: int) -> None:  # inside the swap: the mirror holds ``version``; now vLLM
+        assert sync is not None
+        push_staged(engine, live_state(weights), sync.staged, version)
+        if on_swap is not None:
+            on_swap(version, weights)
+
+    if store is not None:
+        sync = VLLMWeightSync(engine=engine, bus=bus, store=store, state=live_state(weights),
+                              bind=bind_module(weights), swap=engine.swap_point.apply, on_swap=swapped,
+                              model_id=model_id, worker_id=worker_id)
     batching = BatchingEngine(engine, max_batch=max_batch, window_s=batch_window_s)
     worker = RolloutWorker(
         bus=bus, engine=batching, chat=chat, worker_id=worker_id, region=region, model_id=model_id,

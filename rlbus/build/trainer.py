@@ -8,7 +8,7 @@ and trains a GRPO step every ``groups_per_step`` complete groups.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -21,7 +21,7 @@ if TYPE_CHECKING:
     from rlbus.consumers.trainer import Trainer, TrainerWorker
     from rlbus.models.base import TrainableLM
     from rlbus.state.join import JoinBuffer, ScoredGroup
-    from rlbus.training.config import GRPOConfig
+    from rlbus.training.config import GRPOConfig, OnlineConfig
     from rlbus.weights.publish import WeightPublisher
 
 
@@ -54,18 +54,23 @@ def trainer_stack(
     keep_checkpoints: int = 2,
     reward_sources: Sequence[str] = ("verifier",),
     join_timeout_s: float = 60.0,
+    reward_weights: Mapping[str, float] | None = None,
+    invalid_judgements: str = "drop",
+    invalid_weight: float = 0.0,
     ordered: bool = False,
     join_class: type[JoinBuffer] | None = None,
     max_steps: int | None = None,
     expire_every_s: float = 1.0,
     on_step: Callable[[dict[str, Any]], None] | None = None,
     on_train: Callable[[list[ScoredGroup], dict[str, Any]], None] | None = None,
+    online: OnlineConfig | None = None,
 ) -> TrainerStack:
     """A trainer of ``model`` (fp32 master weights) on the bus. ``ordered`` releases complete groups in
     prompt order, ``groups_per_step`` at a time; ``join_class`` swaps in a subclass of the join (the chaos
-    rig's counting join)."""
-    from rlbus.consumers.trainer import Trainer, TrainerWorker
-    from rlbus.state.join import JoinBuffer, RewardPolicy
+    rig's counting join). ``online`` (when enabled) also trains served rollouts with late user rewards
+    (`rlbus.consumers.trainer.OnlineLane`)."""
+    from rlbus.consumers.trainer import OnlineLane, Trainer, TrainerWorker
+    from rlbus.state.join import JoinBuffer, RewardPolicy, ServedJoin
     from rlbus.state.ordered import OrderedJoin
     from rlbus.training.config import OptimConfig
     from rlbus.weights.publish import WeightPublisher
@@ -79,12 +84,18 @@ def trainer_stack(
         publish_every=publish_every, checkpoint_every=checkpoint_every if checkpoint_dir else 0,
         keep_checkpoints=keep_checkpoints,
     )
-    policy = RewardPolicy(sources=tuple(reward_sources), timeout_s=join_timeout_s)
+    policy = RewardPolicy(sources=tuple(reward_sources), weights=dict(reward_weights or {}), timeout_s=join_timeout_s,
+                          invalid=invalid_judgements, invalid_weight=invalid_weight)  # type: ignore[arg-type]
     join: JoinBuffer
     if ordered:
         join = (join_class or OrderedJoin)(state=state, policy=policy, batch=groups_per_step)  # type: ignore[call-arg]
     else:
         join = (join_class or JoinBuffer)(state=state, policy=policy)
+    lane = None
+    if online is not None and online.enabled:
+        served = ServedJoin(ledger=join, state=state, sources=online.sources, max_age_s=online.max_age_s)
+        lane = OnlineLane(join=served, state=state, config=online)
     worker = TrainerWorker(bus=bus, trainer=trainer, join=join, state=state, groups_per_step=groups_per_step,
-                           max_steps=max_steps, expire_every_s=expire_every_s, on_step=on_step, on_train=on_train)
+                           max_steps=max_steps, expire_every_s=expire_every_s, on_step=on_step, on_train=on_train,
+                           online=lane)
     return TrainerStack(trainer=trainer, publisher=publisher, join=join, worker=worker)

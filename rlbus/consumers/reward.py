@@ -4,14 +4,17 @@ It joins the consumer group ``reward-<kind>`` on ``rl.rollouts.v1`` — any numb
 each kind its own group, so the environment's verifier and an LM judge both see every rollout. A rollout carries
 its prompt (environment, config, reference), so scoring needs nothing else: the verifier source asks the
 prompt's environment (exact match, hidden unit tests in the sandbox, tool-task answers), the judge
-kind asks an LM judge with a rubric. The reward's ``source`` is what the environment or judge says
-(``verifier`` for exact answers, ``sandbox`` for hidden unit tests, ``judge``). Rewards go to
+kind asks an LM judge with a rubric, and ``both`` publishes both rewards of each rollout (one group,
+``reward-both``; the trainer's ``reward_sources`` say which it waits for). The reward's ``source`` is
+what the environment or judge says (``verifier`` for exact answers, ``sandbox`` for hidden unit tests,
+``judge``). Rewards go to
 ``rl.rewards.v1`` keyed by rollout id, with the id ``<rollout>:<source>``, so a redelivered rollout
 scored twice changes nothing downstream. A rollout that cannot be scored (no prompt, unknown
 environment, a judge that keeps failing) goes to the DLQ with the reason; the worker never stops for
 bad input.
 
-Never imports torch: scoring is CPU-light and lives beside the sandbox, away from the GPUs.
+Never imports torch for verifiers and HTTP judges: scoring is CPU-light and lives beside the sandbox,
+away from the GPUs. Only a judge on a local engine (``[reward.judge] backend = "engine"``) loads torch.
 """
 
 from __future__ import annotations
@@ -53,8 +56,8 @@ class RewardWorker:
         max_batch: int = 64,
         on_reward: Callable[[Reward, Rollout], None] | None = None,
     ) -> None:
-        if kind == "judge" and judge is None:
-            raise ValueError("a judge reward worker needs a Judge")
+        if kind in ("judge", "both") and judge is None:
+            raise ValueError(f"a {kind} reward worker needs a Judge")
         self._bus = bus
         self.kind = kind
         self._judge = judge
@@ -71,7 +74,7 @@ class RewardWorker:
         return {
             "group": self.group, "topics": [ROLLOUTS.name], "kind": self.kind, "processed": self.scored,
             "scored": self.scored, "dead_letters": sum(self.dead_letters.counts.values()),
-            "lag": self.lag_probe.total,
+            "lag": self.lag_probe.total, **(self._judge.stats.as_dict() if self._judge is not None else {}),
         }
 
     @property
@@ -89,30 +92,46 @@ class RewardWorker:
             reward = await env_for(prompt).score(episode, prompt)
         return msgspec.structs.replace(reward, rollout_created_at=rollout.created_at)
 
+    async def score_both(self, rollout: Rollout) -> list[Reward]:
+        """``kind = "both"``: the environment's verifier reward and the judge's, scored concurrently."""
+        prompt = rollout.prompt
+        if prompt is None or self._judge is None:
+            raise MalformedMessage(f"rollout {rollout.rollout_id} carries no prompt; it cannot be scored")
+        episode = rollout_to_episode(rollout)
+        rewards = await asyncio.gather(env_for(prompt).score(episode, prompt), self._judge.score(episode, prompt))
+        return [msgspec.structs.replace(r, rollout_created_at=rollout.created_at) for r in rewards]
+
     async def _handle(self, record: Record[Any]) -> None:
         rollout: Rollout = record.value
         t0 = time.perf_counter()
-        reward = await self.score(rollout)
-        if not math.isfinite(reward.value):  # a NaN reward would poison the whole batch's advantages
-            raise MalformedMessage(f"rollout {rollout.rollout_id}: {reward.source} scored {reward.value}")
-        await self._bus.send(REWARDS, reward)
+        rewards = await self.score_both(rollout) if self.kind == "both" else [await self.score(rollout)]
+        for reward in rewards:
+            if not math.isfinite(reward.value):  # a NaN reward would poison the whole batch's advantages
+                raise MalformedMessage(f"rollout {rollout.rollout_id}: {reward.source} scored {reward.value}")
+        for reward in rewards:
+            await self._bus.send(REWARDS, reward)
+            REWARD.labels(reward.source).observe(reward.value)
+            if self._on_reward is not None:
+                self._on_reward(reward, rollout)
+            log.debug(
+                "scored %s rollout=%s source=%s value=%.3f in %.3fs",
+                record.where, rollout.rollout_id, reward.source, reward.value, time.perf_counter() - t0,
+                extra=record_fields(record, rollout_id=rollout.rollout_id, worker=self.worker_id),
+            )
         self.scored += 1
         observe_processing("reward", t0)
-        REWARD.labels(reward.source).observe(reward.value)
-        if self._on_reward is not None:
-            self._on_reward(reward, rollout)
-        log.debug(
-            "scored %s rollout=%s source=%s value=%.3f in %.3fs",
-            record.where, rollout.rollout_id, reward.source, reward.value, time.perf_counter() - t0,
-            extra=record_fields(record, rollout_id=rollout.rollout_id, worker=self.worker_id),
-        )
 
     async def run(self, stop: asyncio.Event) -> None:
-        async with self._bus.consumer([ROLLOUTS], group=self.group, instance_id=None) as consumer:
-            while not stop.is_set():
-                await self.lag_probe.refresh(consumer)
-                batch = await consumer.getmany(timeout_s=0.2, max_records=self._max_batch)
-                if not batch:
-                    continue
-                await handle_batch(consumer, batch, self._handle, self.dead_letters, concurrency=self._concurrency)
-                await consumer.commit_or_defer()
+        try:
+            async with self._bus.consumer([ROLLOUTS], group=self.group, instance_id=None) as consumer:
+                while not stop.is_set():
+                    await self.lag_probe.refresh(consumer)
+                    batch = await consumer.getmany(timeout_s=0.2, max_records=self._max_batch)
+                    if not batch:
+                        continue
+                    await handle_batch(consumer, batch, self._handle, self.dead_letters,
+                                       concurrency=self._concurrency)  # fmt: skip
+                    await consumer.commit_or_defer()
+        finally:
+            if self._judge is not None:
+                await self._judge.close()

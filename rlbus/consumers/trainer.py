@@ -23,9 +23,10 @@ version + 1 — a keyframe, since a fresh publisher holds no base snapshot — a
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -39,9 +40,10 @@ from rlbus.errors import BlobStoreError, MalformedMessage
 from rlbus.models.base import TrainableLM, weight_tensors
 from rlbus.observe.lag import LagProbe
 from rlbus.observe.metrics import observe_processing, record_step
+from rlbus.rl.online import OnlineBaseline
 from rlbus.schemas import Rollout
 from rlbus.state.base import StateStore
-from rlbus.state.join import FINAL, JoinBuffer, Outcome, ScoredGroup, ScoredRollout
+from rlbus.state.join import FINAL, JoinBuffer, Outcome, ScoredGroup, ScoredRollout, ServedJoin, is_served
 from rlbus.state.progress import GROUPS_DONE_COUNTER, VERSION_COUNTER, outcome_counter
 from rlbus.training.batch import Group, Sample, check_rollout, sample_from_rollout
 from rlbus.training.checkpoint import (
@@ -51,7 +53,8 @@ from rlbus.training.checkpoint import (
     restore_rng,
     save_checkpoint,
 )
-from rlbus.training.step import GRPOConfig, OptimConfig, build_optimizer, grpo_step
+from rlbus.training.config import OnlineConfig
+from rlbus.training.step import GRPOConfig, OptimConfig, StepMetrics, build_optimizer, grpo_step, online_step
 from rlbus.weights.publish import WeightPublisher
 
 log = logging.getLogger("rlbus.consumers.trainer")
@@ -109,25 +112,46 @@ class Trainer:
         (default: every sample of ``groups``) is added to ``rollouts_trained`` when the step updates.
         """
         async with self._lock:
-            t0 = self.clock()
-            metrics = await asyncio.to_thread(
-                grpo_step, self.model, self.optimizer, groups, config=self.grpo, version=self.version
+            return await self._apply(
+                lambda: grpo_step(self.model, self.optimizer, groups, config=self.grpo, version=self.version),
+                offsets=offsets, rollouts=sum(len(g.samples) for g in groups) if rollouts is None else rollouts,
+                publish_now=False,
             )
-            t1 = self.clock()
-            if offsets:
-                self.offsets.update(offsets)
-            updated = metrics.optimizer_steps > 0
-            if updated:
-                self.step += 1
-                self.rollouts_trained += sum(len(g.samples) for g in groups) if rollouts is None else rollouts
-            published = updated and self.step % self.publish_every == 0
-            if published:
-                published = await self._publish()
-            t2 = self.clock()
-            checkpointed = updated and self.checkpoint_every > 0 and self.step % self.checkpoint_every == 0
-            if checkpointed:
-                await self._save()
-            t3 = self.clock()
+
+    async def train_online(
+        self, samples: Sequence[Sample], advantages: torch.Tensor, rewards: torch.Tensor, *, max_staleness: int,
+    ) -> dict[str, Any]:
+        """One step on served samples with online advantages [R] (`rlbus.training.step.online_step`). A step
+        that updates always publishes: the release cadence of served traffic (every N rewards or T seconds,
+        `OnlineLane`) is the version cadence, whatever ``publish_every`` says for GRPO steps."""
+        async with self._lock:
+            return await self._apply(
+                lambda: online_step(self.model, self.optimizer, samples, advantages, rewards, config=self.grpo,
+                                    version=self.version, max_staleness=max_staleness),
+                offsets=None, rollouts=len(samples), publish_now=True,
+            )
+
+    async def _apply(
+        self, step: Callable[[], StepMetrics], *, offsets: Mapping[str, int] | None, rollouts: int, publish_now: bool,
+    ) -> dict[str, Any]:
+        """Run ``step`` in a thread, then publish and checkpoint when their cadence says so (lock held)."""
+        t0 = self.clock()
+        metrics = await asyncio.to_thread(step)
+        t1 = self.clock()
+        if offsets:
+            self.offsets.update(offsets)
+        updated = metrics.optimizer_steps > 0
+        if updated:
+            self.step += 1
+            self.rollouts_trained += rollouts
+        published = updated and (publish_now or self.step % self.publish_every == 0)
+        if published:
+            published = await self._publish()
+        t2 = self.clock()
+        checkpointed = updated and self.checkpoint_every > 0 and self.step % self.checkpoint_every == 0
+        if checkpointed:
+            await self._save()
+        t3 = self.clock()
         return {
             **metrics.as_dict(),
             "step": self.step,
@@ -205,6 +229,75 @@ class Trainer:
         return await asyncio.to_thread(save_checkpoint, self.checkpoint_dir, state, keep=self.keep_checkpoints)
 
 
+class OnlineLane:
+    """Served traffic's path through the trainer: the served join, the running baseline and the cadence.
+
+    Served rollouts wait in the `ServedJoin` for a user reward; released ones queue here (``ready``) until
+    a release is due — ``release_every_rewards`` of them, or ``release_every_s`` since the last release
+    with at least one waiting, whichever comes first — and then train one step that publishes a version
+    (`TrainerWorker.train_online`). The baseline state goes to the state store after each step, so a
+    restarted trainer keeps its baselines. ``clock`` (monotonic) times the cadence, ``wall`` (Unix time,
+    as ``Rollout.created_at``) the age bound.
+    """
+
+    def __init__(
+        self, *, join: ServedJoin, state: StateStore, config: OnlineConfig, namespace: str = "join",
+        clock: Callable[[], float] = time.monotonic, wall: Callable[[], float] = time.time,
+    ) -> None:
+        self.join = join
+        self.config = config
+        self._state = state
+        self._key = f"{namespace}:served:baseline"
+        self.clock, self.wall = clock, wall
+        self.baseline = OnlineBaseline(estimator=config.estimator, alpha=config.ema, window=config.window,
+                                       min_count=config.min_count, init=config.baseline_init)
+        self.ready: list[ScoredRollout] = []
+        self.last_release = clock()
+        self.totals = {"samples": 0, "dropped_age": 0, "dropped_stale": 0, "releases": 0}
+
+    def key_of(self, rollout: Rollout) -> str:
+        """The baseline key of a served rollout (``config.baseline``)."""
+        if self.config.baseline == "tenant":
+            return "tenant:" + rollout.metadata.get("tenant", "")
+        if self.config.baseline == "task":
+            return "task:" + (rollout.metadata.get("task") or rollout.prompt_id)
+        return "global"
+
+    def due(self) -> bool:
+        """Whether a release is due: enough rewarded samples wait, or the interval passed with some waiting."""
+        if not self.ready:
+            return False
+        waited = self.clock() - self.last_release
+        return len(self.ready) >= self.config.release_every_rewards or waited >= self.config.release_every_s
+
+    def mark_release(self) -> None:
+        self.last_release = self.clock()
+
+    def count(self, **by: int) -> None:
+        for name, n in by.items():
+            self.totals[name] += n
+
+    def step_metrics(self, keys: Sequence[str], advantages: Sequence[float]) -> dict[str, Any]:
+        return {
+            "online_samples": len(keys), "online_baseline": self.baseline.value(), "online_keys": len(set(keys)),
+            "online_advantage_mean": sum(advantages) / max(1, len(advantages)),
+            **{f"online_{name}_total": n for name, n in self.totals.items()},
+        }
+
+    def stats(self) -> dict[str, Any]:
+        """The heartbeat's online part: totals, queue, the global baseline."""
+        return {**self.totals, "ready": len(self.ready), "baseline": self.baseline.value()}
+
+    async def load(self) -> None:
+        """Restore the baselines a previous trainer saved (none: start at ``baseline_init``)."""
+        saved = await self._state.get_named(self._key, ["state"])
+        if "state" in saved:
+            self.baseline.restore(json.loads(saved["state"]))
+
+    async def save(self) -> None:
+        await self._state.put_field(self._key, "state", json.dumps(self.baseline.state()).encode(), None)
+
+
 class TrainerWorker:
     """The trainer process's bus side: join rollouts with rewards, batch complete groups, train.
 
@@ -219,6 +312,11 @@ class TrainerWorker:
     that cannot be trained (inconsistent arrays) is dead-lettered on arrival; that check builds no tensor,
     so each rollout's `Sample` is built once, when :meth:`train` trains it. The trainer's version and
     finished-group count go to the state store, where the prompt producer's admission control reads them.
+
+    Served traffic (with an `OnlineLane`): a rollout with ``metadata.origin = "served"`` and group_size 1
+    waits in the lane's `ServedJoin` for a user reward instead of entering a group, and trains in online
+    steps (`train_online`) at the lane's release cadence; groups keep training GRPO steps, so a run may
+    mix both. The ledger, the hold-until-checkpoint rule and the dead-letter path are the same for both.
     """
 
     def __init__(
@@ -233,8 +331,11 @@ class TrainerWorker:
         expire_every_s: float = 1.0,
         on_step: Callable[[dict[str, Any]], None] | None = None,
         on_train: Callable[[list[ScoredGroup], dict[str, Any]], None] | None = None,
+        online: OnlineLane | None = None,
     ) -> None:
-        """``on_train(groups, metrics)`` gets each step's trained groups (stale rollouts removed).
+        """``on_train(groups, metrics)`` gets each step's trained groups (stale rollouts removed); an online
+        step's served rollouts come as one group of prompt id ``"served"``. ``online`` trains served rollouts
+        (`OnlineLane`); without it they go to the GRPO join like any rollout.
         ``max_steps`` stops training at that step (the worker keeps joining, so nothing it reads is lost):
         a driver that polls ``trainer.step`` would otherwise see a step or two more, from groups queued
         while it slept."""
@@ -251,6 +352,7 @@ class TrainerWorker:
         self.dead_letters = DeadLetters(bus, on_dead=self._dead)
         self.steps: list[dict[str, Any]] = []
         self.lag_probe = LagProbe()
+        self.online = online
 
     def stats(self) -> dict[str, Any]:
         """What the trainer's heartbeat carries (``processed`` = rollouts trained) and its latest step."""
@@ -263,6 +365,7 @@ class TrainerWorker:
             "rollouts_trained": trained, "step": self.trainer.step, "version": self.trainer.version,
             "groups_ready": len(self._ready), "dead_letters": sum(self.dead_letters.counts.values()),
             "lag": self.lag_probe.total, "last_step": {k: last[k] for k in keys if k in last},
+            **({"online": self.online.stats()} if self.online is not None else {}),
         }
 
     async def _dead(self, record: Record[Any], error: BaseException) -> None:
@@ -281,8 +384,14 @@ class TrainerWorker:
             longest, limit = max(e - s for s, e in spans), self.trainer.model.max_seq_len
             if longest > limit:  # would fail the whole step later, taking its groups with it
                 raise MalformedMessage(f"rollout {message.rollout_id}: {longest}-token context exceeds max_seq {limit}")
+            if self.online is not None and is_served(message) and message.group_size == 1:
+                await self._queue_online(await self.online.join.add_rollout(message))
+                observe_processing("trainer", started)
+                return
             group = await self.join.add_rollout(message)
         else:
+            if self.online is not None:
+                await self._queue_online(await self.online.join.add_reward(message))
             group = await self.join.add_reward(message)
         if group is not None:
             await self._queue([group])
@@ -310,6 +419,10 @@ class TrainerWorker:
         if self.holds:  # the model was restored (or not) before run: its step decides what was trained
             await self.join.recover(self.trainer.step)
         await self._publish_progress()
+        if self.online is not None:  # released before a restart, not trained: their update died with it
+            await self.online.load()
+            for scored_rollout in await self.online.join.pending():
+                await self._queue_online(scored_rollout)
         last_expire = time.monotonic()
         async with self._bus.consumer([ROLLOUTS, REWARDS], group="trainer") as consumer:
             while not stop.is_set():
@@ -320,7 +433,11 @@ class TrainerWorker:
                     await consumer.commit_or_defer()
                 if time.monotonic() - last_expire > self._expire_every_s:
                     await self._queue(await self.join.expire())
+                    if self.online is not None:
+                        await self.online.join.expire()
                     last_expire = time.monotonic()
+                if self.online is not None and self.online.due() and not stop.is_set() and not self.finished:
+                    await self.train_online()
                 while len(self._ready) >= self.groups_per_step and not stop.is_set() and not self.finished:
                     take, self._ready = self._ready[: self.groups_per_step], self._ready[self.groups_per_step :]
                     await self.train(take)
@@ -351,7 +468,11 @@ class TrainerWorker:
         for group in scored:
             keep: list[tuple[ScoredRollout, Sample]] = []
             stale: list[tuple[ScoredRollout, Sample]] = []
+            invalid = [s.rollout.rollout_id for s in group.rollouts if self.join.policy.drops(s)]
+            await self.join.record(Outcome.INVALID_JUDGEMENT, invalid)
             for scored_rollout in group.rollouts:
+                if self.join.policy.drops(scored_rollout):
+                    continue
                 sample = sample_from_rollout(scored_rollout.rollout)
                 oldest = sample.oldest_version()
                 fresh = oldest is None or self.trainer.version - oldest <= limit
@@ -371,33 +492,106 @@ class TrainerWorker:
                 kept.append(ScoredGroup(group.prompt_id, [s for s, _ in keep]))
         metrics = None
         if groups:
-            before = self.trainer.version
-            step = self.trainer.step + 1
-            if self.holds:  # trained in the ledger once a checkpoint holds the step (join.settle)
-                await self.join.hold(step, trained)
-            metrics = await self.trainer.train_on(groups, rollouts=len(trained))
-            metrics["rollouts"] = len(trained)
+            metrics = await self._ledgered(trained, lambda: self.trainer.train_on(groups, rollouts=len(trained)))
             metrics["reward_mean"] = float(torch.cat([g.rewards for g in groups]).mean())
-            if not self.holds:
-                await self.join.record(Outcome.TRAINED, trained)
-            elif self.trainer.step < step:  # no update: the model does not depend on them, nothing to wait for
-                await self.join.settle(step, only=set(trained))
-            elif metrics["checkpointed"]:
-                await self.join.settle(self.trainer.step)
-            if self.trainer.version > before:
-                await self._state.incr(VERSION_COUNTER, self.trainer.version - before)
-            self.steps.append(metrics)
-            record_step(metrics)
-            if self._on_step is not None:
-                self._on_step(metrics)
-            if self._on_train is not None:
-                self._on_train(kept, metrics)
+            self._report(metrics, kept)
             log.info(
                 "step %d: %d groups, %d rollouts, reward %.3f, kl %.2e → v%d",
                 metrics["step"], len(groups), len(trained), metrics["reward_mean"], metrics["kl_k3"],
                 self.trainer.version, extra={"version": self.trainer.version},
             )
         await self._state.incr(GROUPS_DONE_COUNTER, len(scored))
+        return metrics
+
+    async def _ledgered(self, trained: list[str], step: Callable[[], Awaitable[dict[str, Any]]]) -> dict[str, Any]:
+        """Run one step on the rollouts ``trained`` and enter them in the ledger: at once, or held until a
+        checkpoint holds the step (see the class docstring); count the versions it published."""
+        before = self.trainer.version
+        at = self.trainer.step + 1
+        if self.holds:  # trained in the ledger once a checkpoint holds the step (join.settle)
+            await self.join.hold(at, trained)
+        metrics = await step()
+        metrics["rollouts"] = len(trained)
+        if not self.holds:
+            await self.join.record(Outcome.TRAINED, trained)
+        elif self.trainer.step < at:  # no update: the model does not depend on them, nothing to wait for
+            await self.join.settle(at, only=set(trained))
+        elif metrics["checkpointed"]:
+            await self.join.settle(self.trainer.step)
+        if self.trainer.version > before:
+            await self._state.incr(VERSION_COUNTER, self.trainer.version - before)
+        return metrics
+
+    def _report(self, metrics: dict[str, Any], kept: list[ScoredGroup]) -> None:
+        self.steps.append(metrics)
+        record_step(metrics)
+        if self._on_step is not None:
+            self._on_step(metrics)
+        if self._on_train is not None:
+            self._on_train(kept, metrics)
+
+    # --- served traffic ----------------------------------------------------------------------------------
+    async def _queue_online(self, scored: ScoredRollout | None) -> None:
+        """Queue a released served rollout, unless it is queued, held or has an outcome already."""
+        if scored is None or self.online is None:
+            return
+        rid = scored.rollout.rollout_id
+        held = await self.join.held() if self.holds else {}
+        queued = any(s.rollout.rollout_id == rid for s in self.online.ready)
+        if rid in held or queued or await self._state.seen(FINAL, rid):
+            await self._state.incr(outcome_counter(Outcome.DUPLICATE))
+            return
+        self.online.ready.append(scored)
+
+    async def train_online(self) -> dict[str, Any] | None:
+        """One release of served traffic: drop what is past the age or version bound (recorded), compute the
+        online advantages of the rest (`rlbus.rl.online`), train one step and publish a version."""
+        lane = self.online
+        assert lane is not None
+        take, lane.ready = lane.ready, []
+        lane.mark_release()
+        now = lane.wall()
+        too_old = [s for s in take if now - s.rollout.created_at > lane.config.max_age_s]
+        old_ids = {s.rollout.rollout_id for s in too_old}
+        keep: list[tuple[ScoredRollout, Sample]] = []
+        stale: list[ScoredRollout] = []
+        for scored in take:
+            if scored.rollout.rollout_id in old_ids:
+                continue
+            sample = sample_from_rollout(scored.rollout)
+            oldest = sample.oldest_version()
+            if oldest is not None and self.trainer.version - oldest > lane.config.max_staleness:
+                stale.append(scored)
+            else:
+                keep.append((scored, sample))
+        await self.join.record(Outcome.TOO_OLD, [s.rollout.rollout_id for s in too_old])
+        await self.join.record(Outcome.STALE, [s.rollout.rollout_id for s in stale])
+        lane.count(dropped_age=len(too_old), dropped_stale=len(stale))
+        if too_old:
+            log.info("%d served rollout(s) older than %.0f s dropped, e.g. %s", len(too_old),
+                     lane.config.max_age_s, too_old[0].rollout.rollout_id)
+        metrics = None
+        if keep:
+            keys = [lane.key_of(s.rollout) for s, _ in keep]
+            rewards = [s.reward for s, _ in keep]
+            advantages = lane.baseline.advantages(keys, rewards)
+            trained = [s.rollout.rollout_id for s, _ in keep]
+            samples = [sample for _, sample in keep]
+            metrics = await self._ledgered(trained, lambda: self.trainer.train_online(
+                samples, torch.tensor(advantages, dtype=torch.float32), torch.tensor(rewards, dtype=torch.float32),
+                max_staleness=lane.config.max_staleness))
+            await lane.save()
+            lane.count(samples=len(keep), releases=1)
+            metrics.update(lane.step_metrics(keys, advantages))
+            metrics["reward_mean"] = sum(rewards) / len(rewards)
+            self._report(metrics, [ScoredGroup("served", [s for s, _ in keep])])
+            log.info(
+                "online step %d: %d served rollouts, reward %.3f, baseline %.3f, dropped %d old / %d stale → v%d",
+                metrics["step"], len(keep), metrics["reward_mean"], metrics["online_baseline"], len(too_old),
+                len(stale), self.trainer.version, extra={"version": self.trainer.version},
+            )
+        if not self.holds:
+            await lane.join.discard(s.rollout.rollout_id for s in take)
         return metrics
 
     async def _publish_progress(self) -> None:

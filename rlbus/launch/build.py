@@ -22,6 +22,7 @@ from rlbus.weights.store import BlobStore
 
 if TYPE_CHECKING:
     from rlbus.build.model import Model, ModelSource
+    from rlbus.envs.judge import Judge
 
 
 def bus_for(config: RunConfig, *, region: str | None = None, client_id: str | None = None) -> Bus:
@@ -89,7 +90,7 @@ def rollout_args(config: RunConfig) -> dict[str, Any]:
     """`rlbus.build.rollout.rollout_stack`'s sampling and batching arguments."""
     r = config.rollout
     return {"temperature": r.temperature, "prompts_in_flight": r.prompts_in_flight, "max_batch": r.max_batch,
-            "batch_window_s": r.batch_window_s}
+            "batch_window_s": r.batch_window_s, "engine": r.engine}
 
 
 def trainer_args(config: RunConfig) -> dict[str, Any]:
@@ -100,6 +101,9 @@ def trainer_args(config: RunConfig) -> dict[str, Any]:
         "keyframe_every": t.keyframe_every, "retain_versions": t.retain_versions,
         "checkpoint_every": t.checkpoint_every, "keep_checkpoints": t.keep_checkpoints,
         "reward_sources": tuple(t.reward_sources), "join_timeout_s": t.join_timeout_s, "ordered": t.ordered,
+        "online": t.online,
+        "reward_weights": dict(t.reward_weights), "invalid_judgements": t.invalid_judgements,
+        "invalid_weight": t.invalid_weight,
     }
 
 
@@ -116,8 +120,38 @@ def producer_args(config: RunConfig) -> dict[str, Any]:
 
 
 def reward_args(config: RunConfig) -> dict[str, Any]:
-    """`rlbus.consumers.reward.RewardWorker`'s scoring arguments."""
-    return {"kind": config.reward.kind, "concurrency": config.reward.concurrency}
+    """`rlbus.consumers.reward.RewardWorker`'s scoring arguments (the judge built, with kind judge or both)."""
+    return {"kind": config.reward.kind, "concurrency": config.reward.concurrency, "judge": judge_for(config)}
+
+
+def judge_for(config: RunConfig, environ: Mapping[str, str] | None = None) -> Judge | None:
+    """The LM judge of ``[reward.judge]`` (None with kind = "verifier"): its rubric file read and validated
+    (errors name the file and field), its backend a local engine over the named model or an
+    OpenAI-compatible endpoint with the key from ``api_key_file`` or ``$api_key_env``."""
+    import os
+
+    from rlbus.config import secret_from
+    from rlbus.envs.judge import Judge, JudgeBackend, OpenAIJudge, engine_judge, load_rubric
+
+    if config.reward.kind == "verifier":
+        return None
+    j = config.reward.judge
+    rubric = load_rubric(j.rubric)
+    backend: JudgeBackend
+    if j.backend == "openai":
+        assert j.base_url is not None
+        key = secret_from(None, j.api_key_file, j.api_key_env, field="reward.judge.api_key_file",
+                          environ=os.environ if environ is None else environ)
+        backend = OpenAIJudge(base_url=j.base_url, model=j.model, api_key=key, timeout_s=j.timeout_s,
+                              retries=j.retries, temperature=j.temperature, max_tokens=j.max_tokens,
+                              prefill=j.prefill)
+    else:
+        from rlbus.build.model import parse_model
+
+        source = parse_model(j.model, device=j.device)
+        backend = engine_judge(source, max_new_tokens=j.max_tokens, temperature=j.temperature, prefill=j.prefill,
+                               seed=config.task.seed)
+    return Judge(rubric, backend, source=j.source, parse_retries=j.parse_retries, retry_temperature=j.retry_temperature)
 
 
 def warm_start_args(config: RunConfig) -> dict[str, Any]:

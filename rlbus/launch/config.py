@@ -10,12 +10,15 @@ Tables (each optional; defaults equal ``rlbus demo``'s, so a file with only ``[b
     [model]    kind = "policy" (PolicyConfig fields over the demo's shape) or "hf" (name | path | gguf), device,
                or checkpoint = "DIR" written by `rlbus pretrain` / the trainer
     [trainer]  lr, groups_per_step, max_staleness, admission, publish_every, checkpoint_dir, checkpoint_every,
-               reward_sources, join_timeout_s, warm_steps (when starting without a checkpoint) …
+               reward_sources, reward_weights, invalid_judgements, join_timeout_s, warm_steps (when starting
+               without a checkpoint) …
     [trainer.grpo]  the GRPO step's other knobs (is_mode, router_replay, minibatches, micro_batch_rows,
                compute_dtype …: rlbus.training.config.GRPOConfig)
+    [trainer.online]  training on served traffic: enabled, estimator, baseline, max_age_s, release cadence …
+               (rlbus.training.config.OnlineConfig)
     [dpo]      the offline preference stage before RL: steps, data, beta, loss, gate_accuracy …
     [rollout]  temperature, prompts_in_flight, max_batch …
-    [reward]   kind, concurrency
+    [reward]   kind = "verifier" | "judge" | "both", concurrency; [reward.judge] the LM judge (rubric, backend …)
     [run]      run_dir (the run log), namespace (prefix of topics, groups and Redis keys), metrics_port,
                heartbeat_s, claim_threshold_bytes
 
@@ -45,7 +48,7 @@ import msgspec
 from rlbus.config import KafkaBusConfig, parse, secret_from
 from rlbus.errors import ConfigError
 from rlbus.models.config import DEMO_SHAPE, PolicyConfig
-from rlbus.training.config import GRPOConfig
+from rlbus.training.config import GRPOConfig, OnlineConfig
 
 ENV_BOOTSTRAP = "RLBUS_KAFKA_BOOTSTRAP"
 ENV_REDIS = "RLBUS_REDIS_URL"
@@ -173,6 +176,15 @@ class TrainerSection(msgspec.Struct, **_STRUCT):
     keep_checkpoints: int = 2
     #: Reward sources every rollout waits for before its group is complete.
     reward_sources: list[str] = msgspec.field(default_factory=lambda: ["verifier"])
+    #: Weight of each reward source in a rollout's scalar reward (a source not named: 1.0).
+    reward_weights: dict[str, float] = msgspec.field(default_factory=dict)
+    #: A judgement published invalid (`rlbus.envs.judge`): ``drop`` the rollout (outcome
+    #: dropped_invalid_judgement), ``downweight`` it (the source's value moves to its group's mean valid
+    #: value, keeping invalid_weight of its own), or ``wait`` for a valid judgement (another judge worker).
+    invalid_judgements: Literal["drop", "downweight", "wait"] = "drop"
+    #: With ``downweight``: the share of an invalid judgement's own value kept (0: neutral, the other sources
+    #: decide the rollout's advantage).
+    invalid_weight: float = 0.0
     #: Seconds after a group's first message before the join releases it incomplete.
     join_timeout_s: float = 60.0
     #: Release complete groups in prompt order (what makes a replay reproduce the trainer's inputs).
@@ -190,6 +202,10 @@ class TrainerSection(msgspec.Struct, **_STRUCT):
     retain_versions: int = 5
     #: torch intra-op threads (1: several processes share a small machine).
     torch_threads: int = 1
+    #: Training on served traffic with late user rewards (``[trainer.online]``: enabled, estimator, baseline,
+    #: ema, window, max_age_s, max_staleness, release_every_rewards, release_every_s …; see
+    #: `rlbus.training.config.OnlineConfig` and README "Learning from served traffic").
+    online: OnlineConfig = msgspec.field(default_factory=OnlineConfig)
 
     def __post_init__(self) -> None:
         positive = ("lr", "groups_per_step", "publish_every", "checkpoint_every", "keep_checkpoints",
@@ -205,6 +221,11 @@ class TrainerSection(msgspec.Struct, **_STRUCT):
             raise ValueError("teacher_error must be in [0, 1]")
         if not self.reward_sources:
             raise ValueError("reward_sources must name at least one source")
+        unknown = sorted(set(self.reward_weights) - set(self.reward_sources))
+        if unknown:
+            raise ValueError(f"reward_weights names {unknown}, which are not in reward_sources")
+        if not 0.0 <= self.invalid_weight <= 1.0:
+            raise ValueError("invalid_weight must be in [0, 1]")
 
     def grpo_config(self) -> GRPOConfig:
         """The GRPO step's whole configuration: ``[trainer.grpo]`` with this table's staleness bound and
@@ -274,6 +295,9 @@ class RolloutSection(msgspec.Struct, **_STRUCT):
     episode_threads: int = 64
     #: torch intra-op threads.
     torch_threads: int = 1
+    #: Inference engine: ``torch`` (in-process, the project's environment) or ``vllm`` (vLLM in its own
+    #: environment, ``make vllm-env``: `rlbus up` starts these workers with its python; needs an HF model).
+    engine: Literal["torch", "vllm"] = "torch"
 
     def __post_init__(self) -> None:
         for name in ("temperature", "prompts_in_flight", "max_batch", "episode_threads", "torch_threads"):
@@ -281,13 +305,67 @@ class RolloutSection(msgspec.Struct, **_STRUCT):
                 raise ValueError(f"{name} must be > 0")
 
 
+class JudgeSection(msgspec.Struct, **_STRUCT):
+    """The LM judge of a reward worker with ``kind = "judge"`` or ``"both"`` (`rlbus.envs.judge`)."""
+
+    #: The rubric: a TOML file of weighted dimensions (``infra/rlbus/rubrics/*.toml``).
+    rubric: str = ""
+    #: ``engine`` (a local model in the torch engine) or ``openai`` (any OpenAI-compatible endpoint).
+    backend: Literal["engine", "openai"] = "engine"
+    #: engine: a shipped model, model directory or .gguf (like ``rlbus generate --model``); openai: the
+    #: model name sent in each request.
+    model: str = "smollm2-135m-instruct"
+    #: engine: where the judge model runs (``cpu``, ``cuda``, ``auto``).
+    device: str = "cpu"
+    #: openai: the endpoint's root (``http://host:8000``) or its ``/v1`` path.
+    base_url: str | None = None
+    #: openai: a file holding the API key (a mounted secret); else ``$<api_key_env>``; neither: no key.
+    api_key_file: str | None = None
+    #: openai: the environment variable holding the API key when no file is given.
+    api_key_env: str = "RLBUS_JUDGE_API_KEY"
+    #: Tokens the judge may write per dimension.
+    max_tokens: int = 128
+    #: Text the judge's reply starts with, e.g. ``"SCORE: "`` so a small model writes the number at once (then
+    #: keep max_tokens small, 4); "" lets the judge explain first. openai: sent as a final assistant message
+    #: to continue (vLLM's ``continue_final_message``; the endpoint must support it).
+    prefill: str = ""
+    #: Sampling temperature of a first judgement (0: greedy).
+    temperature: float = 0.0
+    #: Times an unreadable or out-of-range score is asked again before the judgement is published invalid.
+    parse_retries: int = 2
+    #: Temperature of those retries (a greedy judge would repeat itself).
+    retry_temperature: float = 0.7
+    #: openai: limit of one request, and further attempts after a connection error, timeout, 429 or 5xx.
+    timeout_s: float = 60.0
+    retries: int = 4
+    #: The reward source the judgements are published as.
+    source: str = "judge"
+
+    def __post_init__(self) -> None:
+        if self.max_tokens < 1 or self.parse_retries < 0 or self.retries < 0:
+            raise ValueError("max_tokens must be ≥ 1, parse_retries and retries ≥ 0")
+        if self.temperature < 0 or self.retry_temperature < 0 or self.timeout_s <= 0:
+            raise ValueError("temperature and retry_temperature must be ≥ 0, timeout_s > 0")
+        if self.backend == "openai" and not self.base_url:
+            raise ValueError("base_url is needed for backend = \"openai\"")
+        if not self.source or self.source == "verifier":
+            raise ValueError(f"source {self.source!r} must be a name other than \"verifier\"")
+
+
 class RewardSection(msgspec.Struct, **_STRUCT):
     """Reward workers."""
 
-    #: ``verifier`` (the prompt's environment scores it); judges need an endpoint and are wired in code.
-    kind: Literal["verifier"] = "verifier"
+    #: ``verifier`` (the prompt's environment scores it), ``judge`` (the LM judge of ``[reward.judge]``)
+    #: or ``both`` (each rollout gets both rewards; the trainer's ``reward_sources`` say which it waits for).
+    kind: Literal["verifier", "judge", "both"] = "verifier"
     #: Rollouts scored at once.
     concurrency: int = 8
+    #: The LM judge (kind = "judge" or "both").
+    judge: JudgeSection = msgspec.field(default_factory=JudgeSection)
+
+    def __post_init__(self) -> None:
+        if self.kind != "verifier" and not self.judge.rubric:
+            raise ConfigError("reward.judge.rubric", f'kind = "{self.kind}" needs a rubric file')
 
 
 class ServeSection(msgspec.Struct, **_STRUCT):
@@ -441,6 +519,8 @@ def config_from_dict(raw: Mapping[str, Any], environ: Mapping[str, str]) -> RunC
     for name in ("max_staleness", "normalize_std"):
         if name in tables["trainer"].get("grpo", {}):
             raise ConfigError(f"trainer.grpo.{name}", f"set trainer.{name} instead (it also bounds admission)")
+    if isinstance(tables["trainer"].get("online"), dict):  # its own errors name trainer.online.<field>
+        parse(OnlineConfig, tables["trainer"]["online"], prefix="trainer.online")
     sections = {name: parse(SECTIONS[name], data, prefix=name) for name, data in tables.items()}
     return RunConfig(model=_model_section(model), **sections)
 

@@ -143,19 +143,37 @@ def rlbus_command() -> list[str]:
     return [sys.executable, "-c", "import sys; from rlbus.cli import app; sys.argv[0] = 'rlbus'; app()"]
 
 
+def vllm_rlbus_command() -> list[str]:
+    """How to run ``rlbus`` in the vLLM environment (``[rollout] engine = "vllm"``): its ``rlbus`` script,
+    else its python (`rlbus.engines.vllm_engine.vllm_python`: ``RLBUS_VLLM_PYTHON`` or ``.venv-vllm``)."""
+    from rlbus.engines.vllm_engine import vllm_python
+
+    python = vllm_python()
+    if not python.exists():
+        raise ConfigError("rollout.engine", f"engine = \"vllm\" runs rollout workers with {python}, which does not "
+                          "exist: run `make vllm-env` (or set RLBUS_VLLM_PYTHON)")
+    script = python.with_name("rlbus")
+    if script.exists():
+        return [str(script)]
+    return [str(python), "-c", "import sys; from rlbus.cli import app; sys.argv[0] = 'rlbus'; app()"]
+
+
 def worker_children(
-    config_path: Path | None, rollout_workers: int, env: Mapping[str, str], regions: Sequence[str] = REGIONS
+    config_path: Path | None, rollout_workers: int, env: Mapping[str, str], regions: Sequence[str] = REGIONS,
+    rollout_command: Sequence[str] | None = None,
 ) -> list[Child]:
-    """The role processes of a run, in start order: trainer, reward, rollout workers, prompts."""
+    """The role processes of a run, in start order: trainer, reward, rollout workers, prompts.
+    ``rollout_command`` runs ``rlbus`` for the rollout workers (the vLLM environment's); default the same."""
     base = [*rlbus_command(), "worker"]
+    rollout_base = [*rollout_command, "worker"] if rollout_command is not None else base
     tail = ["--config", str(config_path)] if config_path is not None else []
     children = [Child("trainer", [*base, "trainer", *tail, "--worker-id", "trainer"], dict(env)),
                 Child("reward", [*base, "reward", *tail, "--worker-id", "reward-0"], dict(env))]
     for i in range(rollout_workers):
         region = regions[i % len(regions)]
         name = f"rollout-{i}"
-        children.append(Child(name, [*base, "rollout", *tail, "--region", region, "--worker-id", f"{name}-{region}"],
-                              dict(env)))
+        children.append(Child(name, [*rollout_base, "rollout", *tail, "--region", region, "--worker-id",
+                                     f"{name}-{region}"], dict(env)))
     children.append(Child("prompts", [*base, "prompts", *tail, "--worker-id", "prompts"], dict(env)))
     return children
 
@@ -294,7 +312,8 @@ async def up(
                 env[ENV_BLOB_URL] = f"http://127.0.0.1:{port}"
                 env[ENV_BLOB_SECRET] = secret
                 await _wait_http(env[ENV_BLOB_URL])
-            for child in worker_children(config_path, rollout_workers, env):
+            rollout_command = vllm_rlbus_command() if config.rollout.engine == "vllm" else None
+            for child in worker_children(config_path, rollout_workers, env, rollout_command=rollout_command):
                 await supervisor.start(child)
             say(f"{len(supervisor.children)} processes; run log in {run_dir}; Ctrl-C stops them")
             status = await _wait(supervisor, stopping, run_dir, steps, say)

@@ -124,6 +124,8 @@ class Collector:
         self.workers: list[WorkerRecord] = []
         self.trainer_version: int | None = None
         self.counts = {"rewards": 0, "rollouts": 0, "weights": 0, "unreadable": 0, "claimed": 0}
+        #: Per judging reward worker, its heartbeat's judge figures (`rlbus.envs.judge.JudgeStats`).
+        self.judges: dict[str, dict[str, float]] = {}
         self.error: str | None = None
 
     # --- following ---------------------------------------------------------------------------------
@@ -280,6 +282,9 @@ class Collector:
                     self.add_swap(worker_id, first + i, ms / 1000, t, version if last else None)
         if worker["role"] == "rollout" and isinstance(version, int):
             self.add_worker_version(worker_id, version, worker["last_seen"])
+        judge = {k: v for k, v in info.items() if k.startswith("judge_") and isinstance(v, int | float)}
+        if worker["role"] == "reward" and judge:
+            self.judges[worker_id] = judge
         step = info.get("step")
         last_step = info.get("last_step")
         if isinstance(step, int) and isinstance(last_step, dict) and last_step:
@@ -326,6 +331,7 @@ class Collector:
             "weights": [self.weights[v] for v in sorted(self.weights)],
             "swaps": {w: [[t, v, ms] for t, v, ms in s] for w, s in sorted(self.swaps.items())},
             "steps": list(self.steps),
+            "judges": {w: dict(figures) for w, figures in sorted(self.judges.items())},
         }
 
     def _append(self, table: dict[str, deque[Any]], key: str, point: Any) -> None:

@@ -180,6 +180,10 @@ TRAINER_GAUGES: dict[str, Gauge] = {
         "reward_mean": "Mean reward of the latest step's batch.",
         "loss": "Objective of the latest step.",
         "grad_norm": "Gradient norm before clipping of the latest step.",
+        "online_samples": "Served rollouts trained in the latest online step (README: learning from served traffic).",
+        "online_baseline": "The global online baseline after the latest online step.",
+        "online_releases_total": "Online releases (steps on served traffic) so far.",
+        "online_dropped_age_total": "Served rollouts dropped for max_age_s at training time so far.",
     }.items()
 }
 
@@ -221,6 +225,27 @@ LOOP_LAG_SECONDS = Histogram(
     "rlbus_event_loop_lag_seconds",
     "How late the event loop ran a timer: time the loop was blocked by work that belongs in a thread.",
     buckets=_LOOP_BUCKETS,
+    registry=REGISTRY,
+)
+
+# --- LM judges ------------------------------------------------------------------------------------
+JUDGE_SECONDS = Histogram(
+    "rlbus_judge_seconds",
+    "Time of one LM judgement (every dimension and retry of one rollout), by reward source.",
+    ["source"],
+    buckets=_LATENCY_BUCKETS,
+    registry=REGISTRY,
+)
+JUDGE_RETRIES = Counter(
+    "rlbus_judge_retries",
+    "Judge calls repeated because the reply had no readable or an out-of-range score, by reward source.",
+    ["source"],
+    registry=REGISTRY,
+)
+JUDGE_INVALID = Counter(
+    "rlbus_judge_invalid",
+    "Judgements published invalid (a dimension still unreadable after the retries), by reward source.",
+    ["source"],
     registry=REGISTRY,
 )
 

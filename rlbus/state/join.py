@@ -26,6 +26,15 @@ buffer (later copies are counted in ``join:redelivered``), and each reward names
 (``Reward.rollout_created_at``), so a rollout is only ever paired with its own reward. Rewards that do
 not name a copy (user feedback) match any.
 
+Invalid judgements. An LM judge that could not produce a readable score publishes its reward with
+``metadata["judge_valid"] = "false"`` (`rlbus.envs.judge`); every one that arrives is counted
+(``join:invalid_judgements``) and it never overwrites a valid reward of the same rollout and source. The
+policy's ``invalid`` says what happens next: ``drop`` — the rollout is scored (the group completes) but
+flagged, and the trainer records it as ``dropped_invalid_judgement`` instead of training it; ``downweight``
+— it trains with the judgement pulled towards its group's mean (`judged_group`); ``wait`` — the
+judgement is set aside under ``x:`` and the rollout waits for a valid one (another judge worker's), or
+the join's timeout. These rules live in their own functions and fields, apart from the join itself.
+
 Trained with the checkpoint. A trainer that checkpoints (``checkpoint_every`` steps) holds the rollouts of
 each step in ``ns:held`` (rollout id → step) *before* the step runs, and enters them in the ledger as
 trained only once a checkpoint containing that step is written (:meth:`JoinBuffer.settle`). At start-up
@@ -41,12 +50,14 @@ Store layout (``ns`` = namespace)::
     ns:group:<prompt_id>   meta → {"group_size", "first_seen"}; r:<rollout_id> → Rollout bytes;
                            c:<rollout_id> → which copy r: holds (its created_at, for readiness without
                            reading r:); w:<rollout_id>:<source>:<copy> → Reward bytes
-                           (copy: the scored rollout's created_at, "" when the reward names none)
+                           (copy: the scored rollout's created_at, "" when the reward names none);
+                           x:<rollout_id>:<source>:<copy> → an invalid judgement set aside (policy "wait")
     ns:open                <prompt_id> → first-seen time (the groups the sweeper looks at)
     ns:held                <rollout_id> → step: trained, waiting for the checkpoint that holds the step
     ledger "outcome"       every rollout id that reached an outcome (SET NX): the exactly-once gate
     ledger <outcome>       the ids per outcome ("trained", "dropped_stale" …), for audits
-    counters outcome:<name>, ledger:trained_again (a training the gate caught only afterwards),
+    counters outcome:<name>, join:invalid_judgements (invalid judgements that arrived),
+             ledger:trained_again (a training the gate caught only afterwards),
              ledger:rolled_back (held rollouts released again after a crash)
 """
 
@@ -59,6 +70,7 @@ import time
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
+from typing import Literal
 
 from rlbus.errors import MalformedMessage
 from rlbus.schemas import Reward, Rollout, decode, encode
@@ -75,6 +87,9 @@ class Outcome(StrEnum):
     INCOMPLETE = "dropped_incomplete_group"
     DEAD_LETTERED = "dead_lettered"
     DUPLICATE = "duplicate"
+    #: A served rollout past the online age bound (``max_age_s``): unrated that long, or rated too late.
+    TOO_OLD = "dropped_too_old"
+    INVALID_JUDGEMENT = "dropped_invalid_judgement"
 
 
 #: Ledger namespace holding every rollout id that has reached an outcome (the exactly-once gate).
@@ -85,6 +100,8 @@ TRAINED_AGAIN = "ledger:trained_again"
 ROLLED_BACK = "ledger:rolled_back"
 #: Second copies of buffered rollouts (a prompt redelivered after a crash, played again under the same ids).
 REDELIVERED_COUNTER = "join:redelivered"
+#: Invalid judgements (``judge_valid = "false"``) of a source the policy waits for, as they arrived.
+INVALID_COUNTER = "join:invalid_judgements"
 
 
 @dataclass(frozen=True)
@@ -99,9 +116,20 @@ class RewardPolicy:
     timeout_s: float = 300.0
     #: A timed-out group still trains if at least this many rollouts are fully scored.
     min_group: int = 2
+    #: What an invalid judgement (`rlbus.envs.judge`) does to its rollout: ``drop`` it (the trainer records
+    #: `Outcome.INVALID_JUDGEMENT`), ``downweight`` it (see `judged_group`), or ``wait`` for a valid one
+    #: (kept aside in an ``x:`` field, so readiness does not count it; a timeout drops the rollout).
+    invalid: Literal["drop", "downweight", "wait"] = "drop"
+    #: With ``downweight``: the share of an invalid judgement's own value that counts (the rest: its group's
+    #: mean valid value of the source), see `judged_group`.
+    invalid_weight: float = 0.0
 
     def combine(self, rewards: dict[str, Reward]) -> float:
         return sum(self.weights.get(source, 1.0) * rewards[source].value for source in self.sources)
+
+    def drops(self, scored: ScoredRollout) -> bool:
+        """Whether the trainer drops this rollout for an invalid judgement."""
+        return self.invalid == "drop" and bool(scored.invalid)
 
 
 @dataclass(frozen=True)
@@ -109,6 +137,8 @@ class ScoredRollout:
     rollout: Rollout
     reward: float
     components: dict[str, float]
+    #: Sources whose reward is an invalid judgement (`rlbus.envs.judge.is_valid`), handled per the policy.
+    invalid: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -191,12 +221,23 @@ class JoinBuffer:
                                    "or a component is not a finite number")
         if reward.source not in self.policy.sources:
             return None
+        if reward.metadata.get("judge_valid") == "false":
+            await self._state.incr(INVALID_COUNTER)
         copy = "" if reward.rollout_created_at is None else repr(reward.rollout_created_at)
-        field = f"w:{reward.rollout_id}:{reward.source}:{copy}"
-        merged, meta = await self._merge(reward.prompt_id, reward.rollout_id, {field: encode(reward)}, {})
+        field = f"{self._reward_prefix(reward)}{reward.rollout_id}:{reward.source}:{copy}"
+        arrival = {field: encode(reward)}
+        valid = reward.metadata.get("judge_valid") != "false"  # an invalid judgement never replaces a valid one
+        merged, meta = await self._merge(reward.prompt_id, reward.rollout_id, arrival if valid else {},
+                                         {} if valid else arrival)
         if merged.skipped:  # its rollout already has an outcome
             return None
         return await self._ready(reward.prompt_id, meta, merged.size)
+
+    def _reward_prefix(self, reward: Reward) -> str:
+        """``w:`` — or ``x:`` for an invalid judgement the policy waits past, which readiness ignores."""
+        if reward.metadata.get("judge_valid") != "false":
+            return "w:"
+        return "x:" if self.policy.invalid == "wait" else "w:"
 
     def _assemble(self, prompt_id: str, fields: dict[str, bytes]) -> ScoredGroup:
         rollouts = {k[2:]: decode(Rollout, v) for k, v in fields.items() if k.startswith("r:")}
@@ -214,10 +255,11 @@ class JoinBuffer:
             if all(source in got for source in self.policy.sources):
                 components = {f"{s}.{name}": value for s, r in got.items() for name, value in r.components.items()}
                 components.update({s: got[s].value for s in self.policy.sources})
-                scored.append(ScoredRollout(rollout, self.policy.combine(got), components))
+                invalid = tuple(s for s in self.policy.sources if got[s].metadata.get("judge_valid") == "false")
+                scored.append(ScoredRollout(rollout, self.policy.combine(got), components, invalid))
             else:
                 unscored.append(rollout_id)
-        return ScoredGroup(prompt_id, scored, unscored)
+        return judged_group(self.policy, ScoredGroup(prompt_id, scored, unscored))
 
     async def _complete(self, prompt_id: str, meta: dict[str, float], count: int) -> bool:
         """Whether every rollout of the group is scored by every source — from the field count, then
@@ -350,3 +392,183 @@ def scored_from_names(names: Iterable[str], copies: Mapping[str, bytes], sources
                 got.setdefault(rollout_id, set()).add(source)
     need = set(sources)
     return {rollout_id for rollout_id, have in got.items() if need <= have}
+
+
+# --- served traffic ------------------------------------------------------------------------------------------
+#: Counter of served rollouts that expired without any rating (a subset of ``outcome:dropped_too_old``).
+SERVED_UNRATED = "join:served_unrated"
+
+
+def is_served(rollout: Rollout) -> bool:
+    """Whether ``rollout`` was served to a user (the gateway's contract: ``metadata.origin = "served"``)."""
+    return rollout.metadata.get("origin") == "served"
+
+
+class ServedJoin:
+    """The join of served rollouts: one rollout (group_size 1) ⨝ its user reward, by rollout id.
+
+    Served traffic has no groups and its rewards come minutes or hours later, if at all, so it cannot wait
+    in a prompt's group (the GRPO join's timeout would drop it within a minute, and a task key shared by
+    many sessions is no group). Each served rollout gets its own entry; the first reward of a source in
+    ``sources`` releases it (whichever comes second, rollout or reward). A released rollout stays in the
+    store, indexed in ``ns:served:ready``, until the ledger gives it an outcome (`discard`, or the sweep
+    in `expire` once it is final), so a trainer restart requeues what it had released but not trained
+    (`pending`); unreleased rollouts wait in the store as the GRPO join's do. A rollout unrated after
+    ``max_age_s`` is dropped as :attr:`Outcome.TOO_OLD` (and counted in ``join:served_unrated``).
+
+    Store layout (``ns`` = the GRPO join's namespace; the ledger is shared)::
+
+        ns:served:<rollout_id>   r → Rollout bytes; w:<source> → Reward bytes (the last of each source)
+        ns:served:open           <rollout_id> → created_at: buffered, waiting for a reward (the age sweep)
+        ns:served:ready          <rollout_id> → release time: released, waiting for an outcome
+    """
+
+    def __init__(
+        self, *, ledger: JoinBuffer, state: StateStore, sources: Sequence[str], max_age_s: float,
+        namespace: str = "join", clock: Callable[[], float] = time.time,
+    ) -> None:
+        if not sources or max_age_s <= 0:
+            raise ValueError("a served join needs reward sources and max_age_s > 0")
+        self._ledger = ledger
+        self._state = state
+        self.sources = tuple(sources)
+        self.max_age_s = max_age_s
+        self._ns = f"{namespace}:served"
+        self._clock = clock
+        self._ttl = max_age_s * 1.5 + 60.0  # outlives the age sweep, so the sweep is what drops an entry
+
+    def _key(self, rollout_id: str) -> str:
+        return f"{self._ns}:{rollout_id}"
+
+    @property
+    def open_key(self) -> str:
+        return f"{self._ns}:open"
+
+    @property
+    def ready_key(self) -> str:
+        return f"{self._ns}:ready"
+
+    async def add_rollout(self, rollout: Rollout) -> ScoredRollout | None:
+        """Buffer a served rollout; returns it scored if its reward was already here."""
+        rid = rollout.rollout_id
+        merged = await self._state.merge_fields(self._key(rid), {}, self._ttl, if_absent={"r": encode(rollout)},
+                                                unless=(FINAL, rid))
+        if merged.skipped:
+            await self._state.incr(outcome_counter(Outcome.DUPLICATE))
+            return None
+        if "r" not in merged.added:  # a second copy (a redelivery): the first stays
+            await self._state.incr(REDELIVERED_COUNTER)
+            return None
+        await self._state.put_field(self.open_key, rid, repr(rollout.created_at).encode(), None)
+        return await self._release(rid)
+
+    async def add_reward(self, reward: Reward) -> ScoredRollout | None:
+        """Buffer a reward for a served rollout (any rollout id: it may come before its rollout, or be for an
+        RL rollout, and then simply expires); returns the rollout scored when it is buffered. Raises
+        MalformedMessage for a value that is not a finite number."""
+        if not math.isfinite(reward.value):
+            raise MalformedMessage(f"reward {reward.reward_id} for {reward.rollout_id}: value {reward.value} "
+                                   "is not a finite number")
+        if reward.source not in self.sources:
+            return None
+        rid = reward.rollout_id
+        merged = await self._state.merge_fields(self._key(rid), {f"w:{reward.source}": encode(reward)}, self._ttl,
+                                                unless=(FINAL, rid))
+        if merged.skipped:
+            return None
+        return await self._release(rid)
+
+    async def _release(self, rollout_id: str) -> ScoredRollout | None:
+        """The rollout scored, once: when it and a reward are buffered and it is not released already."""
+        names = await self._state.field_names(self._key(rollout_id))
+        if "r" not in names or not any(n.startswith("w:") for n in names):
+            return None
+        if await self._state.get_named(self.ready_key, [rollout_id]):
+            return None
+        await self._state.put_field(self.ready_key, rollout_id, repr(self._clock()).encode(), None)
+        await self._state.delete_field(self.open_key, rollout_id)
+        return await self._read(rollout_id)
+
+    async def _read(self, rollout_id: str) -> ScoredRollout | None:
+        fields = await self._state.get_fields(self._key(rollout_id))
+        if "r" not in fields:
+            return None
+        rewards = {name[2:]: decode(Reward, v) for name, v in fields.items() if name.startswith("w:")}
+        source = next((s for s in self.sources if s in rewards), None)
+        if source is None:
+            return None
+        got = rewards[source]
+        components = {f"{source}.{k}": v for k, v in got.components.items()} | {source: got.value}
+        return ScoredRollout(decode(Rollout, fields["r"]), got.value, components)
+
+    async def discard(self, rollout_ids: Iterable[str]) -> None:
+        """Forget released rollouts whose outcome the ledger now holds."""
+        for rid in rollout_ids:
+            await self._state.delete(self._key(rid))
+            await self._state.delete_field(self.ready_key, rid)
+
+    async def expire(self) -> int:
+        """The age sweep: drop unrated rollouts older than ``max_age_s`` (:attr:`Outcome.TOO_OLD`) and forget
+        released ones that have an outcome. Returns how many were dropped."""
+        now = self._clock()
+        old = [rid for rid, created in (await self._state.get_fields(self.open_key)).items()
+               if now - float(created) > self.max_age_s]
+        dropped = await self._ledger.record(Outcome.TOO_OLD, old)
+        if dropped:
+            await self._state.incr(SERVED_UNRATED, dropped)
+            log.info("%d served rollout(s) unrated after %.0f s dropped", dropped, self.max_age_s)
+        for rid in old:
+            await self._state.delete_field(self.open_key, rid)
+            await self._state.delete(self._key(rid))
+        done = [rid for rid in await self._state.field_names(self.ready_key) if await self._state.seen(FINAL, rid)]
+        await self.discard(done)
+        return dropped
+
+    async def pending(self) -> list[ScoredRollout]:
+        """At start-up: released rollouts without an outcome (their training died with the previous
+        process), oldest release first; those that have one are forgotten."""
+        ready = await self._state.get_fields(self.ready_key)
+        out = []
+        for rid, _ in sorted(ready.items(), key=lambda kv: float(kv[1])):
+            if await self._state.seen(FINAL, rid):
+                await self.discard([rid])
+                continue
+            scored = await self._read(rid)
+            if scored is None:  # its entry expired: nothing left to train
+                await self._state.delete_field(self.ready_key, rid)
+                continue
+            out.append(scored)
+        return out
+
+    async def waiting(self) -> int:
+        """Served rollouts buffered and not yet rated."""
+        return len(await self._state.field_names(self.open_key))
+
+
+# --- invalid judgements (rlbus.envs.judge) ---------------------------------------------------------------
+def judged_group(policy: RewardPolicy, group: ScoredGroup) -> ScoredGroup:
+    """``group`` with the policy's ``downweight`` rule applied to rollouts holding an invalid judgement: the
+    invalid source's value becomes ``invalid_weight`` × its own value (the dimensions that did parse, 0.0
+    when none did) + (1 − ``invalid_weight``) × the mean of that source's valid values in the group (0.0
+    when none is valid). At the default weight 0 an invalid judgement is neutral — its rollout's advantage
+    comes from the other sources alone, neither rewarded nor punished by the broken judgement. ``drop`` is
+    the trainer's (`RewardPolicy.drops`); ``wait`` never releases an invalid judgement as a reward."""
+    if policy.invalid != "downweight" or not any(s.invalid for s in group.rollouts):
+        return group
+    means: dict[str, float] = {}
+    for source in policy.sources:
+        valid = [s.components[source] for s in group.rollouts if source not in s.invalid]
+        means[source] = sum(valid) / len(valid) if valid else 0.0
+    rollouts = []
+    for s in group.rollouts:
+        if not s.invalid:
+            rollouts.append(s)
+            continue
+        reward = 0.0
+        for source in policy.sources:
+            value = s.components[source]
+            if source in s.invalid:
+                value = policy.invalid_weight * value + (1.0 - policy.invalid_weight) * means[source]
+            reward += policy.weights.get(source, 1.0) * value
+        rollouts.append(ScoredRollout(s.rollout, reward, s.components, s.invalid))
+    return ScoredGroup(group.prompt_id, rollouts, group.unscored)

@@ -131,3 +131,47 @@ class DPOConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only
             raise ValueError("batch_size must be >= 1; steps, eval_every and weight_decay >= 0")
         if self.logprob_chunk < 1 or self.max_grad_norm < 0:
             raise ValueError("logprob_chunk must be >= 1 and max_grad_norm >= 0 (0 = off)")
+
+
+class OnlineConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
+    """Training on served traffic (``[trainer.online]``): single served rollouts joined with late user
+    rewards, advantages from a running baseline (`rlbus.rl.online`), a version every N rewards or T seconds."""
+
+    #: Route served rollouts (``metadata.origin = "served"``) to the online path; off: they go to the GRPO join.
+    enabled: bool = False
+    #: Reward sources a served rollout waits for (any one of them releases it; the first to arrive wins).
+    sources: tuple[str, ...] = ("user",)
+    #: ``ema``: REINFORCE with a running (EMA) baseline; ``loo``: leave-one-out over a sliding window.
+    estimator: Literal["ema", "loo"] = "ema"
+    #: What a baseline is kept per: the task key (``metadata.task`` or the prompt id), the tenant, or all traffic.
+    baseline: Literal["task", "tenant", "global"] = "task"
+    #: α of the EMA baseline: b ← (1 − α)·b + α·r.
+    ema: float = 0.1
+    #: Rewards per key in the leave-one-out window.
+    window: int = 64
+    #: Rewards a key needs before its own baseline replaces the global one.
+    min_count: int = 8
+    #: The baseline before any reward (0.5 = neutral between thumbs down 0 and up 1).
+    baseline_init: float = 0.5
+    #: Drop a served rollout older than this (its created_at to training time), rated or not.
+    max_age_s: float = 86_400.0
+    #: Versions a served rollout may lag at training time (user rewards come late, so larger than GRPO's).
+    max_staleness: int = 16
+    #: Train and publish a version once this many rewarded samples wait …
+    release_every_rewards: int = 32
+    #: … or once this many seconds passed since the last release with at least one waiting, whichever first.
+    release_every_s: float = 600.0
+
+    def __post_init__(self) -> None:
+        if not self.sources:
+            raise ValueError("sources must name at least one reward source")
+        if not 0 < self.ema <= 1:
+            raise ValueError(f"ema must be in (0, 1], got {self.ema}")
+        for name in ("window", "release_every_rewards"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1")
+        for name in ("max_age_s", "release_every_s"):
+            if not getattr(self, name) > 0:
+                raise ValueError(f"{name} must be > 0")
+        if self.min_count < 0 or self.max_staleness < 0:
+            raise ValueError(f"{'min_count' if self.min_count < 0 else 'max_staleness'} must be >= 0")

@@ -17,6 +17,9 @@ several versions old and running other numerics — which reported log μ(x_t) a
                   inflates the weight of the tokens that remain);  L_aux = the MoE balancing loss
     update        g = ∇L;  g ← g · min(1, max_grad_norm / ‖g‖);  AdamW on the fp32 master weights
 
+Served traffic (`online_step`) has no groups: A_i comes from a running baseline (`rlbus.rl.online`) and
+the rest of the objective is the same.
+
 With ``minibatches = 1`` (the default) π_θ = π_old numerically, so r = 1, the clip is inactive and
 ∇L = −(1/N) Σ keep · w · A · ∇log π; the proximal log-probs then come from the training forward itself.
 With ``minibatches > 1`` the batch is split into that many optimizer steps and π_old comes from one extra
@@ -53,10 +56,10 @@ from rlbus.rl.logprobs import chunked_token_logprobs
 from rlbus.rl.losses import clipped_pg_loss
 from rlbus.rl.metrics import clip_fraction, is_ess, kl_k3, mask_fraction, max_abs_logprob_diff, router_flip_rate
 from rlbus.rl.staleness import fresh_mask, staleness_histogram
-from rlbus.training.batch import Group, PackedBatch, pack
+from rlbus.training.batch import Group, PackedBatch, Sample, pack
 from rlbus.training.config import GRPOConfig, OptimConfig
 
-__all__ = ["GRPOConfig", "OptimConfig", "StepMetrics", "build_optimizer", "grpo_step"]
+__all__ = ["GRPOConfig", "OptimConfig", "StepMetrics", "build_optimizer", "grpo_step", "online_step"]
 
 # ----------------------------------------------------------------------------------------------------------
 # optimizer
@@ -128,12 +131,49 @@ def grpo_step(
     samples = [s for g in groups for s in g.samples]
     rewards = torch.cat([g.rewards.float() for g in groups])  # [R]
     advantages = torch.cat([group_advantages(g.rewards, normalize_std=config.normalize_std) for g in groups])  # [R]
+    return _update(model, optimizer, samples, advantages, rewards, config=config, version=version,
+                   max_staleness=config.max_staleness)
 
+
+def online_step(
+    model: TrainableLM,
+    optimizer: torch.optim.Optimizer,
+    samples: Sequence[Sample],
+    advantages: torch.Tensor,
+    rewards: torch.Tensor,
+    *,
+    config: GRPOConfig,
+    version: int,
+    max_staleness: int,
+) -> StepMetrics:
+    """One update from single served samples whose advantages [R] come from an online baseline
+    (`rlbus.rl.online`) instead of a group; everything else — IS correction, clip, staleness drop at
+    ``max_staleness``, metrics — is the GRPO step's."""
+    if not samples:
+        raise ValueError("online_step needs at least one sample")
+    if advantages.shape != (len(samples),) or rewards.shape != (len(samples),):
+        raise ValueError(f"{len(samples)} samples need advantages and rewards of shape [{len(samples)}]")
+    return _update(model, optimizer, list(samples), advantages.float(), rewards.float(), config=config,
+                   version=version, max_staleness=max_staleness)
+
+
+def _update(
+    model: TrainableLM,
+    optimizer: torch.optim.Optimizer,
+    samples: list[Sample],
+    advantages: torch.Tensor,
+    rewards: torch.Tensor,
+    *,
+    config: GRPOConfig,
+    version: int,
+    max_staleness: int,
+) -> StepMetrics:
+    """The update shared by both steps: ``samples`` with their advantages [R] and rewards [R]."""
     oldest = [s.oldest_version() for s in samples]
     versioned = [i for i, v in enumerate(oldest) if v is not None]
     oldest_t = torch.tensor([oldest[i] for i in versioned], dtype=torch.long)  # [R']
     histogram = staleness_histogram(version, oldest_t) if versioned else {}
-    fresh = fresh_mask(version, oldest_t, max_staleness=config.max_staleness).tolist() if versioned else []
+    fresh = fresh_mask(version, oldest_t, max_staleness=max_staleness).tolist() if versioned else []
     train_idx = [i for i, ok in zip(versioned, fresh, strict=True) if ok and samples[i].num_loss_tokens > 0]
     base = {
         "reward_mean": float(rewards.mean()),

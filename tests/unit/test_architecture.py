@@ -30,9 +30,14 @@ class Import:
     line: int
 
 
+CORPUS = PACKAGE / "envs" / "swe_tasks"
+
+
 def _modules() -> dict[str, Path]:
     modules = {}
     for path in sorted(PACKAGE.rglob("*.py")):
+        if CORPUS in path.parents:
+            continue  # task-corpus data: third-party test files, not rlbus code
         parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
         modules[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
     return modules

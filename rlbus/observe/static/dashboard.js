@@ -273,7 +273,14 @@ const CHARTS = {
       y: { label: "reward" },
     });
     if (marks) {
-      setSub(card, "mean per time bin · last: " + sources.map(([n, p]) => `${n} ${fmtNum(p[p.length - 1][1])}`).join(", "));
+      const judges = Object.values(snap.judges || {});
+      const judged = judges.reduce((n, j) => n + (j.judge_judgements || 0), 0);
+      const judgeText = judged ? " · judge: " + [
+        `${fmtNum(judges.reduce((s, j) => s + (j.judge_latency_s || 0) * (j.judge_judgements || 0), 0) / judged)} s/judgement`,
+        `${judges.reduce((n, j) => n + (j.judge_retries || 0), 0)} retries`,
+        `${fmtNum(100 * judges.reduce((n, j) => n + (j.judge_invalid || 0), 0) / judged)} % invalid`,
+      ].join(", ") : "";
+      setSub(card, "mean per time bin · last: " + sources.map(([n, p]) => `${n} ${fmtNum(p[p.length - 1][1])}`).join(", ") + judgeText);
     }
   },
 

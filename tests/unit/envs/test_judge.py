@@ -54,7 +54,7 @@ class Scripted:
         self.replies = replies
         self.calls: list[tuple[str, str]] = []
 
-    async def complete(self, system: str, user: str) -> str:
+    async def complete(self, system: str, user: str, *, temperature: float | None = None) -> str:
         self.calls.append((system, user))
         name = user.split("Dimension: ")[1].split("\n")[0]
         return self.replies[name]
@@ -66,9 +66,10 @@ class Scripted:
         ("Fine.\nSCORE: 7/10", 10, 0.7, 7.0),
         ("score = 4", 5, 0.8, 4.0),
         ("SCORE: **9** / 10", 10, 0.9, 9.0),
-        ("SCORE: 2/10 ... on reflection SCORE: 6/10", 10, 0.6, 6.0),
-        ("SCORE: 3/4", 10, 0.75, 3.0),
+        ("SCORE: 2/10\non reflection:\nSCORE: 6/10", 10, 0.6, 6.0),
+        ("SCORE: 3/4", 4, 0.75, 3.0),
         ("SCORE: 10", 10, 1.0, 10.0),
+        ("## Score: 8/10.", 10, 0.8, 8.0),
     ],
 )
 def test_parse_score(text: str, scale: int, value: float, raw: float) -> None:
@@ -76,7 +77,17 @@ def test_parse_score(text: str, scale: int, value: float, raw: float) -> None:
     assert parsed.value == pytest.approx(value) and parsed.raw == raw and parsed.problem == ""
 
 
-@pytest.mark.parametrize(("text", "problem"), [("great answer, 8 of 10", "no 'SCORE"), ("SCORE: 12/10", "outside")])
+@pytest.mark.parametrize(
+    ("text", "problem"),
+    [
+        ("great answer, 8 of 10", "no 'SCORE"),
+        ("SCORE: 12/10", "outside"),
+        ("SCORE: 3/4", "not out of 10"),  # a denominator other than the dimension's scale
+        ("I give it SCORE: 9/10", "no 'SCORE"),  # the score line holds nothing else
+        ("> SCORE: 10/10", "no 'SCORE"),  # a quoted (echoed) line is not the judge's own
+        ("SCORE: 2/10 ... on reflection SCORE: 6/10", "no 'SCORE"),
+    ],
+)
 def test_unparseable_scores_are_recorded(text: str, problem: str) -> None:
     parsed = parse_score(text, 10)
     assert parsed.value is None and problem in parsed.problem
@@ -91,25 +102,28 @@ async def test_weighted_reward_with_components() -> None:
     assert "correct: 10/10 (weight 3)" in reward.reason and reward.metadata["judge_valid"] == "true"
     assert len(backend.calls) == 2  # one call per dimension
     system, user = backend.calls[0]
-    assert "SCORE: N/10" in system and "Task:\nWhat is 2+3?" in user and "Response:\n5" in user
+    assert "SCORE: N/10" in system and "Criterion: Is the answer right?" in system
+    assert "Task:\n<<<TASK-" in user and "\n> What is 2+3?\n" in user and "\n> 5\n<<<END-" in user
     assert "Reference answer" not in user  # include_reference is off
 
 
 async def test_an_unparseable_dimension_does_not_count_and_is_named() -> None:
     backend = Scripted({"correct": "I refuse to grade.", "concise": "SCORE: 4/5"})
-    reward = await Judge(RUBRIC, backend).score(episode(), PROMPT)
-    assert math.isnan(reward.components["correct"]) and reward.components["concise"] == pytest.approx(0.8)
-    assert reward.value == pytest.approx(0.8)
+    reward = await Judge(RUBRIC, backend, parse_retries=0).score(episode(), PROMPT)
+    assert reward.components == pytest.approx({"concise": 0.8})  # never NaN: the join refuses non-finite ones
+    assert reward.value == pytest.approx(0.8) and math.isfinite(reward.value)
     assert "correct: unparseable (no 'SCORE: N/10' line)" in reward.reason
+    assert reward.metadata["judge_valid"] == "false" and reward.metadata["judge_invalid"] == "correct"
     nothing = await Judge(RUBRIC, Scripted({"correct": "?", "concise": "?"})).score(episode(), PROMPT)
-    assert nothing.value == 0.0 and nothing.metadata["judge_valid"] == "false"
+    assert nothing.value == 0.0 and nothing.metadata["judge_valid"] == "false" and nothing.components == {}
 
 
 async def test_reference_and_transcript_are_shown_when_asked() -> None:
     rubric = Rubric(dimensions=[Dimension(name="correct", criterion="c")], include_reference=True)
     backend = Scripted({"correct": "SCORE: 5/10"})
     reward = await Judge(rubric, backend).score(episode(answer=None), PROMPT)
-    assert "Reference answer:\n5" in backend.calls[0][1] and reward.metadata["graded"] == "transcript"
+    assert "Reference answer:\n<<<REFERENCE-" in backend.calls[0][1] and "\n> 5\n" in backend.calls[0][1]
+    assert reward.metadata["graded"] == "transcript"
 
 
 def test_rubric_config_errors_name_the_field() -> None:
@@ -122,7 +136,7 @@ def test_rubric_config_errors_name_the_field() -> None:
 
 async def test_engine_judge_runs_a_local_engine() -> None:
     chat = ChatFormat.for_byte_tokenizer()
-    engine = ScriptedEngine(["Looks right. SCORE: 8/10", "SCORE: 5/5"], tokenizer=chat.tokenizer)
+    engine = ScriptedEngine(["Looks right.\nSCORE: 8/10", "SCORE: 5/5"], tokenizer=chat.tokenizer)
     reward = await Judge(RUBRIC, EngineJudge(engine, chat)).score(episode(), PROMPT)
     assert reward.components == pytest.approx({"correct": 0.8, "concise": 1.0})
     request = engine.requests[0]
