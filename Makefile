@@ -40,12 +40,22 @@ up: venv
 distributed: venv
 	$(BIN)/rlbus up
 
+# The vLLM tests (marker `vllm`) run under the vLLM environment's python when it exists (`make vllm-env`) or
+# when RLBUS_REQUIRE_VLLM=1 (CI: then a missing environment fails them); otherwise they run under .venv, where
+# they skip, naming the command that makes the environment.
+VLLM_PY := $(or $(RLBUS_VLLM_PYTHON),$(VENV)-vllm/bin/python)
+VLLM_TEST_FILES := $(wildcard tests/*/test_vllm*.py tests/*/*/test_vllm*.py)
+VLLM_TESTS := $(or $(filter 1,$(RLBUS_REQUIRE_VLLM)),$(wildcard $(VLLM_PY)))
+
 # A broker that already answers is used as it is, whoever started it (`rlbus kafka start` would refuse its port
 # when it belongs to another RLBUS_HOME, Docker or another checkout).
 test: deps venv
 	$(BIN)/python -c 'import socket; socket.create_connection(("$(KAFKA_HOST)", $(KAFKA_PORT)), 2).close()' \
 	  2>/dev/null && echo "Kafka answers at $(KAFKA_FIRST)" || $(BIN)/rlbus kafka start --port $(KAFKA_PORT)
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q $(if $(VLLM_TESTS),-m 'not vllm')
+ifneq ($(VLLM_TESTS),)
+	RLBUS_REQUIRE_VLLM=1 $(VLLM_PY) -m pytest -q -p no:cacheprovider -m vllm $(VLLM_TEST_FILES)
+endif
 
 lint: venv
 	$(BIN)/ruff check rlbus tests

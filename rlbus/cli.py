@@ -674,10 +674,10 @@ def feedback_send(
 def serve(
     config: Annotated[Path | None, typer.Option("--config", envvar="RLBUS_CONFIG", help=(
         "Run config (TOML): serve the run's model, weights following its trainer, recording on its bus; "
-        "[serve] sets port, tokens, sessions."))] = None,
+        "the config's serve table sets port, tokens, sessions."))] = None,
     model: Annotated[str | None, typer.Option(help="A shipped model (default smollm2-135m-instruct), a model "
                                                    "directory, a .gguf file, or a preset (tiny, bench, demo).")] = None,
-    port: Annotated[int | None, typer.Option(help="Port (default 8000, or [serve] port).")] = None,
+    port: Annotated[int | None, typer.Option(help="Port (default 8000, or the config's serve.port).")] = None,
     host: Annotated[str, typer.Option(help="Interface, without --config.")] = "127.0.0.1",
     token_file: Annotated[Path | None, typer.Option(envvar="RLBUS_SERVE_TOKEN_FILE", help=(
         "File of 'tenant: token' lines (else $RLBUS_SERVE_TOKENS='tenant:token,…')."))] = None,
@@ -784,7 +784,7 @@ def train_dpo(
 
 @app.command()
 def worker(
-    role: Annotated[str, typer.Argument(help="prompts, rollout, reward or trainer.")],
+    role: Annotated[str, typer.Argument(help="prompts, rollout, reward, trainer or serve (the gateway).")],
     config: RunConfigFile = None,
     region: Annotated[
         str | None, typer.Option(envvar="RLBUS_REGION", help="Region: Kafka client-id suffix and client.rack.")
@@ -814,13 +814,15 @@ def up(
         str | None, typer.Option(help="Run namespace (default: the config's, else a fresh up-<date>-<time>).")
     ] = None,
     grace: Annotated[float, typer.Option(help="Seconds a child may drain after SIGTERM before it is killed.")] = 30.0,
+    serve: Annotated[bool, typer.Option(help="Also run the OpenAI-compatible gateway (the config's serve table).")
+                     ] = False,
 ) -> None:
     """A local distributed run: Kafka and Redis (started if missing), topics, a blob server, the trainer,
     a reward worker, rollout workers and the prompt producer as processes. Ctrl-C stops them gracefully."""
     from rlbus.launch.up import up as run_up
 
     raise typer.Exit(_run(lambda: run_up(config, rollout_workers=rollout_workers, steps=steps, namespace=namespace,
-                                         grace_s=grace)))
+                                         grace_s=grace, serve=serve)))
 
 
 # --- replay / tail --------------------------------------------------------------------------------
@@ -1145,6 +1147,7 @@ BENCHMARKS = {
     "online": "rlbus.bench.online",
     "judge": "rlbus.bench.judge",
     "engines": "rlbus.bench.engines",
+    "serve": "rlbus.bench.serve",
 }
 
 
@@ -1175,7 +1178,7 @@ def bench(
     if name not in BENCHMARKS:
         raise typer.BadParameter(f"unknown benchmark {name!r}; choose from {', '.join(BENCHMARKS)}")
     module = importlib.import_module(BENCHMARKS[name])
-    kwargs: dict[str, Any] = {"bootstrap": bootstrap} if name == "bus" else {}
+    kwargs: dict[str, Any] = {"bootstrap": bootstrap} if name in ("bus", "serve") else {}
     if mode is not None:
         if name != "pipeline" or mode not in ("sync", "async"):
             raise typer.BadParameter("--mode is sync or async, for the pipeline benchmark only")

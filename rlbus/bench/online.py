@@ -251,8 +251,8 @@ async def run_arm(
         "baseline_last": baselines[-1] if baselines else None, "wall_s": wall,
         "staleness": dict(sorted(staleness.items())),
         "trainer_version": stack.trainer.version, "serving_version": gateway.rollout.engine.policy_version,
-        "steps": [{k: m.get(k) for k in ("version", "online_samples", "tokens", "reward_mean", "online_baseline", "kl_k3",
-                                         "is_ess", "grad_norm")} for m in stack.worker.steps],
+        "steps": [{k: m.get(k) for k in ("version", "online_samples", "tokens", "reward_mean", "online_baseline",
+                                         "kl_k3", "is_ess", "grad_norm")} for m in stack.worker.steps],
     }
 
 

@@ -9,9 +9,11 @@ kind asks an LM judge with a rubric, and ``both`` publishes both rewards of each
 what the environment or judge says (``verifier`` for exact answers, ``sandbox`` for hidden unit tests,
 ``judge``). Rewards go to
 ``rl.rewards.v1`` keyed by rollout id, with the id ``<rollout>:<source>``, so a redelivered rollout
-scored twice changes nothing downstream. A rollout that cannot be scored (no prompt, unknown
-environment, a judge that keeps failing) goes to the DLQ with the reason; the worker never stops for
-bad input.
+scored twice changes nothing downstream. Served traffic (``rlbus serve``: ``metadata.origin = "served"``,
+no prompt) is skipped and counted, not dead-lettered: its rewards come from its users (the feedback API,
+a session's reward), and without a prompt there is no reference to verify against. A rollout that cannot
+be scored (no prompt, unknown environment, a judge that keeps failing) goes to the DLQ with the reason; the
+worker never stops for bad input.
 
 Never imports torch for verifiers and HTTP judges: scoring is CPU-light and lives beside the sandbox,
 away from the GPUs. Only a judge on a local engine (``[reward.judge] backend = "engine"``) loads torch.
@@ -40,6 +42,7 @@ from rlbus.observe.lag import LagProbe
 from rlbus.observe.logs import record_fields
 from rlbus.observe.metrics import REWARD, observe_processing
 from rlbus.schemas import Reward, Rollout
+from rlbus.state.join import is_served
 
 log = logging.getLogger("rlbus.consumers.reward")
 
@@ -66,6 +69,8 @@ class RewardWorker:
         self._max_batch = max_batch
         self._on_reward = on_reward
         self.scored = 0
+        #: Served rollouts (no prompt: rated by their users) passed over.
+        self.skipped_served = 0
         self.dead_letters = DeadLetters(bus)
         self.lag_probe = LagProbe()
 
@@ -73,7 +78,8 @@ class RewardWorker:
         """What this worker's heartbeat carries (``processed`` = rollouts scored)."""
         return {
             "group": self.group, "topics": [ROLLOUTS.name], "kind": self.kind, "processed": self.scored,
-            "scored": self.scored, "dead_letters": sum(self.dead_letters.counts.values()),
+            "scored": self.scored, "skipped_served": self.skipped_served,
+            "dead_letters": sum(self.dead_letters.counts.values()),
             "lag": self.lag_probe.total, **(self._judge.stats.as_dict() if self._judge is not None else {}),
         }
 
@@ -103,6 +109,11 @@ class RewardWorker:
 
     async def _handle(self, record: Record[Any]) -> None:
         rollout: Rollout = record.value
+        if rollout.prompt is None and is_served(rollout):
+            self.skipped_served += 1
+            log.debug("skipped served rollout %s rollout=%s (rated by its users)", record.where, rollout.rollout_id,
+                      extra=record_fields(record, rollout_id=rollout.rollout_id, worker=self.worker_id))  # fmt: skip
+            return
         t0 = time.perf_counter()
         rewards = await self.score_both(rollout) if self.kind == "both" else [await self.score(rollout)]
         for reward in rewards:

@@ -253,6 +253,7 @@ class OnlineLane:
                                        min_count=config.min_count, init=config.baseline_init)
         self.ready: list[ScoredRollout] = []
         self.last_release = clock()
+        self._last_sweep = -float("inf")
         self.totals = {"samples": 0, "dropped_age": 0, "dropped_stale": 0, "releases": 0}
 
     def key_of(self, rollout: Rollout) -> str:
@@ -272,6 +273,15 @@ class OnlineLane:
 
     def mark_release(self) -> None:
         self.last_release = self.clock()
+
+    def sweep_due(self) -> bool:
+        """Whether to run the served join's age sweep now: it reads every waiting rollout's entry in the
+        index (hours of traffic may wait), so at most every ``max_age_s / 100`` seconds, 1–60 s."""
+        now = self.clock()
+        if now - self._last_sweep < min(60.0, max(1.0, self.config.max_age_s / 100)):
+            return False
+        self._last_sweep = now
+        return True
 
     def count(self, **by: int) -> None:
         for name, n in by.items():
@@ -433,7 +443,7 @@ class TrainerWorker:
                     await consumer.commit_or_defer()
                 if time.monotonic() - last_expire > self._expire_every_s:
                     await self._queue(await self.join.expire())
-                    if self.online is not None:
+                    if self.online is not None and self.online.sweep_due():
                         await self.online.join.expire()
                     last_expire = time.monotonic()
                 if self.online is not None and self.online.due() and not stop.is_set() and not self.finished:

@@ -346,6 +346,9 @@ class VLLMEngine:
             blobs = [(name, _safetensors({"positions": pos, "values": val})) for name, (pos, val) in changes.items()]
             self._rpc("rlbus_scatter", blobs)
             sent, count = sum(len(b) for _, b in blobs), len(blobs)
+        elif os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING") == "0":  # the worker is in this process
+            self._rpc("rlbus_reload_tensors", dict(tensors))
+            sent, count = sum(t.numel() * t.element_size() for t in tensors.values()), len(tensors)
         else:
             blob = _safetensors(dict(tensors))
             self._rpc("rlbus_reload", blob)

@@ -85,7 +85,15 @@ class RlbusWorkerExtension:
         returns how many tensors it held."""
         from safetensors.torch import load
 
-        tensors = load(blob)
+        return self._reload(load(blob))
+
+    def rlbus_reload_tensors(self, tensors: dict[str, torch.Tensor]) -> int:
+        """`rlbus_reload` for a worker in the caller's process (vLLM's in-process engine core): the tensors
+        arrive as objects, so they are copied once (the shadow must not alias the caller's buffers, which
+        weight sync rewrites) instead of serialised and parsed."""
+        return self._reload({name: t.detach().to("cpu").contiguous().clone() for name, t in tensors.items()})
+
+    def _reload(self, tensors: dict[str, torch.Tensor]) -> int:
         self.reload_weights(weights_iterator=iter(list(tensors.items())))
         if any("embed_tokens" in name for name in tensors):
             self._retie()

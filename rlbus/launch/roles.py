@@ -405,7 +405,8 @@ async def serve_main(
                 lambda: parse_model(model, progress=log.info) if model else model_source(config, progress=log.info))
             parts = serve_stack(
                 bus=bus, source=source, tenants=tenants, store=store, worker_id=worker_id, region=region or "",
-                model_name=s.model_name, seed=config.task.seed + 7 + zlib.crc32(worker_id.encode()) % 10_000,
+                model_name=s.model_name or (Path(model).name if model else config.model.name),
+                seed=config.task.seed + 7 + zlib.crc32(worker_id.encode()) % 10_000,
                 max_batch=s.max_batch, batch_window_s=config.rollout.batch_window_s,
                 max_staleness=config.trainer.max_staleness, max_open_sessions=s.max_open_sessions,
                 user_sessions=s.user_sessions, buffer_records=s.buffer_records, default_max_tokens=s.default_max_tokens,
@@ -413,9 +414,7 @@ async def serve_main(
             gateway, sync = parts.gateway, parts.rollout.sync
 
             def info() -> dict[str, Any]:
-                return {"version": gateway.engine.policy_version, "processed": gateway.served,
-                        **(sync.stats() if sync is not None else {}), **(gateway.recorder.stats()
-                                                                        if gateway.recorder else {})}
+                return {**(sync.stats() if sync is not None else {}), **gateway.stats()}
 
             watch = observed(config, state, "serve", worker_id, region, info)
             async with asyncio.TaskGroup() as tasks:

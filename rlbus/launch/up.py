@@ -160,10 +160,11 @@ def vllm_rlbus_command() -> list[str]:
 
 def worker_children(
     config_path: Path | None, rollout_workers: int, env: Mapping[str, str], regions: Sequence[str] = REGIONS,
-    rollout_command: Sequence[str] | None = None,
+    rollout_command: Sequence[str] | None = None, *, serve: bool = False,
 ) -> list[Child]:
-    """The role processes of a run, in start order: trainer, reward, rollout workers, prompts.
-    ``rollout_command`` runs ``rlbus`` for the rollout workers (the vLLM environment's); default the same."""
+    """The role processes of a run, in start order: trainer, reward, rollout workers, [the gateway,] prompts.
+    ``rollout_command`` runs ``rlbus`` for the rollout workers (the vLLM environment's); default the same.
+    The gateway (``serve``) runs the torch engine, in this environment."""
     base = [*rlbus_command(), "worker"]
     rollout_base = [*rollout_command, "worker"] if rollout_command is not None else base
     tail = ["--config", str(config_path)] if config_path is not None else []
@@ -174,6 +175,9 @@ def worker_children(
         name = f"rollout-{i}"
         children.append(Child(name, [*rollout_base, "rollout", *tail, "--region", region, "--worker-id",
                                      f"{name}-{region}"], dict(env)))
+    if serve:
+        children.append(Child("serve", [*base, "serve", *tail, "--region", regions[0], "--worker-id", "serve"],
+                              dict(env)))
     children.append(Child("prompts", [*base, "prompts", *tail, "--worker-id", "prompts"], dict(env)))
     return children
 
@@ -260,12 +264,14 @@ async def up(
     namespace: str | None = None,
     grace_s: float = 30.0,
     console: Console | None = None,
+    serve: bool = False,
 ) -> int:
     """Run the local set until Ctrl-C, ``steps`` trainer steps, or a child's exit; returns the exit status.
 
     The run's namespace is ``namespace``, else the config's, else a fresh ``up-<date>-<time>``: a run of
     its own (topics, groups, Redis keys, run log under ``<run_dir>/<namespace>``), since the Redis this
-    starts is empty while the topics of an earlier run would still hold its data.
+    starts is empty while the topics of an earlier run would still hold its data. ``serve`` adds the
+    OpenAI-compatible gateway (`rlbus serve`); without configured tokens it gets a fresh one, printed.
     """
     if rollout_workers < 1:
         raise ValueError("rollout_workers must be ≥ 1")
@@ -312,8 +318,14 @@ async def up(
                 env[ENV_BLOB_URL] = f"http://127.0.0.1:{port}"
                 env[ENV_BLOB_SECRET] = secret
                 await _wait_http(env[ENV_BLOB_URL])
+            if serve and not (os.environ.get("RLBUS_SERVE_TOKENS") or os.environ.get("RLBUS_SERVE_TOKEN_FILE")
+                              or config.serve.token_file):
+                env["RLBUS_SERVE_TOKENS"] = f"local:{secrets.token_urlsafe(24)}"
+                say(f"gateway on http://{config.serve.host}:{config.serve.port}/v1, tenant 'local', token "
+                    f"{env['RLBUS_SERVE_TOKENS'].split(':', 1)[1]}")
             rollout_command = vllm_rlbus_command() if config.rollout.engine == "vllm" else None
-            for child in worker_children(config_path, rollout_workers, env, rollout_command=rollout_command):
+            for child in worker_children(config_path, rollout_workers, env, rollout_command=rollout_command,
+                                         serve=serve):
                 await supervisor.start(child)
             say(f"{len(supervisor.children)} processes; run log in {run_dir}; Ctrl-C stops them")
             status = await _wait(supervisor, stopping, run_dir, steps, say)

@@ -37,7 +37,7 @@ class Admission:
         """``max_staleness`` None: no staleness bound; ``trainer_version`` the newest version the trainer
         announced (None: not known yet)."""
         self.max_staleness = max_staleness
-        self._trainer_version = trainer_version
+        self.trainer_version = trainer_version
         self.max_open = max_open
         self.retry_after_s = retry_after_s
         self.refused: dict[str, int] = {}
@@ -46,7 +46,7 @@ class Admission:
         """Raise a 429 ApiError when this RL request should wait (see the module docstring)."""
         if opening and open_sessions >= self.max_open:
             self._refuse("too_many_sessions", f"{open_sessions} RL sessions are open (at most {self.max_open})")
-        trainer = self._trainer_version()
+        trainer = self.trainer_version()
         if self.max_staleness is None or trainer is None:
             return
         if trainer - served_version > self.max_staleness:

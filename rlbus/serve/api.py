@@ -154,11 +154,13 @@ def _validation_error(text: str) -> ApiError:
     field = re.search(r"(?:unknown|missing required) field `([^`]*)`", problem)
     if field:
         path = f"{path}.{field.group(1)}" if path else field.group(1)
-    code = "unknown_parameter" if problem.startswith("Object contains unknown field") else "invalid_type"
-    if problem.startswith("Object missing required field"):
+    if problem.startswith("Object contains unknown field"):
+        code = "unknown_parameter"
+    elif problem.startswith("Object missing required field"):
         code = "missing_required_parameter"
-    elif problem.startswith("Expected") and ("<=" in problem or ">=" in problem or "length" in problem
-                                             or " > " in problem or " < " in problem):
+    elif re.match(r"Expected `[^`]*`, got `", problem):
+        code = "invalid_type"
+    else:  # out of range, too short, not one of the allowed values
         code = "invalid_value"
     return bad(f"{path or 'body'}: {problem}", path or None, code)
 

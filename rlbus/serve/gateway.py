@@ -1,6 +1,7 @@
 """The OpenAI-compatible gateway: production traffic served by the rollout fleet's engine, recorded for RL.
 
-Routes (JSON; every route but ``/healthz`` needs ``Authorization: Bearer <tenant token>``, `rlbus.serve.auth`):
+Routes (JSON; every route but ``/healthz`` and ``/metrics`` needs ``Authorization: Bearer <tenant token>``,
+`rlbus.serve.auth`):
 
 =================================  =====================================================================
 ``POST /v1/chat/completions``      OpenAI chat completions: messages, tools / tool_choice, n, temperature,
@@ -11,6 +12,7 @@ Routes (JSON; every route but ``/healthz`` needs ``Authorization: Bearer <tenant
                                    rollout and the reward landed
 ``GET /rl/sessions/{id}``          an open session's turns, tokens, edits, oldest version
 ``GET /healthz``                   version served, recorder and session counters
+``GET /metrics``                   the process's Prometheus metrics (as vLLM serves them on its port)
 =================================  =====================================================================
 
 The engine is the one a rollout worker uses (`rlbus.build.rollout.rollout_stack`: the torch engine behind
@@ -54,10 +56,12 @@ session nor recorded as a rollout are never refused for staleness.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import re
 import time
+from collections import deque
 from collections.abc import Awaitable, Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
@@ -73,11 +77,16 @@ from rlbus.engines.base import Engine, GenerationRequest, GenerationResult
 from rlbus.envs.chat import ChatFormat
 from rlbus.errors import ApiError, BusError
 from rlbus.observe.metrics import (
+    CONTENT_TYPE as METRICS_CONTENT_TYPE,
+)
+from rlbus.observe.metrics import (
     SERVE_HISTORY_EDITS,
     SERVE_LATENCY_SECONDS,
     SERVE_REQUESTS,
     SERVE_TOKENS,
+    exposition,
 )
+from rlbus.observe.stats import percentile
 from rlbus.schemas import Rollout, SamplingInfo, Served, ServedParams, TensorData, Turn
 from rlbus.serve import api
 from rlbus.serve.admission import Admission
@@ -165,14 +174,38 @@ class Gateway:
         self._clock = clock
         self.served = 0
         self.history_edits = 0
+        self.prompt_tokens = 0
+        self.completion_tokens = 0
+        self._latencies: deque[float] = deque(maxlen=1000)
+        #: Seconds each recent non-streamed completion spent in the gateway itself (its whole handling
+        #: minus the engine call): the gateway's own cost, free of the engine's load.
+        self.own_seconds: deque[float] = deque(maxlen=1000)
         self.address: tuple[str, int] | None = None
         self.listening = asyncio.Event()
+
+    def stats(self) -> dict[str, Any]:
+        """What the gateway's heartbeat carries (the dashboard's serving card): traffic over the latest
+        1,000 completions' latencies, tokens, recording, admission refusals, sessions."""
+        latencies = list(self._latencies)
+        recorder = self.recorder.stats() if self.recorder is not None else {}
+        return {
+            "version": self.engine.policy_version, "processed": self.served, "served": self.served,
+            "latency_p50_ms": round(percentile(latencies, 50) * 1000, 1) if latencies else None,
+            "latency_p99_ms": round(percentile(latencies, 99) * 1000, 1) if latencies else None,
+            "own_p50_ms": round(percentile(list(self.own_seconds), 50) * 1000, 2) if self.own_seconds else None,
+            "prompt_tokens": self.prompt_tokens, "completion_tokens": self.completion_tokens,
+            "recorded": recorder.get("recorded"), "buffered": recorder.get("buffered"),
+            "dropped": recorder.get("dropped"), "down": recorder.get("down"),
+            "rejected": sum(self.admission.refused.values()) if self.admission is not None else 0,
+            "sessions_open": len(self.sessions), "history_edits": self.history_edits,
+        }
 
     # -- app -------------------------------------------------------------------------------------------
 
     def app(self) -> web.Application:
         app = web.Application(middlewares=[self._errors], client_max_size=self.max_body_bytes)
         app.router.add_get("/healthz", self._health)
+        app.router.add_get("/metrics", self._metrics)
         app.router.add_get("/v1/models", self._models)
         app.router.add_post("/v1/chat/completions", self._chat_completions)
         app.router.add_post("/rl/sessions/{session_id}/reward", self._session_reward)
@@ -241,6 +274,9 @@ class Gateway:
             "admission_refused": {} if self.admission is None else dict(self.admission.refused),
         })
 
+    async def _metrics(self, request: web.Request) -> web.Response:
+        return web.Response(body=exposition(), headers={"Content-Type": METRICS_CONTENT_TYPE})
+
     async def _models(self, request: web.Request) -> web.Response:
         self.tenants.tenant_of(request.headers.get("Authorization"))
         return _json(200, {"object": "list", "data": [
@@ -255,9 +291,13 @@ class Gateway:
         call = self._prepare(api.parse_request(body, max_n=self.max_n), request, tenant, started)
         if call.request.stream:
             return await self._stream(request, call)
+        engine_started = time.perf_counter()
         results = await self._generate(call.engine_requests)
+        engine_s = time.perf_counter() - engine_started
         body_out = self._finish(call, results)
-        return _json(200, body_out, headers=self._headers(call, results))
+        response = _json(200, body_out, headers=self._headers(call, results))
+        self.own_seconds.append(time.perf_counter() - started - engine_s)
+        return response
 
     async def _session_info(self, request: web.Request) -> web.Response:
         tenant = self.tenants.tenant_of(request.headers.get("Authorization"))
@@ -273,6 +313,9 @@ class Gateway:
     async def _session_reward(self, request: web.Request) -> web.Response:
         tenant = self.tenants.tenant_of(request.headers.get("Authorization"))
         session = self.sessions.owned(request.match_info["session_id"], tenant)
+        if session.closing:
+            raise ApiError(409, f"session {session.session_id!r} is being closed by another request",
+                           param="session_id", code="session_closing")
         try:
             body = json.loads(await request.read() or b"{}")
         except json.JSONDecodeError as exc:
@@ -415,7 +458,11 @@ class Gateway:
         prompt = len(call.context.ids)
         SERVE_TOKENS.labels("prompt").inc(prompt)
         SERVE_TOKENS.labels("completion").inc(completion)
-        SERVE_LATENCY_SECONDS.observe(time.perf_counter() - call.started)
+        latency = time.perf_counter() - call.started
+        SERVE_LATENCY_SECONDS.observe(latency)
+        self._latencies.append(latency)
+        self.prompt_tokens += prompt
+        self.completion_tokens += completion
         self.served += 1
         return {
             "id": call.served_id, "object": "chat.completion", "created": int(self._clock()),
@@ -514,14 +561,17 @@ class Gateway:
                 token_versions=TensorData.from_numpy(np.asarray(seq.versions, dtype=np.int32)),
                 routed_experts=None if routed is None else _routing_full(routed, len(seq.ids)),
                 sampling=_sampling(result), turns=turns, finish_reason=finishes[i], created_at=self._clock(),
-                metadata={"origin": "served", "tenant": call.tenant, "session_id": "",
-                          "request_ids": call.served_id, "task": (call.request.metadata or {}).get("task", "")},
+                metadata={"origin": "served", "tenant": call.tenant, "session_id": "", "request_ids": call.served_id,
+                          **({"task": task} if (task := (call.request.metadata or {}).get("task")) else {})},
             ))
 
     # -- streaming ---------------------------------------------------------------------------------------
 
     async def _stream(self, http: web.Request, call: _Call) -> web.StreamResponse:
-        """Server-sent events: a role chunk, text deltas as tokens are sampled, the finish, ``[DONE]``."""
+        """Server-sent events: a role chunk, text deltas as tokens are sampled, the finish, ``[DONE]``.
+
+        A client that goes away mid-stream does not stop the generation or its recording: the tokens were
+        sampled, so they are recorded (and join the session) like any completion."""
         loop = asyncio.get_running_loop()
         queue: asyncio.Queue[tuple[int, int]] = asyncio.Queue()
 
@@ -536,6 +586,16 @@ class Gateway:
             "Content-Type": "text/event-stream", "Cache-Control": "no-cache", **self._headers(call, None)})
         await response.prepare(http)
         created = int(self._clock())
+        gone = False
+
+        async def send(data: bytes) -> None:
+            nonlocal gone
+            if gone:
+                return
+            try:
+                await response.write(data)
+            except (ConnectionError, RuntimeError):  # the client closed the connection
+                gone = True
 
         def chunk(choices: list[dict[str, Any]], **extra: Any) -> bytes:
             body = {"id": call.served_id, "object": "chat.completion.chunk", "created": created,
@@ -546,8 +606,8 @@ class Gateway:
         version = [str(self.engine.policy_version)]
         n = len(requests)
         for i in range(n):
-            await response.write(chunk([{"index": i, "delta": {"role": "assistant", "content": ""},
-                                         "logprobs": None, "finish_reason": None}]))
+            await send(chunk([{"index": i, "delta": {"role": "assistant", "content": ""},
+                               "logprobs": None, "finish_reason": None}]))
         tokens: list[list[int]] = [[] for _ in range(n)]
         sent = [""] * n
         holds = [*call.engine_requests[0].stop, *(["<tool_call>"] if call.tools else [])]
@@ -564,12 +624,17 @@ class Gateway:
                 visible = _safe_prefix(self.chat.decode(tokens[i]), holds)
                 if len(visible) > len(sent[i]) and visible.startswith(sent[i]):
                     piece, sent[i] = visible[len(sent[i]):], visible
-                    await response.write(chunk([{"index": i, "delta": {"content": piece}, "logprobs": None,
-                                                 "finish_reason": None}]))
+                    await send(chunk([{"index": i, "delta": {"content": piece}, "logprobs": None,
+                                       "finish_reason": None}]))
             results = generation.result()
-        except ApiError as exc:
-            await response.write(b"data: " + msgspec.json.encode(api.error_body(exc)) + b"\n\n")
-            await response.write_eof()
+        except Exception as exc:  # headers are out: the failure becomes the stream's last event
+            log.exception("streamed completion %s failed", call.served_id)
+            error = exc if isinstance(exc, ApiError) else ApiError(
+                500, f"internal error: {type(exc).__name__}", type="server_error", code="internal_error")
+            await send(b"data: " + msgspec.json.encode(api.error_body(error)) + b"\n\n")
+            if not gone:
+                with contextlib.suppress(ConnectionError, RuntimeError):
+                    await response.write_eof()
             return response
         version[0] = _versions(results, "v")
         body = self._finish(call, results)
@@ -580,12 +645,14 @@ class Gateway:
                 delta["content"] = content[len(sent[i]):]
             if "tool_calls" in choice["message"]:
                 delta["tool_calls"] = [{"index": k, **c} for k, c in enumerate(choice["message"]["tool_calls"])]
-            await response.write(chunk([{"index": i, "delta": delta, "logprobs": choice["logprobs"],
-                                         "finish_reason": choice["finish_reason"]}]))
+            await send(chunk([{"index": i, "delta": delta, "logprobs": choice["logprobs"],
+                               "finish_reason": choice["finish_reason"]}]))
         if call.request.stream_options is not None and call.request.stream_options.include_usage:
-            await response.write(chunk([], usage=body["usage"]))
-        await response.write(b"data: [DONE]\n\n")
-        await response.write_eof()
+            await send(chunk([], usage=body["usage"]))
+        await send(b"data: [DONE]\n\n")
+        if not gone:
+            with contextlib.suppress(ConnectionError, RuntimeError):
+                await response.write_eof()
         return response
 
 

@@ -61,6 +61,7 @@ class ServedRecorder:
         self._connect = connect
         self._connected = connect is None
         self._buffer: deque[Any] = deque()
+        self._sending = 0
         self._wake = asyncio.Event()
         self.recorded = 0
         self.dropped = 0
@@ -72,7 +73,8 @@ class ServedRecorder:
 
     @property
     def buffered(self) -> int:
-        return len(self._buffer)
+        """Records not yet acknowledged: waiting, or being sent right now."""
+        return len(self._buffer) + self._sending
 
     def stats(self) -> dict[str, Any]:
         return {"recorded": self.recorded, "buffered": self.buffered, "dropped": self.dropped,
@@ -130,7 +132,14 @@ class ServedRecorder:
             except (BusError, OSError, TimeoutError) as exc:
                 return self._failed(f"connect: {exc or type(exc).__name__}")
         taken = [self._buffer.popleft() for _ in range(min(self._batch, len(self._buffer)))]
-        results = await asyncio.gather(*(self._send(s) for s in taken), return_exceptions=True)
+        self._sending = len(taken)
+        try:
+            results = await asyncio.gather(*(self._send(s) for s in taken), return_exceptions=True)
+        except asyncio.CancelledError:
+            self._buffer.extendleft(reversed(taken))
+            raise
+        finally:
+            self._sending = 0
         failed = [s for s, r in zip(taken, results, strict=True) if isinstance(r, BaseException)]
         sent = len(taken) - len(failed)
         self.recorded += sent
@@ -164,7 +173,7 @@ class ServedRecorder:
 
     def _gauge(self) -> None:
         if self._topic is SERVED:
-            SERVED_BUFFERED.set(len(self._buffer))
+            SERVED_BUFFERED.set(self.buffered)
 
     def _lost(self, n: int) -> None:
         if n > 0:

@@ -3,7 +3,8 @@ questions — through the rollout fleet's engine directly, and through `rlbus se
 ``openai`` client — each answer recorded as one served Rollout, users rate some
 of them through the feedback API, the trainer trains on exactly the rated ones and publishes a version the
 serving engine swaps to, and the unrated ones keep waiting — across a trainer restart — until their thumbs
-arrive."""
+arrive; a multi-turn agent session closed with a reward on the gateway's session route trains exactly the
+tokens the gateway sampled."""
 
 from __future__ import annotations
 
@@ -159,4 +160,59 @@ async def test_gateway_completions_and_late_thumbs_train(wiring: tuple[Bus, Stat
         for a in answers[:4]:
             assert await stack.join.outcome_of(a.completion_id) == [Outcome.TRAINED]
         assert stack.worker.online is not None and await stack.worker.online.join.waiting() == 1
+        stop.set()
+
+
+async def test_an_agent_session_closed_with_a_reward_trains_its_sampled_tokens(
+    wiring: tuple[Bus, StateStore], tmp_path: Path
+) -> None:
+    """A two-turn agent session through the gateway (``X-RL-Session``), closed with a user reward on the
+    session route: one served rollout whose loss tokens are exactly the ids the gateway sampled."""
+    import aiohttp
+    import openai
+
+    bus, state = wiring
+    source = ModelSource.policy(DEMO_SHAPE)
+    stack = trainer(bus, state, tmp_path / "blobs", source)
+    await stack.trainer.publish()
+    gateway = serve_stack(bus=bus, source=source, tenants=Tenants({"acme": TOKEN}),
+                          store=open_store(str(tmp_path / "blobs")), seed=3)
+    stop = asyncio.Event()
+    async with asyncio.TaskGroup() as tasks:
+        tasks.create_task(run_serve(gateway, stop, host="127.0.0.1", port=0))
+        tasks.create_task(stack.worker.run(stop))
+        await gateway.gateway.listening.wait()
+        assert gateway.rollout.sync is not None
+        await gateway.rollout.sync.ready.wait()
+        host, port = gateway.gateway.address or ("", 0)
+        client = openai.AsyncOpenAI(base_url=f"http://{host}:{port}/v1", api_key=TOKEN, max_retries=0)
+        session = f"agent-{uuid.uuid4().hex[:8]}"
+        headers = {"X-RL-Session": session}
+        messages: list[Any] = [{"role": "user", "content": "3+4="}]
+        sampled = 0
+        for follow_up in ("and 2+2=", None):
+            reply = await client.chat.completions.create(
+                model=gateway.gateway.model_name, messages=messages, max_tokens=12, metadata={"task": "agent"},
+                extra_headers=headers)
+            sampled += reply.usage.completion_tokens if reply.usage else 0
+            messages.append({"role": "assistant", "content": reply.choices[0].message.content or ""})
+            if follow_up:
+                messages.append({"role": "user", "content": follow_up})
+        await client.close()
+        async with aiohttp.ClientSession() as http, http.post(
+            f"http://{host}:{port}/rl/sessions/{session}/reward", json={"reward": 1.0},
+            headers={"Authorization": f"Bearer {TOKEN}"},
+        ) as response:
+            assert response.status == 202, await response.text()
+            closed = await response.json()
+        assert closed["rollout_id"] == session and closed["prompt_id"] == "agent"
+        lane = stack.worker.online
+        assert lane is not None
+        await until(lambda: len(lane.ready) == 1, "the session released by its reward")
+        lane.last_release -= 3600  # the release interval passes
+        await until(lambda: len(stack.worker.steps) == 1, "the online step")
+        metrics = stack.worker.steps[-1]
+        assert metrics["online_samples"] == 1 and metrics["tokens"] == closed["sampled_tokens"]
+        assert closed["sampled_tokens"] >= sampled > 0  # the completions' tokens (+ each turn's end token)
+        assert await stack.join.outcome_of(session) == [Outcome.TRAINED]
         stop.set()

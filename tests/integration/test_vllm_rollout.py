@@ -12,6 +12,7 @@ import shutil
 import uuid
 from pathlib import Path
 
+import pytest
 import torch
 
 from rlbus.bus.topics import WEIGHTS, WEIGHTS_LATEST, topic_specs
@@ -22,6 +23,9 @@ from rlbus.weights.publish import WeightPublisher
 from rlbus.weights.store import LocalStore
 from tests.conftest import kafka_bus
 from tests.unit.engines.test_vllm_engine import require_vllm, vllm_llama_dir
+
+#: `make test` runs this under the vLLM environment's python (``-m vllm``).
+pytestmark = pytest.mark.vllm
 
 
 async def test_vllm_worker_follows_deltas_bit_exact_over_kafka(tmp_path: Path) -> None:

@@ -16,7 +16,7 @@ import pytest
 COMPOSE_FILE = Path(__file__).resolve().parents[2] / "docker-compose.yml"
 #: The distributed run's services and the role each runs.
 WORKERS = {"trainer": "trainer", "rollout": "rollout", "rollout-us": "rollout", "reward": "reward",
-           "prompts": "prompts"}
+           "prompts": "prompts", "serve": "serve", "serve-us": "serve"}
 DEFAULT = {"kafka", "topics", "redis", "blobs", *WORKERS}
 CLUSTER = DEFAULT | {"kafka-1", "kafka-2", "kafka-3", "topics-cluster"}
 
@@ -69,3 +69,14 @@ def test_worker_services_run_one_role_each_with_the_mounted_config() -> None:
     assert regions["rollout"] and regions["rollout-us"] and regions["rollout"] != regions["rollout-us"]
     assert "container_name" not in services["rollout"] and "ports" not in services["rollout"]  # --scale works
     assert services["blobs"]["command"][:3] == ["rlbus", "blobs", "serve"]
+
+
+def test_gateways_serve_per_region_and_scale() -> None:
+    import yaml
+
+    services = yaml.safe_load(_compose("config"))["services"]
+    regions = {services[name]["environment"]["RLBUS_REGION"] for name in ("serve", "serve-us")}
+    assert len(regions) == 2
+    for name in ("serve", "serve-us"):
+        assert "8000" in [str(p) for p in services[name]["expose"]] and "ports" not in services[name]
+        assert services[name]["environment"]["RLBUS_SERVE_TOKENS"]  # tokens from the environment, not the command

@@ -425,6 +425,35 @@ const CHARTS = {
     }
     setSub(card, `${rows.length} workers · ` + ((snap.workers || []).length ? "from heartbeats" : "from the rollouts they wrote"));
   },
+
+  serving(card, snap) {
+    const plotDiv = card.querySelector(".plot");
+    plotDiv.replaceChildren();
+    const gateways = (snap.workers || []).filter((w) => w.role === "serve");
+    if (!gateways.length) {
+      htmlEl("div", { class: "empty" }, plotDiv, "no gateway in this run (rlbus serve / rlbus up --serve)");
+      return;
+    }
+    const cols = [["requests", "served"], ["p50 ms", "latency_p50_ms"], ["p99 ms", "latency_p99_ms"],
+      ["tokens out", "completion_tokens"], ["recorded", "recorded"], ["buffered", "buffered"],
+      ["dropped", "dropped"], ["429s", "rejected"], ["sessions", "sessions_open"], ["edits", "history_edits"]];
+    const table = htmlEl("table", { "data-points": String(gateways.length) }, plotDiv);
+    const head = htmlEl("tr", {}, htmlEl("thead", {}, table));
+    for (const h of ["gateway", "version", ...cols.map(([h]) => h)]) htmlEl("th", {}, head, h);
+    const body = htmlEl("tbody", {}, table);
+    for (const g of gateways) {
+      const info = g.info || {};
+      const tr = htmlEl("tr", {}, body);
+      htmlEl("td", {}, tr, g.worker_id + (g.region ? ` (${g.region})` : ""));
+      htmlEl("td", { class: "num" }, tr, g.version === null || g.version === undefined ? "—" : `v${g.version}`);
+      for (const [, key] of cols) {
+        const v = info[key];
+        htmlEl("td", { class: "num" }, tr, v === null || v === undefined ? "—" : fmtNum(v));
+      }
+    }
+    const down = gateways.filter((g) => (g.info || {}).down).length;
+    setSub(card, `${gateways.length} gateways` + (down ? ` · ${down} cannot reach the bus (buffering)` : ""));
+  },
 };
 
 // --- the page ------------------------------------------------------------------------------------------

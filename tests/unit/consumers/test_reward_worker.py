@@ -1,5 +1,6 @@
 """Every built-in task end to end through the reward worker: reference solutions score 1, wrong ones 0,
-a rollout that cannot be scored ends in the DLQ with its reason, and the source offsets are committed."""
+a rollout that cannot be scored ends in the DLQ with its reason, a served one (rated by users) is
+passed over, and the source offsets are committed."""
 
 from __future__ import annotations
 
@@ -58,6 +59,10 @@ async def test_every_task_scores_through_the_worker() -> None:
             await bus.send(ROLLOUTS, rollout)
     poison = msgspec.structs.replace(good["arith"][0], rollout_id="no-prompt", prompt=None)
     await bus.send(ROLLOUTS, poison)
+    # what `rlbus serve` records: no prompt, rated by its users, so passed over (not dead-lettered, no reward)
+    served = msgspec.structs.replace(good["arith"][1], rollout_id="chatcmpl-1", prompt=None,
+                                     metadata={"origin": "served", "tenant": "t"})  # fmt: skip
+    await bus.send(ROLLOUTS, served)
     total = sum(len(r) for r in [*good.values(), *bad.values()])
 
     worker = RewardWorker(bus=bus, concurrency=4)
@@ -67,14 +72,14 @@ async def test_every_task_scores_through_the_worker() -> None:
     for _ in range(100):
         if (await read_dead_letters(bus, ROLLOUTS.name)) and sum(
             v or 0 for v in (await bus.committed(worker.group, ROLLOUTS.name)).values()
-        ) == total + 1:
+        ) == total + 2:
             break
         await asyncio.sleep(0.05)
     stop.set()
     await task
 
     by_id = {r.rollout_id: r for r in rewards}
-    assert len(by_id) == total
+    assert len(by_id) == total and "chatcmpl-1" not in by_id and worker.skipped_served == 1
     for env in TASKS:
         assert all(by_id[r.rollout_id].value == 1.0 for r in good[env]), env
         assert bad[env] and all(by_id[r.rollout_id].value == 0.0 for r in bad[env]), env
@@ -82,4 +87,4 @@ async def test_every_task_scores_through_the_worker() -> None:
         assert all(by_id[r.rollout_id].source == expected for r in good[env])
     letters = await read_dead_letters(bus, ROLLOUTS.name)
     assert [d.error_class for d in letters] == ["MalformedMessage"] and "no prompt" in letters[0].error
-    assert sum(v or 0 for v in (await bus.committed(worker.group, ROLLOUTS.name)).values()) == total + 1
+    assert sum(v or 0 for v in (await bus.committed(worker.group, ROLLOUTS.name)).values()) == total + 2

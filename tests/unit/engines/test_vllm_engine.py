@@ -31,6 +31,9 @@ from rlbus.weights.apply import SparseUpdate, apply_update_
 from rlbus.weights.codec import StagedUpdate
 from rlbus.weights.digest import state_digest
 
+#: `make test` runs these under the vLLM environment's python (``-m vllm``) and the rest under .venv's.
+pytestmark = pytest.mark.vllm
+
 
 def _conforms(engine: VLLMEngine) -> Engine:
     """Never called: mypy checks here that VLLMEngine satisfies the Engine protocol."""
@@ -240,8 +243,9 @@ def test_a_request_in_flight_continues_on_the_new_version(engine: VLLMEngine, ll
     futures = engine.submit([GenerationRequest(prompt_ids=prompt, max_new_tokens=200, temperature=1.0, seed=1)])
     driver = threading.Thread(target=engine.drive, args=(futures,))
     driver.start()
-    while not engine._running:  # the request is in vLLM's batch
-        time.sleep(0.005)
+    deadline = time.monotonic() + 120
+    while not engine._running and not futures[0].done() and time.monotonic() < deadline:
+        time.sleep(0.005)  # until the request is in vLLM's batch (never hangs: a miss fails below)
     before = engine.pushes[-1].version
     engine.load_weights(list(state.items()), version=before + 1)  # waits for a step boundary
     driver.join()

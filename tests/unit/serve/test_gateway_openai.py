@@ -129,7 +129,7 @@ async def test_streaming_matches_the_same_seed_unstreamed(gateway: Running) -> N
     assert events[-1] == "data: [DONE]"
     assert all(e.startswith("data: {") for e in events[:-1])
     records = await served_on(gateway.bus, gateway)
-    assert [r.params.stream for r in records] == [False, True, True]
+    assert sorted(r.params.stream for r in records) == [False, True, True]
 
 
 async def test_n_logprobs_and_top_logprobs(gateway: Running) -> None:
@@ -169,3 +169,18 @@ def _tool(name: str) -> dict[str, Any]:
     return {"type": "function", "function": {"name": name, "description": "look it up",
                                              "parameters": {"type": "object", "properties": {
                                                  "city": {"type": "string"}}}}}
+
+
+async def test_a_client_leaving_mid_stream_is_still_recorded(gateway: Running) -> None:
+    from rlbus.aio import until
+
+    async with aiohttp.ClientSession() as http:
+        body = {"model": "tiny", "messages": HELLO, "max_tokens": 12, "stream": True}
+        async with http.post(f"{gateway.base_url}/chat/completions", json=body,
+                             headers={"Authorization": f"Bearer {KEY}"}) as response:
+            first = await response.content.readline()
+            served_id = response.headers["X-RL-Served-Id"]
+    assert first.startswith(b"data: {")
+    await until(lambda: gateway.stack.gateway.served == 1, "the abandoned stream to finish")
+    [record] = await served_on(gateway.bus, gateway)
+    assert record.served_id == served_id and record.params.stream and record.token_ids.numel >= 1
