@@ -579,7 +579,7 @@ def env_check(
     from rlbus.envs.swe.commands import check
 
     try:
-        results, code = check(tasks, as_json=as_json, log=console.print)
+        results, code = check(tasks, as_json=as_json, log=err.print if as_json else console.print)
     except RlbusError as exc:
         err.print(f"[red]error:[/red] {exc}")
         raise typer.Exit(2) from None

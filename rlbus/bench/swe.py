@@ -178,13 +178,24 @@ async def _plain_pytest(repo: Path, targets: list[str], extra_path: str = "") ->
     await proc.communicate()
 
 
+def _caught_by(verdict: Any) -> str:
+    if verdict.tampered:
+        return "tampering detected"
+    if verdict.dropped:
+        return "dropped by the filter"
+    if "forged" in verdict.reason:
+        return "forged report rejected"
+    if "no test report" in verdict.reason:
+        return "no report (process ended early)"
+    return "expected tests did not pass"
+
+
 async def _cheats(tasks: list[RepoTask]) -> dict[str, Any]:
     rows = []
     for task in tasks:
         for cheat in cheat_patches(task, await template(task)):
             verdict = await grade(task, cheat.patch)
-            how = "tampering detected" if verdict.tampered else ("dropped by the filter" if verdict.dropped else
-                                                                 "tests fail")  # fmt: skip
+            how = _caught_by(verdict)
             rows.append({"task": task.task_id, "cheat": cheat.name, "reward": verdict.value, "caught_by": how,
                          "reason": verdict.reason[:160]})  # fmt: skip
     return {"tried": len(rows), "scored_zero": sum(r["reward"] == 0.0 for r in rows), "rows": rows}
