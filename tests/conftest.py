@@ -17,6 +17,10 @@ from rlbus.bus import Bus, MemoryBus, TopicSpec
 
 pytest_plugins = ["tests.fixtures.redis", "tests.fixtures.hf"]
 
+#: Fixture data, not tests: the swe fixtures' repositories carry their own (hidden) test files, which run only
+#: inside the sandbox, against their task's code.
+collect_ignore = ["fixtures"]
+
 KAFKA_BOOTSTRAP = os.environ.get("RLBUS_KAFKA_BOOTSTRAP", "127.0.0.1:9092")
 
 
