@@ -25,8 +25,9 @@ recorder — batched sends in flight — against one-at-a-time acknowledged send
 the baseline: records/s for both. Kafka at ``bootstrap`` (topics under a fresh namespace); if it is not
 reachable the in-memory bus is used and the JSON says so.
 
-``online_part`` is the hook for the online-learning run (simulated users' thumbs on served answers,
-accuracy over versions): it returns None until that part exists, and its figures go under ``online``.
+The online-learning run (simulated users' thumbs on served answers, held-out accuracy over versions) is
+a benchmark of its own, ``rlbus bench online`` (rlbus/bench/online.py): it trains for minutes, so it does
+not ride along with the latency figures here.
 """
 
 from __future__ import annotations
@@ -73,11 +74,6 @@ class Setup:
 FULL = Setup(model="smollm2-135m-instruct", levels=(1, 8, 32), requests={1: 6, 8: 24, 32: 64}, rounds=3,
              max_tokens=16, records=2000)
 QUICK = Setup(model="tiny", levels=(1, 8, 32), requests={1: 4, 8: 16, 32: 32}, rounds=2, max_tokens=8, records=300)
-
-
-def online_part(*, quick: bool) -> dict[str, Any] | None:
-    """The online-learning run's figures (filled in by the online-learning work); None: not measured."""
-    return None
 
 
 class _GatewayThread:
@@ -307,9 +303,6 @@ def run(quick: bool = False, json_path: Path | None = None, bootstrap: str = "12
         "meta": {**meta(), "model": setup.model, "max_tokens": setup.max_tokens, "rounds": setup.rounds, "quick": quick,
                  "bootstrap": bootstrap if kafka else None},
     }
-    online = online_part(quick=quick)
-    if online is not None:
-        result["online"] = online
     rows = [[f"c={c} {path}", f["requests"], f["requests_per_s"], f["p50_ms"], f["p99_ms"],
              f"{levels[c]['overhead_p50']:+.1%}" if path == "gateway" else "",
              f"{levels[c]['own_p50_ms']:.1f} ({levels[c]['own_share_p50']:.1%})" if path == "gateway" else ""]
