@@ -86,8 +86,18 @@ async def test_nan_rewards_are_refused_by_the_join() -> None:
 
 
 class NanJudge:
+    """A broken judge backend that scores NaN (what the reward worker calls of a judge: score, stats, close)."""
+
+    def __init__(self) -> None:
+        from rlbus.envs.judge import JudgeStats
+
+        self.stats = JudgeStats()
+
     async def score(self, episode: Any, prompt: Any) -> Reward:
         return Reward(reward_id="r", rollout_id=episode.episode_id, prompt_id="p", source="judge", value=math.nan)
+
+    async def close(self) -> None:
+        pass
 
 
 async def test_the_reward_worker_never_publishes_a_nan() -> None:
