@@ -260,13 +260,15 @@ class ChatFormat:
                 add(self.message_ids(role, content), False)
                 continue
             add(self.header("assistant"), False)
-            add([*self.encode(content + _calls_text(message.get("tool_calls"), content)), self.turn_end], True)
+            add([*self.encode(content + calls_text(message.get("tool_calls"), content)), self.turn_end], True)
             add(self.closing("assistant"), False)
         return ids, mask
 
 
-def _calls_text(calls: Any, content: str) -> str:
-    """An assistant message's OpenAI ``tool_calls`` as the ``<tool_call>`` blocks the model writes."""
+def calls_text(calls: Any, content: str) -> str:
+    """An assistant message's OpenAI ``tool_calls`` as the ``<tool_call>`` blocks the model writes (as the
+    template renders them). Arguments that are not a JSON object (a client's broken string) are kept as
+    ``{"input": …}`` rather than refused: the text is history, not a call to run."""
     if not calls:
         return ""
     from rlbus.envs.tool_calls import format_native_call
@@ -275,9 +277,13 @@ def _calls_text(calls: Any, content: str) -> str:
     for call in calls:
         function = call.get("function", call)
         arguments = function.get("arguments", {})
-        blocks.append(
-            format_native_call(function["name"], json.loads(arguments) if isinstance(arguments, str) else arguments)
-        )
+        try:
+            arguments = json.loads(arguments) if isinstance(arguments, str) else arguments
+        except json.JSONDecodeError:
+            pass
+        if not isinstance(arguments, dict):
+            arguments = {"input": arguments}
+        blocks.append(format_native_call(str(function.get("name", "")), arguments))
     return ("\n" if content else "") + "\n".join(blocks)
 
 

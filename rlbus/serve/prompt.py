@@ -18,15 +18,13 @@ counters. Outside a session there are no recorded turns and history is rendered 
 from __future__ import annotations
 
 import hashlib
-import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
-from rlbus.envs.chat import ChatFormat, Message, ToolSchema
-from rlbus.envs.tool_calls import format_native_call
+from rlbus.envs.chat import ChatFormat, Message, ToolSchema, calls_text
 from rlbus.schemas import Turn
 from rlbus.serve.api import turn_key
 
@@ -130,24 +128,9 @@ def render(
                 f"messages[{i + offset}]: " + ("not a reply this session returned" if turn is None
                                            else "the conversation before it changed since it was sampled")
             )
-        text = content + _calls_text(message.get("tool_calls"), content)
+        text = content + calls_text(message.get("tool_calls"), content)
         out.add([*chat.header("assistant"), *chat.encode(text), chat.turn_end, *chat.closing("assistant")])
         out.turn("assistant", content, start)
     return out
 
 
-def _calls_text(calls: Any, content: str) -> str:
-    """OpenAI ``tool_calls`` as the ``<tool_call>`` blocks the model writes (as the template renders them)."""
-    if not calls:
-        return ""
-    blocks = []
-    for call in calls:
-        function = call.get("function", call)
-        arguments = function.get("arguments", {})
-        try:
-            arguments = json.loads(arguments) if isinstance(arguments, str) else arguments
-        except json.JSONDecodeError:
-            arguments = {"input": arguments}
-        blocks.append(format_native_call(str(function.get("name", "")), arguments if isinstance(arguments, dict)
-                                         else {"input": arguments}))
-    return ("\n" if content else "") + "\n".join(blocks)
