@@ -131,7 +131,10 @@ class SweEnv(Task[SweConfig]):
         prompts = []
         for i in range(n):
             task = tasks[rng.choice(ids)]
-            config = msgspec.structs.replace(self.config, task=task.task_id, max_turns=task.limits.max_turns)
+            # Both turn budgets are upper bounds (the operator's harness config, the task's [limits]): the
+            # episode gets the smaller, so a run configured for short episodes is never lengthened by a task.
+            turns = min(self.config.max_turns, task.limits.max_turns)
+            config = msgspec.structs.replace(self.config, task=task.task_id, max_turns=turns)
             prompts.append(Prompt(
                 prompt_id=f"swe-{seed}-{i}", env="swe", text=prompt_text(task), env_config=config_data(config),
                 metadata={"task": task.task_id},

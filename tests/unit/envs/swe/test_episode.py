@@ -179,3 +179,14 @@ async def test_edits_through_planted_symlinks_are_refused(corpus_tasks: dict[str
             with pytest.raises(ToolError):
                 await tools[tool].run(json.dumps(args))
         assert sorted(p.name for p in outside.iterdir()) == ["f.py"] and (outside / "f.py").read_text() == "x\n"
+
+
+def test_turn_budget_is_the_smaller_of_the_harness_and_the_task() -> None:
+    # calc-add's task.toml says max_turns = 8; the harness config may only lower it, never raise it
+    def turns(**config: object) -> int:
+        [prompt] = [p for p in _env(**config).generate(0, 12) if p.env_config["task"] == "calc-add"][:1]
+        return int(prompt.env_config["max_turns"])
+
+    assert turns(max_turns=5) == 5
+    assert turns(max_turns=30) == 8
+    assert _env(max_turns=3).limits().max_turns == 3
