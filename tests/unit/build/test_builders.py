@@ -12,6 +12,7 @@ import torch
 
 from rlbus.aio import wait_event
 from rlbus.build.infra import open_bus, open_state, open_store
+from rlbus.build.model import ModelSource
 from rlbus.build.producer import prompt_producer
 from rlbus.build.rollout import rollout_stack
 from rlbus.build.trainer import trainer_stack
@@ -46,7 +47,7 @@ async def test_a_rollout_stack_follows_the_trainers_versions(tmp_path: Path) -> 
     trainer = trainer_stack(bus=bus, state=MemoryStateStore(), store=store, model=Policy(SHAPE), lr=1e-3,
                             grpo=GRPOConfig(), groups_per_step=2)
     rollout = rollout_stack(
-        bus=bus, store=store, shape=SHAPE, worker_id="rollout-0", seed=1,
+        bus=bus, store=store, model=ModelSource.policy(SHAPE), worker_id="rollout-0", seed=1,
         on_swap=lambda version, weights: swaps.append((version, str(next(weights.parameters()).dtype))),
     )
     assert rollout.sync is not None and not rollout.sync.ready.is_set()
@@ -63,7 +64,7 @@ async def test_a_rollout_stack_follows_the_trainers_versions(tmp_path: Path) -> 
 
 def test_a_rollout_stack_without_a_store_serves_the_weights_it_is_given() -> None:
     master = Policy(SHAPE)
-    rollout = rollout_stack(bus=MemoryBus(), store=None, shape=SHAPE, worker_id="w", seed=0,
+    rollout = rollout_stack(bus=MemoryBus(), store=None, model=ModelSource.policy(SHAPE), worker_id="w", seed=0,
                             initial=master.state_dict())
     assert rollout.sync is None
     served = live_state(rollout.weights)
@@ -105,6 +106,17 @@ def test_the_entry_points_wire_through_the_builders(module: str) -> None:
     tree = ast.parse((ROOT / module).read_text())
     by_hand = sorted({node.func.id for node in ast.walk(tree)
                       if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in BUILT})
-    # evaluate() in the demo builds a throwaway greedy engine over a copy of the trained model: not a role
-    allowed = {"rlbus/demo.py": ["TorchEngine"]}.get(module, [])
-    assert by_hand == allowed, f"{module} constructs {by_hand} itself: use rlbus.build"
+    assert by_hand == [], f"{module} constructs {by_hand} itself: use rlbus.build"
+
+
+def test_a_rollout_stack_takes_the_run_configs_prefix_cache(tmp_path: Path) -> None:
+    from rlbus.launch.build import rollout_args
+    from rlbus.launch.config import load_config
+
+    path = tmp_path / "run.toml"
+    path.write_text("[rollout]\nprefix_cache_tokens = 4096\n")
+    rollout = rollout_stack(bus=MemoryBus(), store=None, model=ModelSource.policy(SHAPE), worker_id="w", seed=0,
+                            **rollout_args(load_config(path, {})))
+    assert rollout.engine.prefix_cache is not None and rollout.engine.prefix_cache.max_tokens == 4096
+    assert rollout_stack(bus=MemoryBus(), store=None, model=ModelSource.policy(SHAPE), worker_id="w",
+                         seed=0).engine.prefix_cache is None  # off unless configured
