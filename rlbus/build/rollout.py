@@ -65,13 +65,15 @@ def rollout_stack(
     on_rollout: Callable[[Rollout], None] | None = None,
     engine: str = "torch",
     vllm_kwargs: Mapping[str, Any] | None = None,
+    prefix_cache_tokens: int = 0,
 ) -> RolloutStack:
     """A rollout worker over a bf16 copy of ``model``, sampling with ``seed``.
 
     With a ``store`` the worker follows the trainer's versions through a `WeightSync` (double-buffered:
     the swap re-points parameters); without one it serves ``initial`` (fp32 or bf16 weights, cast) as
     version 0. ``on_swap(version, weights)`` runs inside each swap, after the engine's version is set.
-    ``engine`` is ``torch`` or ``vllm`` (``vllm_kwargs`` go to `VLLMEngine`).
+    ``engine`` is ``torch`` or ``vllm`` (``vllm_kwargs`` go to `VLLMEngine`); ``prefix_cache_tokens`` is
+    the torch engine's prefix cache (vLLM keeps its own).
     """
     if engine == "vllm":
         return _vllm_stack(
@@ -97,7 +99,7 @@ def rollout_stack(
         weights.load_state_dict({name: t.to(torch.bfloat16) for name, t in initial.items()})
     chat = model.chat
     torch_engine = TorchEngine(weights, tokenizer=chat, seed=seed, pad_id=model.pad_id, policy_version=0,
-                               max_batch=max_batch)
+                               max_batch=max_batch, prefix_cache_tokens=prefix_cache_tokens)
 
     def swapped(version: int) -> None:  # inside the swap: the engine now serves ``version``
         torch_engine.policy_version = version

@@ -9,6 +9,9 @@ count S (the cache offset). The three operations below preserve that layout:
   finished rows and, with them, leading slots that no remaining row uses (compaction).
 * `merge(a, b)` — the rows of ``a`` then the rows of ``b``; the shorter side is left padded with zero
   slots so both end at the same offset max(S_a, S_b). The engine masks those slots in its key mask.
+* `row_slots(cache, row, slots)` / `restore(empty, kept, n)` — copy one row's real slots out of a batch
+  (the engine's prefix cache keeps a finished row's keys/values) and start a one-row cache from the first
+  ``n`` of them.
 
 ``capacity`` is the slot count a preallocated cache must hold afterwards (filled slots + decode steps to
 come); caches that grow on demand ignore it. Dispatch is on the cache type, so the model files stay
@@ -72,6 +75,29 @@ def merge(a: Any, b: Any, *, capacity: int) -> Any:
         x.keys = torch.cat([_left_pad(x.keys, S), _left_pad(y.keys, S)])  # [B_a + B_b, H, S, D]
         x.values = torch.cat([_left_pad(x.values, S), _left_pad(y.values, S)])  # [B_a + B_b, H, S, D]
     return a
+
+
+def row_slots(cache: Any, row: int, slots: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """Row ``row``'s keys/values at ``slots`` ([S] bool, the row's key mask): per layer ([1, H, n, D] × 2),
+    copies that outlive the batch's cache."""
+    if isinstance(cache, KVCache):
+        return [(k[row : row + 1, :, : cache.pos][:, :, slots], v[row : row + 1, :, : cache.pos][:, :, slots])
+                for k, v in zip(cache.k, cache.v, strict=True)]  # fmt: skip
+    return [(layer.keys[row : row + 1, :, slots], layer.values[row : row + 1, :, slots])
+            for layer in _dynamic_layers(cache)]  # fmt: skip
+
+
+def restore(empty: Any, kept: list[tuple[torch.Tensor, torch.Tensor]], n: int, *, capacity: int) -> Any:
+    """The one-row cache ``empty`` (fresh from the model's ``new_cache``) holding the first ``n`` slots of
+    ``kept`` (from `row_slots`)."""
+    if isinstance(empty, KVCache):
+        k = [_place(key[:, :, :n], capacity, n) for key, _ in kept]
+        v = [_place(value[:, :, :n], capacity, n) for _, value in kept]
+        return KVCache(k=k, v=v, pos=n)
+    _dynamic_layers(empty)  # refuses caches whose layers cannot be restored this way
+    for i, (key, value) in enumerate(kept):
+        empty.update(key[:, :, :n], value[:, :, :n], i)
+    return empty
 
 
 def _place(slots: torch.Tensor, capacity: int, end: int) -> torch.Tensor:

@@ -21,7 +21,13 @@ Continuous batching. At most ``max_batch`` rows are in flight; the rest wait in 
    left padded with masked zero slots so both end at the same offset (`rlbus.engines.kv`).
 
 A row's tokens, log-probs and experts therefore depend only on its own prompt, sampling parameters, seed
-and the weights: greedy results equal running the request alone. ``continuous=False`` keeps the same
+and the weights: greedy results equal running the request alone.
+
+Prefix cache (``prefix_cache_tokens`` > 0, `rlbus.engines.prefix`). A finished row's keys/values are kept;
+a newcomer whose prompt extends a kept row under the same policy version starts from those slots and
+prefills only the rest (its own one-row forward, then merged like any newcomer). An agent's next turn
+then costs its new tokens, not its whole context. ``GenerationResult.extra["cached_prompt_tokens"]``
+says how much of each prompt was reused; `prefix_stats` counts hits and tokens. ``continuous=False`` keeps the same
 machinery but admits a new wave only when the batch is empty (static batching, the baseline).
 
 Driving. There is no engine thread: every thread waiting in `generate` (or `drive`) may run steps. One
@@ -53,6 +59,7 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
 import torch
 
 from rlbus.engines import kv
@@ -64,6 +71,7 @@ from rlbus.engines.base import (
     SwapPoint,
     TokenDecoder,
 )
+from rlbus.engines.prefix import Prefix, PrefixCache
 from rlbus.engines.sampling import processed_logprobs, sample
 from rlbus.models.base import CausalLM
 
@@ -84,6 +92,7 @@ class _Row:
     top: list[list[tuple[int, float]]] = field(default_factory=list)  # per step: (id, log π') most likely first
     finish: FinishReason | None = None
     text: str = ""
+    cached: int = 0  # prompt tokens whose keys/values came from the prefix cache
 
     @property
     def remaining(self) -> int:
@@ -117,12 +126,17 @@ class TorchEngine:
         swap_point: SwapPoint | None = None,
         max_batch: int = 32,
         continuous: bool = True,
+        prefix_cache_tokens: int = 0,
     ) -> None:
         """``pad_id`` is fed at padding slots (any valid id: those slots are masked);
         ``between_steps`` runs between decode steps, before pending swaps; ``max_batch`` bounds the rows
-        in flight; ``continuous=False`` refills only once the whole batch is done (static batching)."""
+        in flight; ``continuous=False`` refills only once the whole batch is done (static batching);
+        ``prefix_cache_tokens`` > 0 keeps finished rows' keys/values, that many tokens in all, for prompts
+        that extend them (0: off)."""
         if max_batch < 1:
             raise ValueError("max_batch must be >= 1")
+        if prefix_cache_tokens < 0:
+            raise ValueError("prefix_cache_tokens must be >= 0")
         self.model = model
         self.tokenizer = tokenizer
         self.pad_id = pad_id
@@ -137,6 +151,16 @@ class TorchEngine:
         self._driving = False  # guarded by _cond
         self._batch: _Batch | None = None  # touched only by the driving thread
         self._admitting: list[_Row] = []  # rows being prefilled (failed with the batch on an error)
+        self.prefix_cache = PrefixCache(prefix_cache_tokens) if prefix_cache_tokens else None
+
+    @property
+    def prefix_stats(self) -> dict[str, int]:
+        """The prefix cache's counters (all 0 when it is off) plus the tokens and entries it holds now."""
+        if self.prefix_cache is None:
+            return {"lookups": 0, "hits": 0, "reused_tokens": 0, "prefilled_tokens": 0, "evicted": 0, "stale": 0,
+                    "tokens": 0, "entries": 0}  # fmt: skip
+        return {**self.prefix_cache.stats.as_dict(), "tokens": self.prefix_cache.tokens,
+                "entries": len(self.prefix_cache)}  # fmt: skip
 
     def state_dict(self) -> dict[str, torch.Tensor]:
         """The model's live tensors: in-place writes (at a step boundary) change generation."""
@@ -232,10 +256,22 @@ class TorchEngine:
         if not newcomers:
             return
         self._admitting = newcomers
-        fresh = self._retire(self._prefill(newcomers))
+        batches, misses = [], []
+        for row in newcomers:
+            hit = None
+            if self.prefix_cache is not None:
+                hit = self.prefix_cache.match(np.asarray(row.request.prompt_ids, dtype=np.int64), self.policy_version)
+            if hit is None:
+                misses.append(row)
+            else:
+                batches.append(self._prefill_cached(row, *hit))
+        if misses:
+            batches.insert(0, self._prefill(misses))
+        for batch in batches:
+            fresh = self._retire(batch)
+            if fresh is not None:
+                self._batch = fresh if self._batch is None else self._merge(self._batch, fresh)
         self._admitting = []
-        if fresh is not None:
-            self._batch = fresh if self._batch is None else self._merge(self._batch, fresh)
 
     def _prefill(self, rows: list[_Row]) -> _Batch:
         """The newcomers' prompts as one left-padded [B, P] forward; samples each row's first token."""
@@ -257,8 +293,32 @@ class TorchEngine:
         if out.routed_experts is not None:  # [L, B, P, k]
             for i, row in enumerate(rows):
                 row.experts.append(out.routed_experts[:, i, P - lengths[i] :])  # [L, lengths[i], k]
+        if self.prefix_cache is not None:
+            self.prefix_cache.stats.prefilled_tokens += sum(lengths)
         last = self._sample(rows, out.logits[:, -1], version)  # [B]
         return _Batch(rows=rows, cache=out.cache, key_mask=valid, next_pos=positions[:, -1] + 1, last=last)
+
+    def _prefill_cached(self, row: _Row, prefix: Prefix, n: int) -> _Batch:
+        """One newcomer started from the first ``n`` slots of a kept row: only prompt[n:] is fed."""
+        device = self.model.device
+        row.admitted, row.cached = time.perf_counter(), n
+        prompt = row.request.prompt_ids
+        suffix = torch.tensor(prompt[n:], dtype=torch.long, device=device)[None]  # [1, s]
+        total = len(prompt)
+        positions = torch.arange(n, total, device=device)[None]  # [1, s]: the row's own positions
+        key_mask = torch.ones(1, total, dtype=torch.bool, device=device)  # [1, n + s]
+        version = self.policy_version
+        capacity = total + row.remaining
+        cache = kv.restore(self.model.new_cache(1, capacity), prefix.slots, n, capacity=capacity)
+        out = self.model.forward(suffix, positions=positions, key_mask=key_mask, cache=cache, logits_to_keep=1)
+        if out.routed_experts is not None:  # [L, 1, s, k]
+            if prefix.experts is None:
+                raise RuntimeError("a prefix-cache entry of a MoE model has no routed experts")
+            row.experts += [prefix.experts[:, :n], out.routed_experts[:, 0]]  # [L, n, k], [L, s, k]
+        assert self.prefix_cache is not None
+        self.prefix_cache.stats.prefilled_tokens += total - n
+        last = self._sample([row], out.logits[:, -1], version)  # [1]
+        return _Batch(rows=[row], cache=out.cache, key_mask=key_mask, next_pos=positions[:, -1] + 1, last=last)
 
     def _decode(self, batch: _Batch) -> _Batch:
         """Feed every row its newest token: one slot more for all rows, one token sampled per row."""
@@ -297,8 +357,10 @@ class TorchEngine:
     def _retire(self, batch: _Batch) -> _Batch | None:
         """Deliver finished rows and drop them, with the leading slots no remaining row uses."""
         keep = [i for i, row in enumerate(batch.rows) if row.finish is None]
-        for row in batch.rows:
+        for i, row in enumerate(batch.rows):
             if row.finish is not None:
+                if self.prefix_cache is not None:
+                    self._keep_prefix(batch, i, row)
                 row.future.set_result(self._result(row))
         if len(keep) == len(batch.rows):
             return batch
@@ -312,6 +374,21 @@ class TorchEngine:
         capacity = key_mask.shape[1] + max(row.remaining for row in rows)
         cache = kv.select(batch.cache, idx, start, capacity=capacity)
         return _Batch(rows=rows, cache=cache, key_mask=key_mask, next_pos=batch.next_pos[idx], last=batch.last[idx])
+
+    def _keep_prefix(self, batch: _Batch, i: int, row: _Row) -> None:
+        """Hand a finished row's fed tokens (prompt + all sampled but the last) and their slots to the cache;
+        a row whose forwards spanned a weight swap holds mixed keys/values and is not kept."""
+        assert self.prefix_cache is not None
+        if len(set(row.versions)) != 1:
+            return
+        ids = np.asarray((*row.request.prompt_ids, *row.tokens[:-1]), dtype=np.int64)
+        slots = batch.key_mask[i]  # [S] the row's real slots
+        if int(slots.sum()) != len(ids):
+            held = int(slots.sum())
+            raise RuntimeError(f"row {row.request.request_id!r}: {held} cache slots for {len(ids)} fed tokens")
+        experts = torch.cat(row.experts, dim=1) if row.experts else None  # [L, len(ids), k]
+        self.prefix_cache.add(Prefix(ids=ids, slots=kv.row_slots(batch.cache, i, slots), version=row.versions[0],
+                                     experts=experts))  # fmt: skip
 
     def _merge(self, a: _Batch, b: _Batch) -> _Batch:
         """Rows of ``a`` then ``b``; the shorter side is left padded so both end at one offset."""
@@ -380,6 +457,7 @@ class TorchEngine:
             "engine": "torch",
             "wait_seconds": row.admitted - row.submitted,
             "run_seconds": time.perf_counter() - row.admitted,
+            "cached_prompt_tokens": row.cached,
         }
         if req.top_logprobs:
             extra["top_logprobs"] = row.top

@@ -90,7 +90,7 @@ def rollout_args(config: RunConfig) -> dict[str, Any]:
     """`rlbus.build.rollout.rollout_stack`'s sampling and batching arguments."""
     r = config.rollout
     return {"temperature": r.temperature, "prompts_in_flight": r.prompts_in_flight, "max_batch": r.max_batch,
-            "batch_window_s": r.batch_window_s, "engine": r.engine}
+            "batch_window_s": r.batch_window_s, "engine": r.engine, "prefix_cache_tokens": r.prefix_cache_tokens}
 
 
 def trainer_args(config: RunConfig) -> dict[str, Any]:

@@ -298,11 +298,18 @@ class RolloutSection(msgspec.Struct, **_STRUCT):
     #: Inference engine: ``torch`` (in-process, the project's environment) or ``vllm`` (vLLM in its own
     #: environment, ``make vllm-env``: `rlbus up` starts these workers with its python; needs an HF model).
     engine: Literal["torch", "vllm"] = "torch"
+    #: torch engine: tokens of finished rows' keys/values kept for prompts that extend them
+    #: (`rlbus.engines.prefix`): a multi-turn episode's next turn prefills only what it added. 0 = off;
+    #: SmolLM2 in bf16 holds 23 KB a token (30 layers × K, V × 3 heads × 64), so 65536 tokens take 1.5 GB.
+    #: vLLM caches prefixes itself.
+    prefix_cache_tokens: int = 0
 
     def __post_init__(self) -> None:
         for name in ("temperature", "prompts_in_flight", "max_batch", "episode_threads", "torch_threads"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"{name} must be > 0")
+        if self.prefix_cache_tokens < 0:
+            raise ValueError("prefix_cache_tokens must be >= 0")
 
 
 class JudgeSection(msgspec.Struct, **_STRUCT):

@@ -78,6 +78,7 @@ def test_only_connection_tables_is_enough(tmp_path: Path) -> None:
         ("[trainer]\ngroups_per_stepp = 4\n", "trainer.groups_per_stepp"),
         ("[trainer]\nreward_sources = []\n", "trainer.reward_sources"),
         ("[rollout]\ntemperature = 0.0\n", "rollout.temperature"),
+        ("[rollout]\nprefix_cache_tokens = -1\n", "rollout.prefix_cache_tokens"),
         ("[task]\ngroup_size = 1\n", "task.group_size"),
         ("[bus]\nbootstrap = 'nohost'\n", "bus.bootstrap"),
         ("[bus]\nkind = 'memory'\n", "bus.kind"),
