@@ -11,7 +11,7 @@ from typing import Any
 
 from rlbus.envs.swe.check import CheckResult, check_tasks
 from rlbus.envs.swe.task import load_tasks
-from rlbus.envs.swe.trajectories import write_trajectories
+from rlbus.envs.swe.trajectories import ObservationCut, write_trajectories
 
 
 def check(paths: list[Path], *, as_json: bool, log: Callable[[str], None]) -> tuple[list[CheckResult], int]:
@@ -31,9 +31,13 @@ def check(paths: list[Path], *, as_json: bool, log: Callable[[str], None]) -> tu
     return results, 0 if all(r.ok for r in results) else 1
 
 
-def trajectories(paths: list[Path], out: Path, *, log: Callable[[str], None]) -> dict[str, Any]:
+def trajectories(
+    paths: list[Path], out: Path, *, log: Callable[[str], None], cut: ObservationCut | None = None
+) -> dict[str, Any]:
     tasks = load_tasks(paths)
     log(f"replaying {len(tasks)} reference solution(s) through the tools → {out}")
+    if cut is not None:
+        log(f"tool outputs cut to {cut.max_tokens} tokens, as the agent loop cuts them")
     failed: list[str] = []
 
     def progress(task_id: str, reward: float, reason: str) -> None:
@@ -42,5 +46,5 @@ def trajectories(paths: list[Path], out: Path, *, log: Callable[[str], None]) ->
             failed.append(task_id)
 
     with out.open("w") as f:
-        written = asyncio.run(write_trajectories(tasks, f, progress))
+        written = asyncio.run(write_trajectories(tasks, f, progress, cut=cut))
     return {"written": written, "failed": failed}

@@ -13,8 +13,10 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
+from rlbus.envs.chat import ChatFormat
 from rlbus.envs.swe.env import SYSTEM, prompt_text
 from rlbus.envs.swe.expert import expert_calls
 from rlbus.envs.swe.grade import grade
@@ -26,8 +28,20 @@ from rlbus.envs.tool_calls import tool_schema
 from rlbus.errors import ToolError
 
 
-async def replay(task: RepoTask) -> tuple[dict[str, Any], float, str]:
-    """(row, reward of the replayed diff, grading reason)."""
+@dataclass(frozen=True)
+class ObservationCut:
+    """The agent loop's observation limit: the first ``max_tokens`` tokens in ``chat``'s tokenizer."""
+
+    chat: ChatFormat
+    max_tokens: int
+
+    def __call__(self, text: str) -> str:
+        ids = self.chat.encode(text)
+        return text if len(ids) <= self.max_tokens else self.chat.tokenizer.decode(ids[: self.max_tokens])
+
+
+async def replay(task: RepoTask, cut: ObservationCut | None = None) -> tuple[dict[str, Any], float, str]:
+    """(row, reward of the replayed diff, grading reason); tool outputs pass through ``cut`` if given."""
     async with open_world(task) as world:
         tools = repo_tools(world)
         calls = expert_calls(task, world.base)
@@ -45,7 +59,8 @@ async def replay(task: RepoTask) -> tuple[dict[str, Any], float, str]:
             except ToolError as exc:
                 output = f"error: {exc}"
             if name != "submit":
-                messages.append({"role": "tool", "tool_call_id": call_id, "content": output})
+                content = output if cut is None else cut(output)
+                messages.append({"role": "tool", "tool_call_id": call_id, "content": content})
         patch = tree_diff(world.base, world.repo).patch
     verdict = await grade(task, patch)
     schemas = [tool_schema(t.name, t.description, t.parameters) for t in tools.values()]
@@ -57,12 +72,17 @@ async def replay(task: RepoTask) -> tuple[dict[str, Any], float, str]:
 
 
 async def write_trajectories(
-    tasks: list[RepoTask], out: Any, on_task: Callable[[str, float, str], None] | None = None
+    tasks: list[RepoTask],
+    out: Any,
+    on_task: Callable[[str, float, str], None] | None = None,
+    *,
+    cut: ObservationCut | None = None,
 ) -> int:
-    """Replay every task, write the rows that score 1 to the open text file ``out``; returns rows written."""
+    """Replay every task, write the rows that score 1 to the open text file ``out``; returns rows written.
+    The grade is of the full replay (the cut changes only what the row shows the model)."""
     written = 0
     for task in tasks:
-        row, reward, reason = await replay(task)
+        row, reward, reason = await replay(task, cut)
         if on_task is not None:
             on_task(task.task_id, reward, reason)
         if reward == 1.0:

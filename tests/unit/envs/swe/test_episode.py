@@ -21,7 +21,7 @@ from rlbus.envs.episode import episode_to_rollout
 from rlbus.envs.scripted import ScriptedEngine
 from rlbus.envs.swe.task import Limits, RepoTask
 from rlbus.envs.swe.tools import repo_tools
-from rlbus.envs.swe.trajectories import write_trajectories
+from rlbus.envs.swe.trajectories import ObservationCut, write_trajectories
 from rlbus.envs.swe.world import open_world
 from rlbus.errors import ToolError
 from rlbus.models.tokenizer import ByteTokenizer
@@ -143,6 +143,30 @@ async def test_expert_trajectories_are_sft_rows(corpus_tasks: dict[str, RepoTask
     text = chat.tokenizer.decode([i for i, t in zip(ids, trained, strict=True) if t])
     assert '"name": "str_replace"' in text and "return a + b" in text  # the calls are trained
     assert "def mul" not in text  # tool output (the file view) is context, not trained
+
+
+async def test_trajectories_cut_observations_as_the_agent_loop_does(corpus_tasks: dict[str, RepoTask]) -> None:
+    whole, cut_out = io.StringIO(), io.StringIO()
+    await write_trajectories([corpus_tasks["calc-add"]], whole)
+    cut = ObservationCut(CHAT, 12)
+    assert await write_trajectories([corpus_tasks["calc-add"]], cut_out, cut=cut) == 1  # graded on the full replay
+    rows = [json.loads(f.getvalue()) for f in (whole, cut_out)]
+    tool_outputs = [[m["content"] for m in r["messages"] if m["role"] == "tool"] for r in rows]
+    assert any(len(CHAT.encode(t)) > 12 for t in tool_outputs[0])
+    # each output is the agent loop's cut: the first 12 tokens, decoded (the byte tokenizer: 12 bytes)
+    assert tool_outputs[1] == [CHAT.tokenizer.decode(CHAT.encode(t)[:12]) for t in tool_outputs[0]]
+    calls = [[m.get("tool_calls") for m in r["messages"] if m["role"] == "assistant"] for r in rows]
+    assert calls[0] == calls[1]  # only what the model reads changes
+
+
+def test_cli_observation_default_is_the_envs() -> None:
+    import inspect
+
+    from rlbus.cli import env_trajectories
+    from rlbus.envs.swe.env import SweConfig
+
+    default = inspect.signature(env_trajectories).parameters["max_observation_tokens"].default
+    assert default == SweConfig().max_observation_tokens
 
 
 async def test_long_sessions_summarise_with_this_env() -> None:
