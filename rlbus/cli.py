@@ -597,13 +597,29 @@ def env_check(
 def env_trajectories(
     tasks: TaskPaths,
     out: Annotated[Path, typer.Option("--out", help="JSONL file to write (chat rows for rlbus pretrain).")],
+    model: Annotated[
+        str | None,
+        typer.Option(help="Cut each tool output to --max-observation-tokens of this model's tokens, as its "
+                          "episodes will (a shipped model, directory or .gguf; default: outputs kept whole)."),
+    ] = None,
+    max_observation_tokens: Annotated[
+        int, typer.Option(help="With --model: the env's max_observation_tokens (the swe default).")
+    ] = 1024,
 ) -> None:
     """Replay each reference solution through the tools (view / str_replace / create, tests, submit) and
     write the sessions that score 1 as chat-format SFT rows with tool calls and results."""
     from rlbus.envs.swe.commands import trajectories
+    from rlbus.envs.swe.trajectories import ObservationCut
 
     try:
-        summary = trajectories(tasks, out, log=console.print)
+        cut = None
+        if model is not None:
+            from rlbus.build.model import parse_model
+
+            if max_observation_tokens < 1:
+                raise typer.BadParameter("--max-observation-tokens must be >= 1")
+            cut = ObservationCut(parse_model(model, progress=err.print).chat, max_observation_tokens)
+        summary = trajectories(tasks, out, log=console.print, cut=cut)
     except RlbusError as exc:
         err.print(f"[red]error:[/red] {exc}")
         raise typer.Exit(2) from None
@@ -1166,7 +1182,11 @@ def bench(
     model: Annotated[
         str | None,
         typer.Option(help="mismatch: policy (rlbus's MoE, the default) or hf-moe (a random Qwen3-MoE); judge: the "
-                          "judge model (default smollm2-135m-instruct; a model directory or .gguf)."),
+                          "judge model (default smollm2-135m-instruct; a model directory or .gguf); swe: a "
+                          "warm-start checkpoint directory (rlbus pretrain --out) played against base SmolLM2."),
+    ] = None,
+    tasks: Annotated[
+        str | None, typer.Option(help="swe only: the SmolLM2 episodes' task-id prefix (e.g. a held-out library).")
     ] = None,
     engine: Annotated[
         str | None,
@@ -1188,9 +1208,14 @@ def bench(
             raise typer.BadParameter("--seed is for the pipeline and chaos benchmarks")
         kwargs["seed"] = seed
     if model is not None:
-        if name != "judge" and (name != "mismatch" or model not in ("policy", "hf-moe")):
-            raise typer.BadParameter("--model is policy or hf-moe for the mismatch benchmark, or the judge model")
+        if name not in ("judge", "swe") and (name != "mismatch" or model not in ("policy", "hf-moe")):
+            raise typer.BadParameter("--model is policy or hf-moe for the mismatch benchmark, the judge model, "
+                                     "or the swe benchmark's warm-start checkpoint")
         kwargs["model"] = model
+    if tasks is not None:
+        if name != "swe":
+            raise typer.BadParameter("--tasks is for the swe benchmark")
+        kwargs["tasks"] = tasks
     if engine is not None:
         if name != "mismatch" or engine not in ("torch", "vllm"):
             raise typer.BadParameter("--engine is torch or vllm, for the mismatch benchmark only")

@@ -12,6 +12,11 @@
    (the grader vs ``python -m pytest`` on the same tree).
 5. **SmolLM2** (skipped with ``--quick``): 16 episodes of the real model through the native tool-call
    format; checks that token ids, loss masks and tool calls line up and that every reward is 0 or 1.
+   The 16 are played twice by base SmolLM2, without and with the engine's prefix cache (each turn then
+   prefills only what it added; the cache-off run is the baseline of ``prefix_cache_speedup``).
+   ``--model CHECKPOINT`` plays the same 16 prompts again with a warm-started model (`rlbus env
+   trajectories` → `rlbus pretrain`): base SmolLM2 is the same-run baseline of the warm start. ``--tasks
+   PREFIX`` draws the prompts from one library, e.g. one left out of the warm-start data.
 
 Absolute figures drift on shared machines; the ratios against the same-run baselines are the point.
 """
@@ -41,9 +46,11 @@ from rlbus.envs.swe.runtime import runtime_dir
 from rlbus.envs.swe.task import RepoTask, load_tasks
 from rlbus.envs.swe.tools import repo_tools
 from rlbus.envs.swe.world import open_world, task_sandbox, template
+from rlbus.errors import ConfigError
 
 FIXTURES = Path(__file__).resolve().parents[2] / "tests" / "fixtures" / "swe" / "corpus"
 LEVELS = (1, 2, 4, 8)
+PREFIX_CACHE_TOKENS = 16 * 6144  # every episode's whole budget (max_total_tokens) fits
 
 
 def _corpora() -> list[Path]:
@@ -201,19 +208,41 @@ async def _cheats(tasks: list[RepoTask]) -> dict[str, Any]:
     return {"tried": len(rows), "scored_zero": sum(r["reward"] == 0.0 for r in rows), "rows": rows}
 
 
-async def _smollm2(task_ids: list[str], corpus: list[str], episodes: int) -> dict[str, Any]:
+def _load_player(model: str | None) -> tuple[str, Any, Any, int]:
+    """(label, engine model, chat format, pad id): base SmolLM2, or a checkpoint directory from `rlbus pretrain`."""
     import torch
 
-    from rlbus.build.model import parse_model
+    from rlbus.build.model import ModelSource, parse_model
+    from rlbus.training.checkpoint import load_checkpoint, model_from_state
+
+    if model is None:
+        source = parse_model("smollm2-135m-instruct")
+        return "smollm2-135m-instruct", source.build(torch.float32).eval(), source.chat, source.pad_id
+    state = load_checkpoint(Path(model))
+    if state is None:
+        raise ConfigError("model", f"{model} holds no checkpoint (write one with rlbus pretrain --out)")
+    policy = model_from_state(state)
+    source = ModelSource.of(policy)
+    return f"warm start ({model})", policy.eval(), source.chat, source.pad_id
+
+
+async def _smollm2(
+    task_ids: list[str], corpus: list[str], episodes: int, model: str | None = None, prefix_cache_tokens: int = 0
+) -> dict[str, Any]:
+    """``episodes`` episodes of base SmolLM2 (or the checkpoint ``model``), all at once through the torch
+    engine (with a prefix cache of ``prefix_cache_tokens``); per episode the layout checks (trained tokens
+    only inside model turns), the calls and the reward."""
     from rlbus.engines.torch_engine import TorchEngine
     from rlbus.envs.agent import run_episode
     from rlbus.envs.base import make_env
     from rlbus.envs.episode import episode_to_rollout
     from rlbus.schemas import SamplingInfo
 
-    source = parse_model("smollm2-135m-instruct")
-    chat = source.chat
-    engine = TorchEngine(source.build(torch.float32).eval(), tokenizer=chat, pad_id=source.pad_id, seed=0)
+    label, network, chat, pad_id = _load_player(model)
+    if prefix_cache_tokens:
+        label += ", prefix cache"
+    engine = TorchEngine(network, tokenizer=chat, pad_id=pad_id, seed=0, max_batch=episodes,
+                         prefix_cache_tokens=prefix_cache_tokens)  # fmt: skip
     config = {"corpus": corpus, "tasks": task_ids, "context_tokens": 4096, "max_total_tokens": 6144,
               "max_new_tokens": 128, "max_turns": 5}  # fmt: skip
     env0 = make_env("swe", config)
@@ -226,7 +255,7 @@ async def _smollm2(task_ids: list[str], corpus: list[str], episodes: int) -> dic
         episode = await run_episode(env, prompt, engine=engine, chat=chat, sampling=SamplingInfo(temperature=0.7),
                                     episode_id=f"smollm2-{i}")  # fmt: skip
         reward = await env.score(episode, prompt)
-        print(f"  episode {i + 1}/{len(prompts)} {prompt.env_config['task']}: {episode.finish_reason}, "
+        print(f"  [{label}] episode {i + 1}/{len(prompts)} {prompt.env_config['task']}: {episode.finish_reason}, "
               f"{episode.stats.get('tool_calls', 0)} tool calls, reward {reward.value:g}", file=sys.stderr)  # fmt: skip
         rollout = episode_to_rollout(episode, prompt=prompt, group_index=i)
         ids, mask = rollout.token_ids.to_numpy(), rollout.loss_mask.to_numpy()
@@ -237,23 +266,33 @@ async def _smollm2(task_ids: list[str], corpus: list[str], episodes: int) -> dic
         return {
             "task": prompt.env_config["task"], "tokens": len(ids), "trained_tokens": sum(trained),
             "masks_ok": spans_ok and inside and sum(trained) > 0 and len(trained) == len(ids),
-            "tool_calls": episode.stats.get("tool_calls", 0), "malformed": episode.stats.get("malformed", 0),
+            "turns": episode.stats.get("turns", 0), "tool_calls": episode.stats.get("tool_calls", 0),
+            "tool_errors": episode.stats.get("tool_errors", 0), "malformed": episode.stats.get("malformed", 0),
             "segments": episode.stats.get("segments", 1), "finish": episode.finish_reason, "reward": reward.value,
             "reward_in_range": reward.value in (0.0, 1.0)
             and set(reward.components) >= {"fail_to_pass", "pass_to_pass"},
+            "fail_to_pass": reward.components.get("fail_to_pass"),
             "patch_bytes": len(episode.metadata.get("swe.patch", "")),
         }  # fmt: skip
 
     # all episodes at once: the engine batches their turns (continuous batching), the sandboxes overlap
     rows = list(await asyncio.gather(*(play(i, p) for i, p in enumerate(prompts))))
-    return {"episodes": rows, "seconds": round(time.perf_counter() - t0, 1),
+    turns = sum(r["turns"] for r in rows)
+    return {"model": label, "episodes": rows, "seconds": round(time.perf_counter() - t0, 1),
             "mean_reward": round(sum(r["reward"] for r in rows) / max(1, len(rows)), 3),
             "all_masks_ok": all(r["masks_ok"] for r in rows),
-            "tool_calls": sum(r["tool_calls"] for r in rows),
-            "malformed": sum(r["malformed"] for r in rows)}  # fmt: skip
+            "all_rewards_in_range": all(r["reward_in_range"] for r in rows),
+            "turns": turns, "tool_calls": sum(r["tool_calls"] for r in rows),
+            "tool_errors": sum(r["tool_errors"] for r in rows),
+            "malformed": sum(r["malformed"] for r in rows),
+            "parsed_call_rate": round(sum(r["tool_calls"] for r in rows) / max(1, turns), 3),
+            "episodes_with_patch": sum(r["patch_bytes"] > 0 for r in rows),
+            "submitted": sum(r["finish"] == "stop" for r in rows), "prefix_cache": engine.prefix_stats}  # fmt: skip
 
 
-async def _run(quick: bool, json_path: Path | None = None) -> dict[str, Any]:
+async def _run(
+    quick: bool, json_path: Path | None = None, model: str | None = None, tasks_prefix: str | None = None
+) -> dict[str, Any]:
     corpora = _corpora()
     tasks = load_tasks(corpora)
     print(f"checking {len(tasks)} tasks from {', '.join(map(str, corpora))}", file=sys.stderr)
@@ -276,9 +315,18 @@ async def _run(quick: bool, json_path: Path | None = None) -> dict[str, Any]:
         print("throughput at concurrency 1, 2, 4, 8", file=sys.stderr)
         result["throughput"] = await _throughput(probe, quick)
         _partial(json_path, result)
-        print("SmolLM2: 16 episodes", file=sys.stderr)
-        ids = [t.task_id for t in valid]
-        result["smollm2"] = await _smollm2(ids, [str(c) for c in corpora], 16)
+        ids = [t.task_id for t in valid if tasks_prefix is None or t.task_id.startswith(tasks_prefix)]
+        if not ids:
+            raise ConfigError("tasks", f"no valid task id starts with {tasks_prefix!r}")
+        where = [str(c) for c in corpora]
+        print(f"SmolLM2: 16 episodes on {len(ids)} task(s), without then with the prefix cache", file=sys.stderr)
+        result["smollm2"] = await _smollm2(ids, where, 16)
+        _partial(json_path, result)
+        result["smollm2_prefix_cache"] = await _smollm2(ids, where, 16, prefix_cache_tokens=PREFIX_CACHE_TOKENS)
+        _partial(json_path, result)
+        if model is not None:  # the same 16 prompts (same seed), the warm-started checkpoint playing
+            print(f"warm start: the same 16 episodes played by {model}", file=sys.stderr)
+            result["warm_start"] = await _smollm2(ids, where, 16, model, prefix_cache_tokens=PREFIX_CACHE_TOKENS)
     result["summary"] = {
         "tasks": len(tasks), "tasks_valid": len(valid), "cheats_tried": cheats["tried"],
         "cheats_scored_zero": cheats["scored_zero"], "reset_ms": result["reset"]["copytree_ms"],
@@ -291,9 +339,15 @@ async def _run(quick: bool, json_path: Path | None = None) -> dict[str, Any]:
             "episodes_per_s_c1": one["episodes_per_s"]["sandbox"],
             "hidden_test_runs_per_s_c1": one["hidden_test_runs_per_s"]["sandbox"],
         })  # fmt: skip
-    if "smollm2" in result:
-        result["summary"]["smollm2_mean_reward"] = result["smollm2"]["mean_reward"]
-        result["summary"]["smollm2_masks_ok"] = result["smollm2"]["all_masks_ok"]
+    if "smollm2_prefix_cache" in result:
+        result["summary"]["prefix_cache_speedup"] = round(
+            result["smollm2"]["seconds"] / max(1e-9, result["smollm2_prefix_cache"]["seconds"]), 2
+        )
+    for key in ("smollm2", "smollm2_prefix_cache", "warm_start"):
+        if key in result:
+            result["summary"][f"{key}_mean_reward"] = result[key]["mean_reward"]
+            result["summary"][f"{key}_masks_ok"] = result[key]["all_masks_ok"]
+            result["summary"][f"{key}_parsed_call_rate"] = result[key]["parsed_call_rate"]
     return result
 
 
@@ -303,8 +357,12 @@ def _partial(json_path: Path | None, result: dict[str, Any]) -> None:
         json_path.with_suffix(".partial.json").write_text(json.dumps(result, indent=1, default=str))
 
 
-def run(quick: bool, json_path: Path | None) -> dict[str, Any]:
-    result = asyncio.run(_run(quick, json_path))
+def run(quick: bool, json_path: Path | None, model: str | None = None, tasks: str | None = None) -> dict[str, Any]:
+    """``model``: a checkpoint directory (`rlbus pretrain --out`) that plays the SmolLM2 phase's 16 prompts
+    after base SmolLM2; ``tasks``: draw those prompts from task ids with this prefix (a held-out library)."""
+    if quick and (model is not None or tasks is not None):
+        raise ConfigError("model", "--model and --tasks choose the SmolLM2 phase, which --quick skips")
+    result = asyncio.run(_run(quick, json_path, model, tasks))
     result["meta"] = {**{k: str(v) if isinstance(v, str) else v for k, v in meta().items()}, "quick": quick,
                       "worker_uid": os.geteuid(), "note": "2 CPU cores shared with other jobs"}  # fmt: skip
     s = result["summary"]
@@ -331,9 +389,13 @@ def run(quick: bool, json_path: Path | None) -> dict[str, Any]:
         print_table(
             "throughput, sandbox / plain", ["concurrency", "tool calls/s", "episodes/s", "hidden-test runs/s"], rows
         )
-    if "smollm2" in result:
-        m = result["smollm2"]
-        print_table("SmolLM2-135M, 16 episodes", ["mean reward", "masks ok", "tool calls", "malformed", "seconds"],
-                    [[m["mean_reward"], m["all_masks_ok"], m["tool_calls"], m["malformed"], m["seconds"]]])  # fmt: skip
+    played = [result[k] for k in ("smollm2", "smollm2_prefix_cache", "warm_start") if k in result]
+    if played:
+        print_table("SmolLM2-135M, 16 episodes (5 turns of <= 128 tokens)",
+                    ["model", "turns", "parsed calls", "tool errors", "malformed", "patches", "submitted",
+                     "mean reward", "masks ok", "seconds"],
+                    [[m["model"], m["turns"], m["tool_calls"], m["tool_errors"], m["malformed"],
+                      m["episodes_with_patch"], m["submitted"], m["mean_reward"], m["all_masks_ok"], m["seconds"]]
+                     for m in played])  # fmt: skip
     write_json(json_path, result)
     return result
