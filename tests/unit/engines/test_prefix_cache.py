@@ -16,29 +16,10 @@ import torch
 from rlbus.engines.base import GenerationRequest, GenerationResult
 from rlbus.engines.prefix import Prefix, PrefixCache
 from rlbus.engines.torch_engine import TorchEngine
-from rlbus.models.base import CausalLM
 from rlbus.models.policy import Policy, PolicyConfig
 
 CFG = PolicyConfig.tiny()  # MoE: routed experts are recorded, so the cached path must carry them too
 assert CFG.moe
-
-
-@pytest.fixture(scope="module")
-def policy() -> Policy:
-    torch.manual_seed(0)
-    return Policy(CFG).eval()
-
-
-@pytest.fixture(scope="module")
-def llama() -> CausalLM:
-    transformers = pytest.importorskip("transformers")
-    from rlbus.models.hf import HFCausalLM
-
-    config = transformers.LlamaConfig(
-        vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-        num_key_value_heads=2, max_position_embeddings=512,
-    )  # fmt: skip
-    return HFCausalLM.from_config(config, seed=0)
 
 
 def _vocab(name: str) -> int:

@@ -19,12 +19,6 @@ TOK = ByteTokenizer()
 CFG = PolicyConfig.tiny()
 
 
-@pytest.fixture(scope="module")
-def policy() -> Policy:
-    torch.manual_seed(0)
-    return Policy(CFG).eval()
-
-
 def _prompts() -> list[tuple[int, ...]]:
     # Different lengths, so the batch is left padded.
     return [tuple(TOK.encode("hello", bos=True)), (TOK.bos_id, 65), tuple(TOK.encode("policy!", bos=True))]
