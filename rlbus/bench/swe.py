@@ -31,11 +31,13 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections import Counter
 from functools import partial
 from pathlib import Path
 from typing import Any
 
 from rlbus.bench.common import meta, print_table, write_json
+from rlbus.envs.chat import ToolCall
 from rlbus.envs.swe.cheats import cheat_patches
 from rlbus.envs.swe.check import check_tasks
 from rlbus.envs.swe.env import SHIPPED_CORPUS, SweEnv
@@ -44,7 +46,7 @@ from rlbus.envs.swe.grade import grade
 from rlbus.envs.swe.patch import tree_diff
 from rlbus.envs.swe.runtime import runtime_dir
 from rlbus.envs.swe.task import RepoTask, load_tasks
-from rlbus.envs.swe.tools import repo_tools
+from rlbus.envs.swe.tools import SCHEMAS, repo_tools
 from rlbus.envs.swe.world import open_world, task_sandbox, template
 from rlbus.errors import ConfigError
 
@@ -209,21 +211,24 @@ async def _cheats(tasks: list[RepoTask]) -> dict[str, Any]:
 
 
 def _load_player(model: str | None) -> tuple[str, Any, Any, int]:
-    """(label, engine model, chat format, pad id): base SmolLM2, or a checkpoint directory from `rlbus pretrain`."""
+    """(label, engine model, chat format, pad id): base SmolLM2, or a checkpoint directory from `rlbus pretrain`;
+    fp32, on the GPU when there is one."""
     import torch
 
     from rlbus.build.model import ModelSource, parse_model
     from rlbus.training.checkpoint import load_checkpoint, model_from_state
 
+    device = "cuda" if torch.cuda.is_available() else "cpu"
     if model is None:
-        source = parse_model("smollm2-135m-instruct")
-        return "smollm2-135m-instruct", source.build(torch.float32).eval(), source.chat, source.pad_id
+        source = parse_model("smollm2-135m-instruct", device=device)
+        return "smollm2", source.build(torch.float32).eval(), source.chat, source.pad_id
     state = load_checkpoint(Path(model))
     if state is None:
         raise ConfigError("model", f"{model} holds no checkpoint (write one with rlbus pretrain --out)")
     policy = model_from_state(state)
     source = ModelSource.of(policy)
-    return f"warm start ({model})", policy.eval(), source.chat, source.pad_id
+    network = policy.to(torch.device(device)) if isinstance(policy, torch.nn.Module) else policy
+    return "warm start", network.eval(), source.chat, source.pad_id
 
 
 async def _smollm2(
@@ -240,7 +245,7 @@ async def _smollm2(
 
     label, network, chat, pad_id = _load_player(model)
     if prefix_cache_tokens:
-        label += ", prefix cache"
+        label += " + prefix cache"
     engine = TorchEngine(network, tokenizer=chat, pad_id=pad_id, seed=0, max_batch=episodes,
                          prefix_cache_tokens=prefix_cache_tokens)  # fmt: skip
     config = {"corpus": corpus, "tasks": task_ids, "context_tokens": 4096, "max_total_tokens": 6144,
@@ -263,6 +268,15 @@ async def _smollm2(
         model_spans = [(t.start, t.end) for t in episode.turns if t.role == "assistant"]
         inside = all(any(a <= k < b for a, b in model_spans) for k, m in enumerate(trained) if m)
         spans_ok = episode.turns[-1].end == len(ids) and all(t.end > t.start for t in episode.turns)
+        calls: Counter[str] = Counter()
+        errors = []
+        for t in episode.turns:  # which tools the model called, and what went wrong (from the token spans)
+            text = chat.tokenizer.decode([int(i) for i in ids[t.start : t.end]])
+            action = chat.parse(text, SCHEMAS) if t.role == "assistant" else None
+            if isinstance(action, ToolCall):
+                calls[action.name] += 1
+            elif t.role == "tool" and "error:" in text:
+                errors.append(text[text.index("error:") :].split("<|")[0].strip()[:120])
         return {
             "task": prompt.env_config["task"], "tokens": len(ids), "trained_tokens": sum(trained),
             "masks_ok": spans_ok and inside and sum(trained) > 0 and len(trained) == len(ids),
@@ -272,12 +286,14 @@ async def _smollm2(
             "reward_in_range": reward.value in (0.0, 1.0)
             and set(reward.components) >= {"fail_to_pass", "pass_to_pass"},
             "fail_to_pass": reward.components.get("fail_to_pass"),
-            "patch_bytes": len(episode.metadata.get("swe.patch", "")),
+            "patch_bytes": len(episode.metadata.get("swe.patch", "")), "calls_by_tool": dict(calls),
+            "tool_error_samples": errors[:3],
         }  # fmt: skip
 
     # all episodes at once: the engine batches their turns (continuous batching), the sandboxes overlap
     rows = list(await asyncio.gather(*(play(i, p) for i, p in enumerate(prompts))))
     turns = sum(r["turns"] for r in rows)
+    by_tool = sum((Counter(r["calls_by_tool"]) for r in rows), Counter())
     return {"model": label, "episodes": rows, "seconds": round(time.perf_counter() - t0, 1),
             "mean_reward": round(sum(r["reward"] for r in rows) / max(1, len(rows)), 3),
             "all_masks_ok": all(r["masks_ok"] for r in rows),
@@ -287,7 +303,8 @@ async def _smollm2(
             "malformed": sum(r["malformed"] for r in rows),
             "parsed_call_rate": round(sum(r["tool_calls"] for r in rows) / max(1, turns), 3),
             "episodes_with_patch": sum(r["patch_bytes"] > 0 for r in rows),
-            "submitted": sum(r["finish"] == "stop" for r in rows), "prefix_cache": engine.prefix_stats}  # fmt: skip
+            "submitted": sum(r["finish"] == "stop" for r in rows), "calls_by_tool": dict(by_tool.most_common()),
+            "prefix_cache": engine.prefix_stats, "checkpoint": model}  # fmt: skip
 
 
 async def _run(
@@ -392,8 +409,8 @@ def run(quick: bool, json_path: Path | None, model: str | None = None, tasks: st
     played = [result[k] for k in ("smollm2", "smollm2_prefix_cache", "warm_start") if k in result]
     if played:
         print_table("SmolLM2-135M, 16 episodes (5 turns of <= 128 tokens)",
-                    ["model", "turns", "parsed calls", "tool errors", "malformed", "patches", "submitted",
-                     "mean reward", "masks ok", "seconds"],
+                    ["model", "turns", "calls", "tool err", "malformed", "patches", "submits", "reward", "masks",
+                     "s"],
                     [[m["model"], m["turns"], m["tool_calls"], m["tool_errors"], m["malformed"],
                       m["episodes_with_patch"], m["submitted"], m["mean_reward"], m["all_masks_ok"], m["seconds"]]
                      for m in played])  # fmt: skip
