@@ -381,7 +381,8 @@ def run(quick: bool, json_path: Path | None, model: str | None = None, tasks: st
         raise ConfigError("model", "--model and --tasks choose the SmolLM2 phase, which --quick skips")
     result = asyncio.run(_run(quick, json_path, model, tasks))
     result["meta"] = {**{k: str(v) if isinstance(v, str) else v for k, v in meta().items()}, "quick": quick,
-                      "worker_uid": os.geteuid(), "note": "2 CPU cores shared with other jobs"}  # fmt: skip
+                      "worker_uid": os.geteuid(),
+                      "note": "compare with the same-run baselines; bench/RESULTS.md gives the load"}  # fmt: skip
     s = result["summary"]
     print_table(
         "rlbus bench swe — corpus and cheater suite",
