@@ -49,6 +49,7 @@ from rlbus.envs.swe.task import RepoTask, load_tasks
 from rlbus.envs.swe.tools import SCHEMAS, repo_tools
 from rlbus.envs.swe.world import open_world, task_sandbox, template
 from rlbus.errors import ConfigError
+from rlbus.training.checkpoint import latest_checkpoint
 
 FIXTURES = Path(__file__).resolve().parents[2] / "tests" / "fixtures" / "swe" / "corpus"
 LEVELS = (1, 2, 4, 8)
@@ -312,6 +313,8 @@ async def _run(
 ) -> dict[str, Any]:
     corpora = _corpora()
     tasks = load_tasks(corpora)
+    if tasks_prefix is not None and not any(t.task_id.startswith(tasks_prefix) for t in tasks):
+        raise ConfigError("tasks", f"no task id starts with {tasks_prefix!r}")  # at start, not after the phases
     print(f"checking {len(tasks)} tasks from {', '.join(map(str, corpora))}", file=sys.stderr)
     checks = await check_tasks(tasks, lambda r: print(f"  {'ok ' if r.ok else 'FAIL'} {r.task_id} {r.problem}",
                                                       file=sys.stderr))  # fmt: skip
@@ -379,6 +382,8 @@ def run(quick: bool, json_path: Path | None, model: str | None = None, tasks: st
     after base SmolLM2; ``tasks``: draw those prompts from task ids with this prefix (a held-out library)."""
     if quick and (model is not None or tasks is not None):
         raise ConfigError("model", "--model and --tasks choose the SmolLM2 phase, which --quick skips")
+    if model is not None and (not Path(model).is_dir() or latest_checkpoint(Path(model)) is None):
+        raise ConfigError("model", f"{model} holds no checkpoint (write one with rlbus pretrain --out)")
     result = asyncio.run(_run(quick, json_path, model, tasks))
     result["meta"] = {**{k: str(v) if isinstance(v, str) else v for k, v in meta().items()}, "quick": quick,
                       "worker_uid": os.geteuid(),

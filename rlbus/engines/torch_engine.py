@@ -21,14 +21,14 @@ Continuous batching. At most ``max_batch`` rows are in flight; the rest wait in 
    left padded with masked zero slots so both end at the same offset (`rlbus.engines.kv`).
 
 A row's tokens, log-probs and experts therefore depend only on its own prompt, sampling parameters, seed
-and the weights: greedy results equal running the request alone.
+and the weights: greedy results equal running the request alone. ``continuous=False`` keeps the same
+machinery but admits a new wave only when the batch is empty (static batching, the baseline).
 
 Prefix cache (``prefix_cache_tokens`` > 0, `rlbus.engines.prefix`). A finished row's keys/values are kept;
 a newcomer whose prompt extends a kept row under the same policy version starts from those slots and
 prefills only the rest (its own one-row forward, then merged like any newcomer). An agent's next turn
 then costs its new tokens, not its whole context. ``GenerationResult.extra["cached_prompt_tokens"]``
-says how much of each prompt was reused; `prefix_stats` counts hits and tokens. ``continuous=False`` keeps the same
-machinery but admits a new wave only when the batch is empty (static batching, the baseline).
+says how much of each prompt was reused; `prefix_stats` counts hits and tokens.
 
 Driving. There is no engine thread: every thread waiting in `generate` (or `drive`) may run steps. One
 at a time drives; it runs steps until its own requests are done, then hands over to a waiter whose
@@ -156,11 +156,8 @@ class TorchEngine:
     @property
     def prefix_stats(self) -> dict[str, int]:
         """The prefix cache's counters (all 0 when it is off) plus the tokens and entries it holds now."""
-        if self.prefix_cache is None:
-            return {"lookups": 0, "hits": 0, "reused_tokens": 0, "prefilled_tokens": 0, "evicted": 0, "stale": 0,
-                    "tokens": 0, "entries": 0}  # fmt: skip
-        return {**self.prefix_cache.stats.as_dict(), "tokens": self.prefix_cache.tokens,
-                "entries": len(self.prefix_cache)}  # fmt: skip
+        cache = self.prefix_cache if self.prefix_cache is not None else PrefixCache(0)
+        return {**cache.stats.as_dict(), "tokens": cache.tokens, "entries": len(cache)}
 
     def state_dict(self) -> dict[str, torch.Tensor]:
         """The model's live tensors: in-place writes (at a step boundary) change generation."""
@@ -383,8 +380,8 @@ class TorchEngine:
             return
         ids = np.asarray((*row.request.prompt_ids, *row.tokens[:-1]), dtype=np.int64)
         slots = batch.key_mask[i]  # [S] the row's real slots
-        if int(slots.sum()) != len(ids):
-            held = int(slots.sum())
+        held = int(slots.sum())
+        if held != len(ids):
             raise RuntimeError(f"row {row.request.request_id!r}: {held} cache slots for {len(ids)} fed tokens")
         experts = torch.cat(row.experts, dim=1) if row.experts else None  # [L, len(ids), k]
         self.prefix_cache.add(Prefix(ids=ids, slots=kv.row_slots(batch.cache, i, slots), version=row.versions[0],

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import uuid
 from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
@@ -30,7 +31,7 @@ from rlbus.envs.tasks import generate_prompts
 from rlbus.models.config import DEMO_SHAPE
 from rlbus.producers.feedback import FeedbackServer
 from rlbus.serve.auth import Tenants
-from rlbus.serve.stack import run_serve, serve_stack
+from rlbus.serve.stack import ServeStack, run_serve, serve_stack
 from rlbus.state import MemoryStateStore, RedisStateStore, StateStore
 from rlbus.state.join import Outcome
 from rlbus.training.config import GRPOConfig, OnlineConfig
@@ -54,6 +55,31 @@ async def wiring(request: pytest.FixtureRequest) -> AsyncIterator[tuple[Bus, Sta
     yield bus, state
     await state.close()
     await bus.close()
+
+
+@asynccontextmanager
+async def gateway_and_trainer(
+    bus: Bus, state: StateStore, tmp_path: Path, *, seed: int
+) -> AsyncIterator[tuple[TrainerStack, ServeStack, str]]:
+    """A trainer (version 1 published) and `rlbus serve` over a fresh rollout stack following it, both
+    running until the block ends; yields them and the gateway's root URL once it serves version 1."""
+    source = ModelSource.policy(DEMO_SHAPE)
+    stack = trainer(bus, state, tmp_path / "blobs", source)
+    await stack.trainer.publish()
+    gateway = serve_stack(bus=bus, source=source, tenants=Tenants({"acme": TOKEN}),
+                          store=open_store(str(tmp_path / "blobs")), seed=seed)
+    stop = asyncio.Event()
+    async with asyncio.TaskGroup() as tasks:
+        tasks.create_task(run_serve(gateway, stop, host="127.0.0.1", port=0))
+        tasks.create_task(stack.worker.run(stop))
+        try:
+            await gateway.gateway.listening.wait()
+            assert gateway.rollout.sync is not None
+            await gateway.rollout.sync.ready.wait()
+            host, port = gateway.gateway.address or ("", 0)
+            yield stack, gateway, f"http://{host}:{port}"
+        finally:
+            stop.set()
 
 
 def trainer(bus: Bus, state: StateStore, store_dir: Path, source: ModelSource) -> TrainerStack:
@@ -133,20 +159,8 @@ async def test_gateway_completions_and_late_thumbs_train(wiring: tuple[Bus, Stat
     import openai
 
     bus, state = wiring
-    source = ModelSource.policy(DEMO_SHAPE)
-    stack = trainer(bus, state, tmp_path / "blobs", source)
-    await stack.trainer.publish()
-    gateway = serve_stack(bus=bus, source=source, tenants=Tenants({"acme": TOKEN}),
-                          store=open_store(str(tmp_path / "blobs")), seed=2)
-    stop = asyncio.Event()
-    async with asyncio.TaskGroup() as tasks:
-        tasks.create_task(run_serve(gateway, stop, host="127.0.0.1", port=0))
-        tasks.create_task(stack.worker.run(stop))
-        await gateway.gateway.listening.wait()
-        assert gateway.rollout.sync is not None
-        await gateway.rollout.sync.ready.wait()
-        host, port = gateway.gateway.address or ("", 0)
-        client = openai.AsyncOpenAI(base_url=f"http://{host}:{port}/v1", api_key=TOKEN, max_retries=0)
+    async with gateway_and_trainer(bus, state, tmp_path, seed=2) as (stack, gateway, url):
+        client = openai.AsyncOpenAI(base_url=f"{url}/v1", api_key=TOKEN, max_retries=0)
         questions = generate_prompts("arith", seed=6, n=5, config={"digits": 1})
         answers = [await serve_gateway(client, gateway.gateway.model_name, q, max_tokens=16) for q in questions]
         await client.close()
@@ -160,7 +174,6 @@ async def test_gateway_completions_and_late_thumbs_train(wiring: tuple[Bus, Stat
         for a in answers[:4]:
             assert await stack.join.outcome_of(a.completion_id) == [Outcome.TRAINED]
         assert stack.worker.online is not None and await stack.worker.online.join.waiting() == 1
-        stop.set()
 
 
 async def test_an_agent_session_closed_with_a_reward_trains_its_sampled_tokens(
@@ -171,21 +184,8 @@ async def test_an_agent_session_closed_with_a_reward_trains_its_sampled_tokens(
     import aiohttp
     import openai
 
-    bus, state = wiring
-    source = ModelSource.policy(DEMO_SHAPE)
-    stack = trainer(bus, state, tmp_path / "blobs", source)
-    await stack.trainer.publish()
-    gateway = serve_stack(bus=bus, source=source, tenants=Tenants({"acme": TOKEN}),
-                          store=open_store(str(tmp_path / "blobs")), seed=3)
-    stop = asyncio.Event()
-    async with asyncio.TaskGroup() as tasks:
-        tasks.create_task(run_serve(gateway, stop, host="127.0.0.1", port=0))
-        tasks.create_task(stack.worker.run(stop))
-        await gateway.gateway.listening.wait()
-        assert gateway.rollout.sync is not None
-        await gateway.rollout.sync.ready.wait()
-        host, port = gateway.gateway.address or ("", 0)
-        client = openai.AsyncOpenAI(base_url=f"http://{host}:{port}/v1", api_key=TOKEN, max_retries=0)
+    async with gateway_and_trainer(*wiring, tmp_path, seed=3) as (stack, gateway, url):
+        client = openai.AsyncOpenAI(base_url=f"{url}/v1", api_key=TOKEN, max_retries=0)
         session = f"agent-{uuid.uuid4().hex[:8]}"
         headers = {"X-RL-Session": session}
         messages: list[Any] = [{"role": "user", "content": "3+4="}]
@@ -200,7 +200,7 @@ async def test_an_agent_session_closed_with_a_reward_trains_its_sampled_tokens(
                 messages.append({"role": "user", "content": follow_up})
         await client.close()
         async with aiohttp.ClientSession() as http, http.post(
-            f"http://{host}:{port}/rl/sessions/{session}/reward", json={"reward": 1.0},
+            f"{url}/rl/sessions/{session}/reward", json={"reward": 1.0},
             headers={"Authorization": f"Bearer {TOKEN}"},
         ) as response:
             assert response.status == 202, await response.text()
@@ -215,4 +215,3 @@ async def test_an_agent_session_closed_with_a_reward_trains_its_sampled_tokens(
         assert metrics["online_samples"] == 1 and metrics["tokens"] == closed["sampled_tokens"]
         assert closed["sampled_tokens"] >= sampled > 0  # the completions' tokens (+ each turn's end token)
         assert await stack.join.outcome_of(session) == [Outcome.TRAINED]
-        stop.set()
