@@ -47,7 +47,7 @@ from rlbus.chaos.harness import Progress
 from rlbus.chaos.ledger import ScenarioReport, audit, fill, read_topic
 from rlbus.chaos.rig import PARTITIONS, ChaosRig
 from rlbus.schemas import Rollout
-from rlbus.state.join import ROLLED_BACK, JoinBuffer, Outcome, RewardPolicy
+from rlbus.state.join import FINAL, ROLLED_BACK, JoinBuffer, Outcome, RewardPolicy
 from rlbus.state.progress import PROMPT_SEQ
 from rlbus.state.redis import RedisStateStore
 
@@ -105,8 +105,15 @@ namespace = "{namespace}"
 class Workers:
     """The role processes of one run: start, signal, wait, and read what they left behind."""
 
-    def __init__(self, rig: ChaosRig, root: Path, name: str, *, seed: int, prompts: int, max_staleness: int) -> None:
+    def __init__(
+        self, rig: ChaosRig, root: Path, name: str, *, seed: int, prompts: int, max_staleness: int,
+        budget_s: float = 900.0,
+    ) -> None:
         self.rig = rig
+        #: Every wait ends by then, so a stuck scenario fails with its report (which wait, what the ledger
+        #: counted) inside its test's timeout, instead of being killed by the timeout with nothing said.
+        self.deadline = time.monotonic() + budget_s
+        self.notes: list[str] = []
         self.root = root
         self.namespace = f"chaos-{name}-{uuid.uuid4().hex[:6]}"
         self.prompts = prompts
@@ -219,7 +226,10 @@ class Workers:
                 raise RuntimeError(f"{dead[0]} exited with {self.procs[dead[0]].returncode} while waiting for "
                                    f"{what}:\n{self.log_tail(dead[0])}")
 
-        await until(condition, what, timeout_s=timeout_s, every_s=0.2, check=alive)
+        left = self.deadline - time.monotonic()
+        if left < timeout_s:
+            what = f"{what} (cut to the scenario's remaining budget)"
+        await until(condition, what, timeout_s=max(1.0, min(timeout_s, left)), every_s=0.2, check=alive)
 
     async def start_run(self, roles: tuple[str, ...] = ROLES) -> None:
         """Trainer first (it publishes v1), then reward, rollout workers and the producer; the producer
@@ -243,7 +253,12 @@ class Workers:
         total = await self.expected()
         try:
             await self.wait_until("every rollout has an outcome", lambda: self._reached(total), timeout_s)
-        except TimeoutError:
+        except TimeoutError as exc:
+            ids = sorted({r.rollout_id for r in await _rollouts(self)})
+            open_ids = [i for i in ids if not await self.state.seen(FINAL, i)]
+            self.notes.append(f"{exc}: the outcome counters sum to {await self.outcomes()} of {total}; "
+                              f"{len(ids) - len(open_ids)} of the {len(ids)} rollout ids on the log have an "
+                              f"outcome in the ledger; without one: {open_ids[:5]}")
             return False
         return True
 
@@ -253,6 +268,7 @@ class Workers:
     async def finish(self, report: ScenarioReport) -> ScenarioReport:
         found = await audit(bus=self.bus, state=self.state, join=self.join, run_id=None)
         fill(report, found)
+        report.notes += self.notes
         failed = [n for n, p in self.procs.items() if p.returncode not in SIGNALLED]
         for name in failed:
             report.notes.append(f"{name} exited {self.procs[name].returncode}: {self.log_tail(name, 4)}")
@@ -269,12 +285,14 @@ async def _scenario(
     body: Callable[[Workers, ScenarioReport], Any],
     max_staleness: int = 1000,
     roles: tuple[str, ...] = ROLES,
+    budget_s: float = 900.0,
 ) -> ScenarioReport:
     report = ScenarioReport(scenario=name)
     began = time.monotonic()
     stop = asyncio.Event()
     root = rig.home / "runs" / name
-    async with Workers(rig, root, name, seed=seed, prompts=prompts, max_staleness=max_staleness) as workers:
+    async with Workers(rig, root, name, seed=seed, prompts=prompts, max_staleness=max_staleness,
+                       budget_s=budget_s) as workers:
         sampler = asyncio.create_task(workers.sample(stop))
         try:
             await workers.start_run(roles)
@@ -318,7 +336,7 @@ async def rollout_kill(rig: ChaosRig, *, seed: int = 0, quick: bool = False) -> 
         report.extra.update(unplayed_at_kill=len(unplayed), left_by_killed_worker=len(orphans))
 
     return await _scenario(rig, "rollout_kill", seed=seed, prompts=16 if quick else 32, body=body,
-                           roles=("trainer", "reward", "rollout-a", "prompts"))
+                           roles=("trainer", "reward", "rollout-a", "prompts"), budget_s=_budget(quick))
 
 
 async def trainer_kill(rig: ChaosRig, *, seed: int = 0, quick: bool = False) -> ScenarioReport:
@@ -343,7 +361,9 @@ async def trainer_kill(rig: ChaosRig, *, seed: int = 0, quick: bool = False) -> 
         report.extra.update(checkpoint_step_at_kill=checkpoint, recorded_step_at_kill=max(recorded))
         await _effect(report, w)
 
-    return await _scenario(rig, "trainer_kill", seed=seed, prompts=16 if quick else 32, body=body)
+    # 400 s when quick: the test allows 480 (the restarted trainer's graceful stop and the audit come after)
+    return await _scenario(rig, "trainer_kill", seed=seed, prompts=16 if quick else 32, body=body,
+                           budget_s=400.0 if quick else 900.0)
 
 
 async def _effect(report: ScenarioReport, w: Workers) -> None:
@@ -427,10 +447,17 @@ async def graceful_stop(rig: ChaosRig, *, seed: int = 0, quick: bool = False) ->
 
     # 32 prompts even when quick: with 24, the faster rollouts of the continuous-batching engine could finish
     # the work before the trainer's SIGTERM, leaving the restarted trainer no step to take
-    report = await _scenario(rig, "graceful_stop", seed=seed, prompts=32 if quick else 40, body=body, max_staleness=3)
+    report = await _scenario(rig, "graceful_stop", seed=seed, prompts=32 if quick else 40, body=body, max_staleness=3,
+                             budget_s=_budget(quick))
     report.notes.append("copies on the log (extra.log_copies) are prompts redelivered after rollout-c's hard "
                         "exit and after rebalances; the join keeps one copy of each")
     return report
+
+
+def _budget(quick: bool) -> float:
+    """A scenario's time for its waits: inside the suite's default 300 s test timeout when quick (its runs
+    take 30-70 s on two cores), with room for the audit and the workers' stop."""
+    return 240.0 if quick else 900.0
 
 
 async def _fraction(w: Workers, fraction: float) -> bool:

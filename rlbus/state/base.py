@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import abc
 import json
-from collections.abc import Collection, Mapping
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from types import TracebackType
 from typing import Any, Self, TypedDict
@@ -53,6 +53,21 @@ class StateStore(abc.ABC):
     @abc.abstractmethod
     async def mark_once(self, namespace: str, id: str, ttl_s: float | None = None) -> bool:
         """Record ``id`` in ``namespace``; True only for the first caller (until the TTL expires)."""
+
+    @abc.abstractmethod
+    async def mark_once_counted(
+        self, namespace: str, ids: Sequence[str], *, counter: str, also: Sequence[str] = (),
+        repeats: Sequence[str] = (),
+    ) -> list[bool]:
+        """The ledger's entry, in one atomic call: mark each id in ``namespace`` (as `mark_once`, no
+        expiry); for the ids that were new, mark them in every namespace of ``also`` too and add their
+        number to ``counter``; add the number already marked to each counter in ``repeats``. Returns, per
+        id, whether it was new.
+
+        All or nothing, so the gate, the outcome sets and the counters never disagree. As three calls, a
+        trainer SIGKILLed between the gate and the count left a rollout with an outcome that no counter
+        showed, and a run that waits for every rollout's outcome to be counted waited forever (the chaos
+        suite's ``trainer_kill``, about one run in fifteen)."""
 
     @abc.abstractmethod
     async def seen(self, namespace: str, id: str) -> bool:

@@ -308,18 +308,14 @@ class JoinBuffer:
     async def record(self, outcome: Outcome, rollout_ids: Iterable[str]) -> int:
         """Enter rollouts' outcome in the ledger and count it. Returns how many were new — an id that
         already has an outcome keeps it and is counted as a duplicate instead (and, when it was just
-        trained, in ``ledger:trained_again``: the trainer must never let that happen)."""
-        counted = 0
-        for rollout_id in rollout_ids:
-            if not await self._state.mark_once(FINAL, rollout_id):
-                await self._state.incr(outcome_counter(Outcome.DUPLICATE))
-                if outcome is Outcome.TRAINED:
-                    await self._state.incr(TRAINED_AGAIN)
-                continue
-            await self._state.mark_once(outcome, rollout_id)
-            await self._state.incr(outcome_counter(outcome))
-            counted += 1
-        return counted
+        trained, in ``ledger:trained_again``: the trainer must never let that happen). The gate, the
+        outcome's set and its counter change in one atomic store call (`StateStore.mark_once_counted`):
+        a process killed mid-record leaves all three or none."""
+        repeats = [outcome_counter(Outcome.DUPLICATE), *([TRAINED_AGAIN] if outcome is Outcome.TRAINED else [])]
+        new = await self._state.mark_once_counted(
+            FINAL, list(rollout_ids), also=[outcome], counter=outcome_counter(outcome), repeats=repeats
+        )
+        return sum(new)
 
     # --- trained with the checkpoint ----------------------------------------------------------------------
     @property

@@ -8,7 +8,7 @@ demo needs. Worker info goes through JSON, as in Redis, so both stores return th
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Collection, Mapping
+from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import Any
 
 from rlbus.state.base import (
@@ -59,9 +59,32 @@ class MemoryStateStore(StateStore):
         self._marks[namespace, id] = deadline
         return True
 
-    async def seen(self, namespace: str, id: str) -> bool:
+    async def mark_once_counted(
+        self, namespace: str, ids: Sequence[str], *, counter: str, also: Sequence[str] = (),
+        repeats: Sequence[str] = (),
+    ) -> list[bool]:
+        """No ``await`` between the marks and the counts: atomic within the event loop."""
+        self._sweep()
+        new = []
+        for id in ids:
+            fresh = not self._seen_now(namespace, id)
+            if fresh:
+                self._marks[namespace, id] = None
+                self._marks.update(((other, id), None) for other in also)
+            new.append(fresh)
+        added, repeated = sum(new), len(new) - sum(new)
+        if added:
+            self._counters[counter] = self._counters.get(counter, 0) + added
+        for name in repeats if repeated else ():
+            self._counters[name] = self._counters.get(name, 0) + repeated
+        return new
+
+    def _seen_now(self, namespace: str, id: str) -> bool:
         key = (namespace, id)
         return key in self._marks and self._live(self._marks[key])
+
+    async def seen(self, namespace: str, id: str) -> bool:
+        return self._seen_now(namespace, id)
 
     async def put_field(self, key: str, field: str, value: bytes, ttl_s: float | None) -> None:
         await self.put_fields(key, {field: value}, ttl_s)

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Collection, Iterator, Mapping
+from collections.abc import Collection, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any, cast
 
@@ -94,6 +94,30 @@ return {size, added, values}
 """
 
 
+#: `StateStore.mark_once_counted` on the server. KEYS: the n gate keys, then the n keys of each ``also``
+#: namespace, then the counter, then the ``repeats`` counters; ARGV[1] = n, ARGV[2] = len(also). Returns 1/0
+#: per id (new / already marked).
+LEDGER_SCRIPT = """
+local n, m = tonumber(ARGV[1]), tonumber(ARGV[2])
+local new, fresh = {}, 0
+for i = 1, n do
+  if redis.call('SET', KEYS[i], '1', 'NX') then
+    new[i] = 1
+    fresh = fresh + 1
+    for j = 1, m do redis.call('SET', KEYS[n * j + i], '1') end
+  else
+    new[i] = 0
+  end
+end
+local counter = n * (m + 1) + 1
+if fresh > 0 then redis.call('INCRBY', KEYS[counter], fresh) end
+if fresh < n then
+  for k = counter + 1, #KEYS do redis.call('INCRBY', KEYS[k], n - fresh) end
+end
+return new
+"""
+
+
 class RedisStateStore(StateStore):
     """A StateStore on ``redis.asyncio``; it owns ``client`` (bytes responses) and closes it."""
 
@@ -101,6 +125,7 @@ class RedisStateStore(StateStore):
         self._client = client
         self._prefix = key_prefix
         self._merge = client.register_script(MERGE_SCRIPT)
+        self._ledger = client.register_script(LEDGER_SCRIPT)
 
     @classmethod
     def from_url(cls, url: str, *, key_prefix: str = DEFAULT_PREFIX, reconnect: bool = False) -> RedisStateStore:
@@ -117,6 +142,20 @@ class RedisStateStore(StateStore):
     async def mark_once(self, namespace: str, id: str, ttl_s: float | None = None) -> bool:
         with _translate("mark_once"):
             return bool(await self._client.set(self._key("once", namespace, id), b"1", nx=True, px=_ms(ttl_s)))
+
+    async def mark_once_counted(
+        self, namespace: str, ids: Sequence[str], *, counter: str, also: Sequence[str] = (),
+        repeats: Sequence[str] = (),
+    ) -> list[bool]:
+        """One server-side script (`LEDGER_SCRIPT`): Redis runs a script whole, and its AOF holds it as one
+        transaction, so a crash of the caller or of Redis leaves all of its writes or none."""
+        if not ids:
+            return []
+        keys = [self._key("once", ns, id) for ns in (namespace, *also) for id in ids]
+        keys += [self._key("ctr", name) for name in (counter, *repeats)]
+        with _translate("mark_once_counted"):
+            new = await self._ledger(keys=keys, args=[len(ids), len(also)])
+        return [bool(flag) for flag in new]
 
     async def seen(self, namespace: str, id: str) -> bool:
         with _translate("seen"):

@@ -84,6 +84,27 @@ async def test_mark_once_expires_after_ttl(store: StateStore) -> None:
     assert await store.mark_once("trained", "r1", ttl_s=TTL)
 
 
+async def test_mark_once_counted_marks_counts_and_counts_repeats(store: StateStore) -> None:
+    assert await store.mark_once("final", "old")
+    new = await store.mark_once_counted("final", ["a", "old", "b", "a"], also=["trained", "audit"],
+                                        counter="outcome:trained", repeats=["outcome:duplicate", "again"])
+    assert new == [True, False, True, False]  # an id twice in one call is new once
+    assert [await store.seen("trained", i) for i in ("a", "b", "old")] == [True, True, False]
+    assert await store.seen("audit", "b") and not await store.seen("audit", "old")
+    assert await store.get_counter("outcome:trained") == 2
+    assert (await store.get_counter("outcome:duplicate"), await store.get_counter("again")) == (2, 2)
+    assert await store.mark_once_counted("final", [], counter="outcome:trained") == []
+    assert await store.mark_once_counted("final", ["c"], counter="outcome:stale", repeats=["outcome:duplicate"])
+    assert (await store.get_counter("outcome:stale"), await store.get_counter("outcome:duplicate")) == (1, 2)
+
+
+async def test_mark_once_counted_is_atomic_under_concurrency(store: StateStore) -> None:
+    results = await asyncio.gather(*(store.mark_once_counted("final", ["x", "y"], counter="n", repeats=["dup"])
+                                     for _ in range(10)))
+    assert sum(sum(r) for r in results) == 2
+    assert (await store.get_counter("n"), await store.get_counter("dup")) == (2, 18)
+
+
 async def test_fields_round_trip_arbitrary_bytes(store: StateStore) -> None:
     payload = bytes(range(256))
     await store.put_field("join:r1", "rollout", payload, ttl_s=None)

@@ -8,7 +8,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import uuid
+from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -60,6 +62,61 @@ async def test_a_checkpoint_written_before_the_settle_still_counts() -> None:
     counts = await successor.counts()
     assert counts["trained"] == 2 and counts["duplicate"] == 0
     assert await state.get_counter(TRAINED_AGAIN) == 0
+
+
+class Killed(BaseException):
+    """The process died here (a BaseException, as SIGKILL is not catchable: nothing may handle it)."""
+
+
+class DyingStore(MemoryStateStore):
+    """Dies at its ``at``-th write (marks, counters, fields), leaving everything before it in place."""
+
+    def __init__(self, at: int) -> None:
+        super().__init__()
+        self.at, self.writes = at, 0
+
+    def _write(self) -> None:
+        self.writes += 1
+        if self.writes == self.at:
+            raise Killed
+
+    async def mark_once(self, namespace: str, id: str, ttl_s: float | None = None) -> bool:
+        self._write()
+        return await super().mark_once(namespace, id, ttl_s)
+
+    async def mark_once_counted(self, namespace: str, ids: Sequence[str], **kwargs: Any) -> list[bool]:
+        self._write()
+        return await super().mark_once_counted(namespace, ids, **kwargs)
+
+    async def incr(self, name: str, by: int = 1) -> int:
+        self._write()
+        return await super().incr(name, by)
+
+    async def delete_field(self, key: str, field: str) -> None:
+        self._write()
+        await super().delete_field(key, field)
+
+
+async def test_a_trainer_killed_at_any_write_of_a_settle_leaves_the_counters_equal_to_the_ledger() -> None:
+    """The chaos suite's trainer_kill once waited forever: SIGKILLed inside the settle after its checkpoint,
+    between the ledger's gate and the outcome's counter, the trainer left a rollout with an outcome no
+    counter showed, and the restarted one's settle skipped it as already trained."""
+    ids = ["e/0", "e/1", "e/2"]
+    for at in range(1, 12):
+        state = DyingStore(at)
+        join = JoinBuffer(state=state, policy=RewardPolicy())
+        await join.hold(4, ids)
+        state.writes = 0
+        with contextlib.suppress(Killed):
+            await join.settle(4)  # the checkpoint of step 4 is written; the process dies somewhere in here
+        state.at = 0
+        await JoinBuffer(state=state, policy=RewardPolicy()).recover(4)
+        trained = [i for i in ids if await state.seen(Outcome.TRAINED, i)]
+        assert trained == ids, at
+        assert all([await state.seen("outcome", i) for i in ids]), at
+        assert await state.get_counter("outcome:trained") == len(ids), at
+        assert await state.get_counter(TRAINED_AGAIN) == 0, at
+        assert await state.get_fields(join.held_key) == {}, at
 
 
 def rollout(prompt: str, i: int) -> Rollout:
