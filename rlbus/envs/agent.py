@@ -45,7 +45,7 @@ from rlbus.engines.base import Engine, GenerationRequest, GenerationResult
 from rlbus.envs.base import Environment, Limits, Task, Tool
 from rlbus.envs.chat import SUMMARY_STOPS, Answer, ChatFormat, Malformed, ToolCall, parse_summary
 from rlbus.envs.episode import Episode
-from rlbus.envs.tool_calls import tool_schema
+from rlbus.envs.tool_calls import CallHelp, tool_schema
 from rlbus.errors import ToolError
 from rlbus.schemas import Prompt, SamplingInfo, Turn
 
@@ -100,6 +100,7 @@ class _Run:
             else None
         )
         self.structured = frozenset(t.name for t in tools.values() if t.parameters is not None)
+        self.hint = CallHelp.of(schemas, [t.name for t in tools.values() if t.final]) if schemas is not None else None
         self.system = self.chat.system_text(system, schemas)
         self.seq = _Sequence(loop.chat)
         self.answer: str | None = None
@@ -120,7 +121,7 @@ class _Run:
             budget = min(self.limits.max_new_tokens, *self._turn_rooms())
             if budget < 1:
                 return "length"
-            action = self.chat.parse(await self._model_turn(budget, self.chat.action_stops), self.structured)
+            action = self.chat.parse(await self._model_turn(budget, self.chat.action_stops), self.structured, self.hint)
             self.stats["turns"] += 1
             self.turns_in_segment += 1
             if isinstance(action, Answer):

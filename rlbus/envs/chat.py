@@ -41,11 +41,14 @@ import json
 import re
 from collections.abc import Container, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal, Protocol
+from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 from rlbus.envs.actions import Action, Answer, Malformed, ToolCall
 from rlbus.errors import ConfigError
 from rlbus.models.tokenizer import ByteTokenizer
+
+if TYPE_CHECKING:
+    from rlbus.envs.tool_calls import CallHelp
 
 ROLES = ("system", "user", "assistant", "tool", "summary")
 #: Stop strings the engine should stop on, so the model does not keep writing past its action.
@@ -175,13 +178,14 @@ class ChatFormat:
             return NATIVE_STOPS
         return ACTION_STOPS
 
-    def parse(self, text: str, structured: Container[str] = ()) -> Action:
+    def parse(self, text: str, structured: Container[str] = (), hint: CallHelp | None = None) -> Action:
         """The action of a model turn in this format's action syntax (``structured``: tools whose native
-        calls keep their whole arguments object, `rlbus.envs.tool_calls.parse_native_action`)."""
+        calls keep their whole arguments object; ``hint``: what a malformed native turn is told,
+        `rlbus.envs.tool_calls.parse_native_action`)."""
         if self.actions == "native":
-            from rlbus.envs.tool_calls import parse_native_action
+            from rlbus.envs.tool_calls import CallHelp, parse_native_action
 
-            return parse_native_action(text, structured)
+            return parse_native_action(text, structured, hint or CallHelp())
         return parse_action(text)
 
     def header(self, role: str) -> tuple[int, ...]:

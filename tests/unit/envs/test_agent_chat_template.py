@@ -106,6 +106,8 @@ def check_token_in_token_out(tok: Any, ep: Episode, engine: IdEngine, chat: Chat
     observations = [t.text for t in ep.turns if t.role == "tool"]
     assert observations[:2] == ["b", "hello"] and observations[3] == "42"
     assert observations[2].startswith("error: tool call is not valid JSON")
+    # how to call, shown with the episode's own tool (not a placeholder NAME a small model copies)
+    assert observations[2].endswith('{"name": "lookup", "arguments": {"input": "INPUT"}}</tool_call> (tools: lookup)')
     assert observations[4].startswith("error: unknown tool 'nope'")
 
     eot, rest = chat.turn_end, list(chat.closing("assistant"))

@@ -7,7 +7,7 @@ import json
 import pytest
 
 from rlbus.envs.chat import Answer, Malformed, ToolCall
-from rlbus.envs.tool_calls import format_native_call, hermes_tool_prompt, parse_native_action, tool_schema
+from rlbus.envs.tool_calls import CallHelp, format_native_call, hermes_tool_prompt, parse_native_action, tool_schema
 
 
 def call(body: str) -> str:
@@ -53,6 +53,28 @@ def test_malformed_calls_say_what_is_wrong(text: str, problem: str) -> None:
     assert isinstance(action, Malformed) and problem in action.problem
     if "answer" not in problem:
         assert "<tool_call>" in action.problem  # and how to write it
+
+
+def test_the_hint_calls_the_episodes_first_tool_with_its_required_arguments() -> None:
+    edit = tool_schema("edit", "edits a file", {
+        "type": "object", "required": ["path", "line", "text"],
+        "properties": {"path": {"type": "string"}, "line": {"type": "integer"}, "text": {"type": "string"},
+                       "dry_run": {"type": "boolean"}},
+    })  # fmt: skip
+    hint = CallHelp.of([edit, tool_schema("submit", "finish", {"type": "object", "properties": {}})], ["submit"])
+    example = '<tool_call>{"name": "edit", "arguments": {"path": "PATH", "line": 1, "text": "TEXT"}}</tool_call>'
+    assert hint.call == f"write {example} (tools: edit, submit)"
+    assert parse_native_action(hint.call.removeprefix("write ").split(" (tools")[0], {"edit"}) == ToolCall(
+        "edit", '{"path": "PATH", "line": 1, "text": "TEXT"}'
+    )  # the example is itself a valid call
+    no_action = parse_native_action("I will fix it.", {"edit"}, hint)
+    assert isinstance(no_action, Malformed)
+    assert no_action.problem == f"no action: {hint.call}; to finish, call submit"
+    broken = parse_native_action(call('{"name": "edit", "arguments": 3}'), {"edit"}, hint)
+    assert isinstance(broken, Malformed) and broken.problem.endswith("(tools: edit, submit)")
+    plain = parse_native_action("hm", (), CallHelp.of([tool_schema("calc", "adds")]))
+    assert isinstance(plain, Malformed) and plain.problem.endswith("; to finish, write <answer>ANSWER</answer>")
+    assert '"name": "NAME"' not in plain.problem
 
 
 def test_hermes_prompt_lists_one_signature_per_line() -> None:
