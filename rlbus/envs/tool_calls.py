@@ -69,10 +69,8 @@ class CallHelp:
             for name in schema.get("required", [])
         }
         example = format_native_call(first["name"], arguments).replace("\n", "")
-        names = ", ".join(f["name"] for f in functions)
-        if final:
-            return cls(call=f"write {example} (tools: {names})", finish=f"call {' or '.join(final)}")
-        return cls(call=f"write {example} (tools: {names})")
+        call = f"write {example} (tools: {', '.join(f['name'] for f in functions)})"
+        return cls(call=call, finish=f"call {' or '.join(final)}") if final else cls(call=call)
 
 
 def tool_schema(name: str, description: str, parameters: Mapping[str, Any] | None = None) -> dict[str, Any]:

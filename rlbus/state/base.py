@@ -1,12 +1,12 @@
 """The StateStore contract: the small shared state the asynchronous RL loop keeps beside Kafka.
 
-Kafka redelivers after a crash or rebalance, so effects must be idempotent by id: the trainer marks
-every rollout id it gave an outcome (``mark_once_counted``: SET NX semantics, the outcome's mark and
-counter in the same atomic call) and counts, rather than repeats, a redelivery. The trainer joins rollouts with their rewards in a buffer keyed by rollout id
-(``put_field`` / ``get_fields``; ``put_fields`` answers with the entry's field count and
-``field_names`` lists the fields without their values, so the join can tell a group is complete
-without reading it), workers announce themselves in a registry whose entries vanish
-when heartbeats stop, and counters record outcomes such as dropped-as-stale.
+Kafka redelivers after a crash or rebalance, so effects must be idempotent by id: the trainer marks every
+rollout id it gave an outcome (``mark_once_counted``: SET NX semantics, the outcome's mark and counter in the
+same atomic call) and counts, rather than repeats, a redelivery. The trainer joins rollouts with their rewards
+in a buffer keyed by rollout id (``put_field`` / ``get_fields``; ``put_fields`` answers with the entry's field
+count and ``field_names`` lists the fields without their values, so the join can tell a group is complete
+without reading it), workers announce themselves in a registry whose entries vanish when heartbeats stop, and
+counters record outcomes such as dropped-as-stale.
 
 Two implementations honour the same contract test suite: in-memory for the embedded demo and unit
 tests, Redis for real runs. Failures of the backing store surface as :class:`rlbus.errors.StateError`.
