@@ -44,7 +44,7 @@ from rlbus.rl.online import OnlineBaseline
 from rlbus.schemas import Rollout
 from rlbus.state.base import StateStore
 from rlbus.state.join import FINAL, JoinBuffer, Outcome, ScoredGroup, ScoredRollout, ServedJoin, is_served
-from rlbus.state.progress import GROUPS_DONE_COUNTER, VERSION_COUNTER, outcome_counter
+from rlbus.state.progress import GROUPS_DONE_COUNTER, GROUPS_FREED_COUNTER, VERSION_COUNTER, outcome_counter
 from rlbus.training.batch import Group, Sample, check_rollout, sample_from_rollout
 from rlbus.training.checkpoint import (
     TrainerState,
@@ -470,8 +470,10 @@ class TrainerWorker:
                 self._ready.append(group)
 
     async def train(self, scored: list[ScoredGroup]) -> dict[str, Any] | None:
-        """Drop stale rollouts (recorded), train on the rest, record them as trained."""
+        """Drop stale rollouts (recorded), train on the rest, record them as trained. Groups consumed by a
+        call that took no step free their admission slots (``trainer:groups_freed``)."""
         limit = self.trainer.grpo.max_staleness
+        step_before = self.trainer.step
         groups: list[Group] = []
         trained: list[str] = []
         kept: list[ScoredGroup] = []
@@ -511,6 +513,13 @@ class TrainerWorker:
                 self.trainer.version, extra={"version": self.trainer.version},
             )
         await self._state.incr(GROUPS_DONE_COUNTER, len(scored))
+        if self.trainer.step == step_before:  # no step: these groups did not move the trainer towards a version
+            await self._state.incr(GROUPS_FREED_COUNTER, len(scored))
+            log.warning(
+                "no step on %d group(s): every rollout dropped (stale: more than %d versions behind v%d); their "
+                "admission slots are freed", len(scored), limit, self.trainer.version,
+                extra={"version": self.trainer.version, "prompt_id": scored[0].prompt_id if scored else None},
+            )
         return metrics
 
     async def _ledgered(self, trained: list[str], step: Callable[[], Awaitable[dict[str, Any]]]) -> dict[str, Any]:

@@ -34,6 +34,18 @@ continues on what is admitted, and new prompts flow as versions arrive. Why exac
   a version, or the run counts from the published version on purpose) it is the expected weight-sync lag
   in versions. It stays within ``max_staleness``, or nothing would ever be admitted.
 
+Groups that end untrained. ``t(n)`` above assumes every group before prompt n moves the trainer a
+``1 / groups_per_version`` of a version. A group that ends without doing so — all of its rollouts dropped as
+stale in a step that therefore trained nothing, dropped whole at the join (incomplete at its timeout,
+its rollouts dead-lettered), or skipped as a gap in prompt order — does not, so the version that prompt n
+is trained at is ``base + (n − freed) // groups_per_version``, where ``freed`` counts those groups (state
+counter ``trainer:groups_freed``, kept by the trainer). Admission adds ``freed`` to the window: a group
+that ended untrained frees its slot. Without that credit the window counted them as if they had advanced
+the trainer: after ``(max_staleness − slack + 1) × groups_per_version`` such groups no prompt was ever
+admitted again, the trainer never stepped again, and the run was dead — a first run whose codec kernels
+were still compiling lost its first versions' rollouts to staleness and then stalled for good. The credit
+keeps the bound: freed groups only move later prompts *earlier* in the trainer's order.
+
 Under the bound an admitted prompt's rollouts are within ``max_staleness`` when trained — unless the
 trainer's order or pace differs from the above (the plain join releases groups as they complete), which
 the trainer's own check still catches: its ``max_staleness`` is the hard bound. The fleet's lag costs
@@ -42,8 +54,8 @@ for as long as a swap takes — instead of generation that is thrown away. A wor
 blob store unreachable) holds admission back until it catches up or leaves the registry (five heartbeats
 after its last).
 
-The trainer's progress is read from the state store (counters ``trainer:version`` and
-``trainer:groups_done``) and the versions the rollout workers serve from the worker registry (each
+The trainer's progress is read from the state store (counters ``trainer:version``,
+``trainer:groups_done`` and ``trainer:groups_freed``) and the versions the rollout workers serve from the worker registry (each
 rollout worker's heartbeat carries its ``version``, and it beats as soon as it swaps a new one in), so
 producers in other processes or regions see the same bound.
 """
@@ -69,18 +81,20 @@ from rlbus.bus.topics import PROMPTS
 from rlbus.observe.metrics import ADMISSION_WAITS
 from rlbus.schemas import Prompt
 from rlbus.state.base import StateStore, WorkerRecord
-from rlbus.state.progress import GROUPS_DONE_COUNTER, VERSION_COUNTER
+from rlbus.state.progress import GROUPS_DONE_COUNTER, GROUPS_FREED_COUNTER, VERSION_COUNTER
 
 log = logging.getLogger("rlbus.producers.prompts")
 
 @dataclass(frozen=True)
 class Progress:
-    """What admission reads: the trainer's newest published version, the groups it has finished, and the
-    lowest version the live rollout workers serve (None: unknown, so the published version counts)."""
+    """What admission reads: the trainer's newest published version, the groups it has finished, the
+    lowest version the live rollout workers serve (None: unknown, so the published version counts) and the
+    groups that ended without moving the trainer towards a version (each frees its slot)."""
 
     version: int
     groups_done: int
     served: int | None = None
+    groups_freed: int = 0
 
 
 @dataclass(frozen=True)
@@ -108,9 +122,10 @@ class Admission:
         return progress.version if progress.served is None else min(progress.version, progress.served)
 
     def window(self, progress: Progress, *, base_version: int = 0) -> int:
-        """How many prompts may be admitted in all, counting from ``base_version`` (``admitted`` = 0)."""
+        """How many prompts may be admitted in all, counting from ``base_version`` (``admitted`` = 0), plus
+        one for each group that ended untrained (``groups_freed``, counted since the producer started)."""
         ahead = self.reference(progress) - base_version + self.max_staleness - self.slack + 1
-        return max(0, ahead * self.groups_per_step)
+        return max(0, ahead * self.groups_per_step) + progress.groups_freed
 
     def allows(self, admitted: int, progress: Progress, *, base_version: int = 0) -> bool:
         """``base_version``: the version the trainer trains the first admitted prompt at."""
@@ -136,7 +151,8 @@ def progress_from_state(state: StateStore, *, served_by: str | None = None) -> C
 
     async def read() -> Progress:
         served = None if served_by is None else lowest_served(await state.workers(served_by))
-        return Progress(await state.get_counter(VERSION_COUNTER), await state.get_counter(GROUPS_DONE_COUNTER), served)
+        return Progress(await state.get_counter(VERSION_COUNTER), await state.get_counter(GROUPS_DONE_COUNTER),
+                        served, await state.get_counter(GROUPS_FREED_COUNTER))
 
     return read
 
@@ -197,18 +213,26 @@ class PromptProducer:
         self.sync_waits = 0
         self.reference: int | None = None
         self._base_version: int | None = None
+        #: ``trainer:groups_freed`` when the producer started: groups freed before it admitted anything
+        #: are not its prompts' credit (a restarted producer must not open the window by the run's past).
+        self._base_freed: int | None = None
+        #: Groups freed since the producer started (slots the window regained).
+        self.freed = 0
 
     def stats(self) -> dict[str, Any]:
         """What the producer's heartbeat carries (``processed`` = prompts admitted)."""
         return {"topics": [PROMPTS.name], "processed": self.admitted, "admitted": self.admitted,
                 "waits": self.waits, "sync_waits": self.sync_waits, "reference_version": self.reference,
-                "base_version": self._base_version, "run_id": self.run_id}
+                "base_version": self._base_version, "freed": self.freed, "run_id": self.run_id}
 
     async def run(self, stop: asyncio.Event) -> None:
         while not stop.is_set() and (self.limit is None or self.admitted < self.limit):
             progress = await self._progress()
-            if self._base_version is None:
+            if self._base_version is None or self._base_freed is None:
                 self._base_version = max(progress.version, self.first_version)
+                self._base_freed = progress.groups_freed
+            self.freed = progress.groups_freed - self._base_freed
+            progress = dataclasses.replace(progress, groups_freed=self.freed)
             self.reference = self.admission.reference(progress)
             if not self.admission.allows(self.admitted, progress, base_version=self._base_version):
                 self.waits += 1

@@ -75,7 +75,7 @@ from typing import Literal
 from rlbus.errors import MalformedMessage
 from rlbus.schemas import Reward, Rollout, decode, encode
 from rlbus.state.base import Merged, StateStore
-from rlbus.state.progress import outcome_counter
+from rlbus.state.progress import GROUPS_DONE_COUNTER, GROUPS_FREED_COUNTER, outcome_counter
 
 log = logging.getLogger("rlbus.state.join")
 
@@ -303,7 +303,15 @@ class JoinBuffer:
                 released.append(group)
             else:
                 await self.record(Outcome.INCOMPLETE, group.rollout_ids + group.unscored)
+                await self.free_groups(1)
         return released
+
+    async def free_groups(self, count: int) -> None:
+        """``count`` groups ended here without reaching the trainer: they count as done, and each frees its
+        admission slot (`rlbus.producers.prompts`, "Groups that end untrained")."""
+        if count > 0:
+            await self._state.incr(GROUPS_DONE_COUNTER, count)
+            await self._state.incr(GROUPS_FREED_COUNTER, count)
 
     async def record(self, outcome: Outcome, rollout_ids: Iterable[str]) -> int:
         """Enter rollouts' outcome in the ledger and count it. Returns how many were new — an id that

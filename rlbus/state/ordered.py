@@ -210,6 +210,7 @@ class OrderedJoin(JoinBuffer):
             log.warning("no message for prompt seq %d..%d after %.0f s; skipping to %d", cursor, target - 1,
                         now - self._blocked_since, target)
             self.skipped += range(cursor, target)
+            await self.free_groups(target - cursor)  # those prompts will never hold a place in the order
             self._blocked_since = None
             await self._move(target)  # what the run had covered is now behind the cursor: released as late
             jumped = True
