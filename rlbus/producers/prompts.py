@@ -55,9 +55,9 @@ blob store unreachable) holds admission back until it catches up or leaves the r
 after its last).
 
 The trainer's progress is read from the state store (counters ``trainer:version``,
-``trainer:groups_done`` and ``trainer:groups_freed``) and the versions the rollout workers serve from the worker registry (each
-rollout worker's heartbeat carries its ``version``, and it beats as soon as it swaps a new one in), so
-producers in other processes or regions see the same bound.
+``trainer:groups_done`` and ``trainer:groups_freed``) and the versions the rollout workers serve from
+the worker registry (each rollout worker's heartbeat carries its ``version``, and it beats as soon as it
+swaps a new one in), so producers in other processes or regions see the same bound.
 """
 
 from __future__ import annotations
