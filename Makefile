@@ -22,6 +22,7 @@ $(BIN)/rlbus: pyproject.toml
 	$(BIN)/pip install -q -U pip
 	$(BIN)/pip install -q -e '.[dev]'
 	$(BIN)/rlbus models install smollm2-135m-instruct
+	$(BIN)/rlbus codec warm
 	touch $@
 
 venv: $(BIN)/rlbus

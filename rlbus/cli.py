@@ -40,6 +40,8 @@ feedback_app = typer.Typer(help="Live user feedback on served rollouts → rewar
 app.add_typer(feedback_app, name="feedback")
 models_app = typer.Typer(help="Models rlbus ships, GGUF conversion and the model cache.", no_args_is_help=True)
 app.add_typer(models_app, name="models")
+codec_app = typer.Typer(help="The weight codec's compiled kernels.", no_args_is_help=True)
+app.add_typer(codec_app, name="codec")
 train_app = typer.Typer(help="Offline stages before RL (SFT → DPO → quality gate).", no_args_is_help=True)
 app.add_typer(train_app, name="train")
 offline_app = typer.Typer(help="Offline data from a run's log (DPO preference pairs).", no_args_is_help=True)
@@ -325,6 +327,17 @@ def models_convert(gguf: Annotated[Path, typer.Argument(help="A GGUF file.")]) -
 
 
 # --- kafka ----------------------------------------------------------------------------------------
+@codec_app.command("warm")
+def codec_warm() -> None:
+    """Compile the weight codec's kernels into numba's on-disk cache (bf16, fp16, fp32), so no process pays
+    for compilation during a run; `make` runs it at install. Prints where the cache is and how long it took."""
+    from rlbus.weights.codec.warm import cache_location, warm_kernels
+
+    with err.status("compiling the weight codec's kernels (a first run on this machine takes ~15 s a dtype)"):
+        took = warm_kernels()
+    console.print(f"codec kernels ready in {took:.1f} s; cache: {cache_location()}")
+
+
 @kafka_app.command("start")
 def kafka_start(
     brokers: Annotated[int, typer.Option(help="1, or 3 for a combined KRaft cluster on this machine.")] = 1,

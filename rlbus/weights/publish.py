@@ -27,6 +27,7 @@ from rlbus.errors import BlobStoreError
 from rlbus.observe.metrics import record_publish
 from rlbus.schemas import ChunkRef, TensorMeta, TensorSpan, WeightVersion, encode
 from rlbus.weights.codec import CHUNK_BYTES, Chunk, encode_state_delta, encode_state_keyframe
+from rlbus.weights.codec.warm import warm_kernels
 from rlbus.weights.digest import state_digest
 from rlbus.weights.layout import DTYPE_NAMES, chunk_key, manifest_key
 from rlbus.weights.store import BlobStore
@@ -101,6 +102,8 @@ class WeightPublisher:
         if version <= self.version:
             raise ValueError(f"version {version} is not above v{self.version}, published last: versions never repeat")
         base = self.version
+        if self._last is None:  # the first version: compile the codec now, not in the middle of the run
+            await asyncio.to_thread(warm_kernels, [self.dtype])
         t0 = time.perf_counter()
         snapshot = await asyncio.to_thread(self.snapshot, master)
         with_keyframe = self._last is None or version % self.keyframe_every == 0

@@ -53,6 +53,8 @@ from rlbus.observe.metrics import SYNC_REFUSED, count_in, record_sync
 from rlbus.schemas import WeightVersion, decode
 from rlbus.weights.apply import apply_update_
 from rlbus.weights.codec import StagedUpdate, decode_chunk
+from rlbus.weights.codec.warm import DTYPES as CODEC_DTYPES
+from rlbus.weights.codec.warm import warm_kernels
 from rlbus.weights.digest import state_digest
 from rlbus.weights.layout import manifest_key
 from rlbus.weights.store import BlobStore
@@ -138,7 +140,12 @@ class WeightSync:
     async def run(self, stop: asyncio.Event) -> None:
         """Catch up from the latest manifest, then follow ``rl.weights.v1`` until ``stop`` is set."""
         ends = await self._bus.end_offsets(WEIGHTS.name)  # snapshot first: nothing published after it is lost
-        if self.version is None:
+        if self.version is None:  # compile the codec before the first version: no JIT pause in a later sync
+            dtypes = {t.dtype for t in self.state.values()} & set(CODEC_DTYPES)
+            took = await asyncio.to_thread(warm_kernels, dtypes)
+            if took > 1.0:
+                log.info("codec kernels ready in %.1f s (%s)", took, ", ".join(sorted(map(str, dtypes))),
+                         extra={"worker": self.worker_id})
             await self.catch_up()
         async with self._bus.consumer([WEIGHTS], group=None) as consumer:
             for partition, end in ends.items():
