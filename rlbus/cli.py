@@ -1177,6 +1177,7 @@ BENCHMARKS = {
     "judge": "rlbus.bench.judge",
     "engines": "rlbus.bench.engines",
     "serve": "rlbus.bench.serve",
+    "firstsync": "rlbus.bench.firstsync",
 }
 
 
