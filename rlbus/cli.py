@@ -112,6 +112,10 @@ def demo(
     json_path: Annotated[Path | None, typer.Option("--json", help="Write the run's figures here.")] = None,
     run_dir: Annotated[Path, typer.Option(help="Where blobs, summary.json and demo.png go.")] = Path("runs/demo"),
     steps: Annotated[int | None, typer.Option(help="RL steps (default: 60, or 15 with --quick).")] = None,
+    time_budget: Annotated[
+        float | None, typer.Option(help="Seconds of RL before the demo gives up (default 300, 60 with --quick); "
+                                        "ending on it instead of the step count exits 1.")
+    ] = None,
     workers: Annotated[int | None, typer.Option(help="Rollout workers (default 3, or 2 with --quick).")] = None,
     seed: int = 0,
     teacher_error: Annotated[
@@ -152,6 +156,7 @@ def demo(
     config = dataclasses.replace(
         config,
         rl_steps=config.rl_steps if steps is None else steps,
+        time_budget_s=config.time_budget_s if time_budget is None else time_budget,
         workers=config.workers if workers is None else workers,
     ).tuned(task={"seed": seed}, trainer={} if teacher_error is None else {"teacher_error": teacher_error})
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -175,6 +180,10 @@ def demo(
     console.print(f"plot: {plot(result, run_dir / 'demo.png')}")
     if json_path is not None:
         json_path.write_bytes(msgspec.json.format(msgspec.json.encode(figures), indent=2))
+    if not result.completed:
+        err.print(f"[red]the demo did not do its job:[/red] it ended on its {config.time_budget_s:.0f} s time budget "
+                  f"after {result.steps} of {result.steps_target} RL steps. Waiting for: {result.stalled}")
+        raise typer.Exit(1)
 
 
 def _in_vllm_env() -> None:
@@ -196,18 +205,27 @@ def _in_vllm_env() -> None:
     os.execv(command[0], [*command, *sys.argv[1:]])
 
 
-def _status_logger(every_s: float = 10.0) -> Callable[[Any], None]:
+def _status_logger(every_s: float = 10.0, quiet_s: float = 60.0) -> Callable[[Any], None]:
+    """The demo's log when stdout is not a terminal: a phase change at once; a changed status line at most
+    every ``every_s``; an unchanged one only every ``quiet_s``, saying for how long nothing changed (a
+    stall reads as one line a minute, not the same line every 10 s)."""
     import time
 
     from rlbus.demo_view import status_line
 
-    last: dict[str, Any] = {"t": 0.0, "phase": ""}
+    last: dict[str, Any] = {"t": 0.0, "phase": "", "line": "", "changed": time.monotonic()}
 
     def log(demo: Any) -> None:
-        now = time.monotonic()
-        if now - last["t"] >= every_s or demo.phase != last["phase"]:
-            last.update(t=now, phase=demo.phase)
-            console.print(status_line(demo), markup=False, highlight=False)
+        now, line = time.monotonic(), status_line(demo)
+        if line != last["line"] and last["line"]:
+            last["changed"] = now
+        if demo.phase != last["phase"] or (line != last["line"] and now - last["t"] >= every_s):
+            console.print(line, markup=False, highlight=False)
+        elif line == last["line"] and now - last["t"] >= quiet_s:
+            console.print(f"{line}  (no change for {now - last['changed']:.0f} s)", markup=False, highlight=False)
+        else:
+            return
+        last.update(t=now, phase=demo.phase, line=line)
 
     return log
 

@@ -71,6 +71,7 @@ from rlbus.launch.build import (
 from rlbus.launch.config import RunConfig, StateSection, TrainerSection, config_from_dict, to_tables
 from rlbus.observe.runlog import STEPS, WEIGHTS, RunLog, syncs_name
 from rlbus.observe.stats import percentile
+from rlbus.producers.prompts import PromptProducer
 from rlbus.schemas import Prompt
 from rlbus.state.base import StateStore
 from rlbus.state.join import JoinBuffer, Outcome
@@ -177,12 +178,21 @@ class DemoResult:
     outcomes: dict[str, int] = field(default_factory=dict)
     accuracy_base: float | None = None
     """Greedy held-out accuracy of the model before the warm start; None when RL started from given weights."""
+    steps_target: int = 0
+    """The RL steps asked for; fewer in ``steps`` means the run ended on its time budget."""
+    stalled: str | None = None
+    """When the run ended on its time budget: what it was waiting for (`Demo.stall_report`)."""
+
+    @property
+    def completed(self) -> bool:
+        """Whether the run did its steps (instead of ending on its time budget)."""
+        return self.steps >= self.steps_target
 
     def figures(self) -> dict[str, Any]:
         keys = (
             "accuracy_base", "accuracy_start", "accuracy_end", "versions_published", "rollouts_trained",
             "rollouts_dropped", "max_staleness", "delta_bytes_mean", "full_bytes", "swap_pause_ms_p99", "wall_s",
-            "steps",
+            "steps", "steps_target", "completed", "stalled",
         )
         return {k: getattr(self, k) for k in keys} | {"outcomes": self.outcomes}
 
@@ -213,6 +223,8 @@ class Demo:
         self.publisher: WeightPublisher | None = None
         self.trainer: Trainer | None = None
         self.join: JoinBuffer | None = None
+        self.producer: PromptProducer | None = None
+        self.stalled: str | None = None
         self.rl_started = 0.0
         self.rl_wall_s = 0.0
         #: (seconds since RL started, step, weights) every ``snapshot_every`` steps.
@@ -272,7 +284,7 @@ class Demo:
         ]
         self.syncs = [s.sync for s in stacks if s.sync is not None]
         self.rollout_workers = [s.worker for s in stacks]
-        producer = prompt_producer(
+        producer = self.producer = prompt_producer(
             bus=bus, state=state, **{**produce, "max_staleness": staleness},
             run_id=f"demo-s{c.seed}",  # prompt ids, hence partitions, follow the seed: runs repeat
         )
@@ -294,6 +306,9 @@ class Demo:
                 await asyncio.sleep(0.25)
                 self._update()
             self.rl_wall_s = time.monotonic() - rl_started
+            if not trainer.worker.finished:
+                self.stalled = await self.stall_report()
+                log.warning("RL ended on its %.0f s time budget: %s", c.time_budget_s, self.stalled)
             stop.set()
         self.phase = "evaluating"
         self._update()
@@ -304,6 +319,22 @@ class Demo:
         result = await self._result()
         self._write_run_log(result)
         return result
+
+    async def stall_report(self) -> str:
+        """What a run that ran out of time was waiting for: steps, versions, admission and outcomes."""
+        assert self.trainer is not None and self.join is not None
+        now = time.monotonic()
+        since = now - self.started - self.reward_points[-1][0] if self.reward_points else now - self.rl_started
+        workers = ", ".join(f"{w.region} v{s.version}" for w, s in zip(self.rollout_workers, self.syncs, strict=False))
+        outcomes = ", ".join(f"{k} {v}" for k, v in sorted((await self.join.counts()).items()) if v)
+        parts = [f"{self.trainer.step} of {self.config.rl_steps} steps, the last {since:.0f} s ago",
+                 f"trainer v{self.trainer.version}, workers {workers or 'none'}"]
+        if self.producer is not None:
+            p = self.producer.stats()
+            parts.append(f"prompts admitted {p['admitted']} (waited {p['waits']} times for admission, "
+                         f"{p['freed']} slots freed)")
+        parts.append(f"rollouts {outcomes or 'none with an outcome'}")
+        return "; ".join(parts)
 
     def _on_step(self, metrics: dict[str, Any]) -> None:
         self.step_metrics.append(metrics)
@@ -354,6 +385,8 @@ class Demo:
             swap_pause_ms_p99=percentile(pauses, 99) if pauses else 0.0,
             wall_s=time.monotonic() - self.started,
             steps=self.trainer.step,
+            steps_target=self.config.rl_steps,
+            stalled=self.stalled,
             rewards=list(self.reward_points),
             staleness=staleness,
             deltas=deltas,

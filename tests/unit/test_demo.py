@@ -6,6 +6,8 @@ from __future__ import annotations
 import dataclasses
 from pathlib import Path
 
+import pytest
+
 from rlbus.demo import Demo, DemoConfig, DemoResult
 from rlbus.demo_view import plot, summary_table
 
@@ -93,3 +95,34 @@ async def test_demo_trains_an_hf_model_through_every_role(tmp_path: Path, tiny_h
     # a random model never answers, so every advantage is 0 and the RL deltas are empty; the warm start's
     # change arrived as the v1 keyframe
     assert result.rollouts_trained >= 2 * 2 * 2 and result.outcomes["dead_lettered"] == 0
+
+
+async def test_a_demo_that_runs_out_of_time_says_what_it_was_waiting_for(tmp_path: Path) -> None:
+    config = dataclasses.replace(
+        DemoConfig.quick().tuned(trainer={"warm_steps": 10, "groups_per_step": 2}, task={"group_size": 4}),
+        workers=1, rl_steps=10_000, time_budget_s=3, eval_size=4,
+    )
+    result = await Demo(config, tmp_path).run()
+    assert not result.completed and result.steps < 10_000
+    assert result.stalled is not None and f"{result.steps} of 10000 steps" in result.stalled
+    assert "prompts admitted" in result.stalled and "trainer v" in result.stalled
+    assert result.figures()["completed"] is False
+
+
+def test_the_cli_exits_1_when_the_demo_ends_on_its_time_budget(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from typer.testing import CliRunner
+
+    from rlbus import cli
+
+    async def ran_out(self: Demo) -> DemoResult:
+        return DemoResult(accuracy_start=0.3, accuracy_end=0.3, versions_published=4, rollouts_trained=24,
+                          rollouts_dropped=24, max_staleness=2, delta_bytes_mean=1.0, full_bytes=10, wall_s=300.0,
+                          swap_pause_ms_p99=0.1, steps=3, steps_target=60,
+                          stalled="3 of 60 steps, the last 290 s ago; trainer v4, workers eu-west v1")
+
+    monkeypatch.setattr(Demo, "run", ran_out)
+    monkeypatch.setattr("rlbus.demo_view.plot", lambda result, path: path)
+    out = CliRunner().invoke(cli.app, ["demo", "--run-dir", str(tmp_path), "--json", str(tmp_path / "f.json")])
+    assert out.exit_code == 1, out.output
+    text = " ".join(out.output.split())  # the console wraps at its width
+    assert "did not do its job" in text and "3 of 60 RL steps" in text and "workers eu-west v1" in text
