@@ -12,6 +12,7 @@ ledger. ``rlbus bench chaos`` and the pytest suite under ``tests/chaos/`` run th
     poison            garbage, wrong schema versions, oversize, NaN rewards         (rlbus.chaos.poison)
     rollout_kill      a `rlbus worker rollout` process SIGKILLed mid-generation      (rlbus.chaos.processes)
     trainer_kill      the trainer process SIGKILLed mid-step and restarted          (rlbus.chaos.processes)
+    worker_lag        a rollout worker's weights frozen past max_staleness, thawed  (rlbus.chaos.processes)
     graceful_stop     SIGTERM drains and commits; a second SIGTERM exits at once    (rlbus.chaos.processes)
 """
 
@@ -30,7 +31,7 @@ def scenarios() -> dict[str, Scenario]:
     from rlbus.chaos.blobs import blob_store_down, corrupt_chunk
     from rlbus.chaos.infra import broker_kill, redis_restart
     from rlbus.chaos.poison import poison
-    from rlbus.chaos.processes import graceful_stop, rollout_kill, trainer_kill
+    from rlbus.chaos.processes import graceful_stop, rollout_kill, trainer_kill, worker_lag
 
     return {
         "poison": poison,
@@ -40,6 +41,7 @@ def scenarios() -> dict[str, Scenario]:
         "broker_kill": broker_kill,
         "rollout_kill": rollout_kill,
         "trainer_kill": trainer_kill,
+        "worker_lag": worker_lag,
         "graceful_stop": graceful_stop,
     }
 

@@ -20,6 +20,10 @@ find work — and rollouts more than 3 versions behind are dropped as stale, an 
   everything has an outcome the trainer stops gracefully and the scenario compares the checkpoint's count
   of rollouts in the model's updates with the ledger's "trained": more means an update applied twice,
   fewer an update lost (each counted, never hidden).
+* ``worker_lag``: one rollout worker reads the weights through a blob store that stalls for longer than
+  ``max_staleness`` versions while it keeps generating (admission counting from the published version);
+  its rollouts are dropped as stale, their groups free their admission slots and training goes on: the
+  run admits and trains all its prompts (before the slots were freed, this run stopped admitting for good).
 * ``graceful_stop``: a rollout worker stopped with one SIGTERM finishes the prompts it holds, commits and
   exits 0 (nothing redelivered); the trainer stopped with one SIGTERM checkpoints exactly the recorded
   step and a restart continues; a worker sent two SIGTERMs exits at once with 143.
@@ -47,9 +51,11 @@ from rlbus.chaos.harness import Progress
 from rlbus.chaos.ledger import ScenarioReport, audit, fill, read_topic
 from rlbus.chaos.rig import PARTITIONS, ChaosRig
 from rlbus.schemas import Rollout
+from rlbus.services import free_port
 from rlbus.state.join import FINAL, ROLLED_BACK, JoinBuffer, Outcome, RewardPolicy
-from rlbus.state.progress import PROMPT_SEQ
+from rlbus.state.progress import GROUPS_FREED_COUNTER, PROMPT_SEQ, VERSION_COUNTER
 from rlbus.state.redis import RedisStateStore
+from rlbus.weights.store import LocalStore
 
 if TYPE_CHECKING:
     from rlbus.training.checkpoint import TrainerState
@@ -60,7 +66,9 @@ ROLES = ("trainer", "reward", "rollout-a", "rollout-b", "prompts")
 SIGNALLED = (None, 0, -signal.SIGKILL, -signal.SIGTERM, 128 + signal.SIGTERM)
 
 
-def run_config(rig: ChaosRig, root: Path, namespace: str, *, seed: int, max_staleness: int) -> str:
+def run_config(
+    rig: ChaosRig, root: Path, namespace: str, *, seed: int, max_staleness: int, admission: str = "served"
+) -> str:
     """The run's TOML: a tiny policy, groups of 4, one group per step, a checkpoint every step."""
     return f"""
 [bus]
@@ -83,6 +91,7 @@ max_seq = 64
 [trainer]
 lr = 1e-3
 groups_per_step = 1
+admission = "{admission}"
 max_staleness = {max_staleness}
 checkpoint_dir = "{root / 'checkpoints'}"
 checkpoint_every = 1
@@ -107,7 +116,7 @@ class Workers:
 
     def __init__(
         self, rig: ChaosRig, root: Path, name: str, *, seed: int, prompts: int, max_staleness: int,
-        budget_s: float = 900.0,
+        budget_s: float = 900.0, admission: str = "served",
     ) -> None:
         self.rig = rig
         #: Every wait ends by then, so a stuck scenario fails with its report (which wait, what the ledger
@@ -120,7 +129,8 @@ class Workers:
         root.mkdir(parents=True, exist_ok=True)
         (root / "logs").mkdir(exist_ok=True)
         self.config = root / "run.toml"
-        self.config.write_text(run_config(rig, root, self.namespace, seed=seed, max_staleness=max_staleness))
+        self.config.write_text(run_config(rig, root, self.namespace, seed=seed, max_staleness=max_staleness,
+                                          admission=admission))
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
         self.state = RedisStateStore.from_url(rig.redis.url, key_prefix=f"rlbus:{self.namespace}:", reconnect=True)
         self.join = JoinBuffer(state=self.state, policy=RewardPolicy())
@@ -142,14 +152,16 @@ class Workers:
         await self.state.close()
 
     # --- processes -------------------------------------------------------------------------------
-    def start(self, name: str) -> subprocess.Popen[bytes]:
+    def start(self, name: str, env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
+        """Start role process ``name``; ``env`` is set on top of the rig's (a worker's own blob store URL)."""
         from rlbus.launch.up import rlbus_command
 
         role = name.split("-")[0]
         log = (self.root / "logs" / f"{name}.log").open("ab")
-        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        extra, env = env or {}, {**os.environ, "PYTHONUNBUFFERED": "1"}
         for key in ("RLBUS_KAFKA_BOOTSTRAP", "RLBUS_REDIS_URL", "RLBUS_BLOB_URL"):
             env.pop(key, None)  # the run config names the rig's services; a developer's env must not win
+        env.update(extra)
         proc = subprocess.Popen(
             [*rlbus_command(), "worker", role, "--config", str(self.config), "--worker-id", name],
             stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env, start_new_session=True,
@@ -286,13 +298,14 @@ async def _scenario(
     max_staleness: int = 1000,
     roles: tuple[str, ...] = ROLES,
     budget_s: float = 900.0,
+    admission: str = "served",
 ) -> ScenarioReport:
     report = ScenarioReport(scenario=name)
     began = time.monotonic()
     stop = asyncio.Event()
     root = rig.home / "runs" / name
     async with Workers(rig, root, name, seed=seed, prompts=prompts, max_staleness=max_staleness,
-                       budget_s=budget_s) as workers:
+                       budget_s=budget_s, admission=admission) as workers:
         sampler = asyncio.create_task(workers.sample(stop))
         try:
             await workers.start_run(roles)
@@ -364,6 +377,84 @@ async def trainer_kill(rig: ChaosRig, *, seed: int = 0, quick: bool = False) -> 
     # 400 s when quick: the test allows 480 (the restarted trainer's graceful stop and the audit come after)
     return await _scenario(rig, "trainer_kill", seed=seed, prompts=16 if quick else 32, body=body,
                            budget_s=400.0 if quick else 900.0)
+
+
+class StallingStore(LocalStore):
+    """The run's blob directory, read through a gate: while ``open`` is clear every read waits (a store
+    that stalls: a congested link, a hung relay), so a worker reading through it keeps the weights it
+    holds and keeps generating on them."""
+
+    def __init__(self, root: Path) -> None:
+        super().__init__(root)
+        self.open = asyncio.Event()
+        self.open.set()
+        self.stalled_reads = 0
+
+    async def _gate(self) -> None:
+        if not self.open.is_set():
+            self.stalled_reads += 1
+            await self.open.wait()
+
+    async def get(self, key: str) -> bytes:
+        await self._gate()
+        return await super().get(key)
+
+    async def get_range(self, key: str, start: int, stop: int) -> bytes:
+        await self._gate()
+        return await super().get_range(key, start, stop)
+
+
+async def worker_lag(rig: ChaosRig, *, seed: int = 0, quick: bool = False) -> ScenarioReport:
+    """One rollout worker's weight sync frozen for longer than ``max_staleness`` versions while it keeps
+    generating, then thawed: its rollouts arrive too stale and are dropped, their groups free their
+    admission slots, and training goes on (the run admits and trains every prompt). Admission counts from
+    the published version here, as the embedded demo's does: counting from the served one, the lagging
+    worker would hold admission back instead (rlbus/producers/prompts.py) and nothing would go stale."""
+    from rlbus.weights.http_store import BlobServer, serve
+
+    staleness = 1
+
+    async def body(w: Workers, report: ScenarioReport) -> None:
+        secret = uuid.uuid4().hex
+        store = StallingStore(w.root / "blobs")
+        port = free_port()
+        runner = await serve(BlobServer(store, secret=secret), "127.0.0.1", port)
+        try:
+            w.start("rollout-b", env={"RLBUS_BLOB_URL": f"http://127.0.0.1:{port}", "RLBUS_BLOB_SECRET": secret})
+            await w.wait_until("rollout-b at work", lambda: _produced_by(w, "rollout-b", at_least=4), timeout_s=240)
+            store.open.clear()
+            frozen_at, v0 = time.monotonic(), await w.state.get_counter(VERSION_COUNTER)
+            report.faults.append(f"rollout-b's blob store stalls at trainer v{v0}")
+            await w.wait_until(f"the trainer more than {staleness} versions past v{v0}",
+                               lambda: _version_past(w, v0 + staleness + 1), timeout_s=240)
+            await w.wait_until("rollout-b's stale rollouts dropped", lambda: _dropped_stale(w), timeout_s=240)
+            v1 = await w.state.get_counter(VERSION_COUNTER)
+            store.open.set()
+            report.faults.append(f"rollout-b's blob store back after {time.monotonic() - frozen_at:.1f} s, "
+                                 f"trainer at v{v1}")
+            await w.wait_until("training goes on after the thaw", lambda: _version_past(w, v1 + 1), timeout_s=240)
+            report.recovery_s = round(time.monotonic() - frozen_at, 2)
+            freed = await w.state.get_counter(GROUPS_FREED_COUNTER)
+            stale = (await w.join.counts()).get(Outcome.STALE.value, 0)
+            report.check("the trainer moved on past rollout-b's staleness bound", v1 > v0 + staleness)
+            report.check("rollout-b's stale rollouts were dropped and freed their slots", stale > 0 and freed > 0)
+            report.extra.update(frozen_at_version=v0, thawed_at_version=v1, dropped_stale=stale,
+                                groups_freed=freed, stalled_reads=store.stalled_reads)
+        finally:
+            store.open.set()
+            await runner.cleanup()
+
+    return await _scenario(rig, "worker_lag", seed=seed, prompts=24 if quick else 48, body=body,
+                           max_staleness=staleness, admission="published",
+                           roles=("trainer", "reward", "rollout-a", "prompts"), budget_s=_budget(quick))
+
+
+async def _version_past(w: Workers, version: int) -> bool:
+    return await w.state.get_counter(VERSION_COUNTER) >= version
+
+
+async def _dropped_stale(w: Workers) -> bool:
+    return (await w.join.counts()).get(Outcome.STALE.value, 0) > 0
 
 
 async def _effect(report: ScenarioReport, w: Workers) -> None:

@@ -75,6 +75,14 @@ async def test_the_trainer_process_is_killed_and_restarted(rig: ChaosRig) -> Non
 
 
 @pytest.mark.slow
+async def test_a_worker_whose_weights_lag_past_the_bound_does_not_stall_the_run(rig: ChaosRig) -> None:
+    report = await scenarios()["worker_lag"](rig, seed=0, quick=True)
+    verdict(report)
+    assert report.extra["dropped_stale"] > 0 and report.extra["groups_freed"] > 0
+    assert report.extra["thawed_at_version"] > report.extra["frozen_at_version"] + 1
+
+
+@pytest.mark.slow
 async def test_sigterm_drains_and_a_second_exits_at_once(rig: ChaosRig) -> None:
     report = await scenarios()["graceful_stop"](rig, seed=0, quick=True)
     verdict(report)
