@@ -28,7 +28,7 @@ from rlbus.errors import TopicNotFound
 from rlbus.observe.heartbeat import jsonable
 from rlbus.observe.lag import DEFAULT_GROUPS, GroupLag, group_lag
 from rlbus.state.base import StateStore, WorkerRecord
-from rlbus.state.progress import GROUPS_DONE_COUNTER, VERSION_COUNTER
+from rlbus.state.progress import GROUPS_DONE_COUNTER, GROUPS_FREED_COUNTER, VERSION_COUNTER
 
 
 @dataclass(frozen=True)
@@ -105,6 +105,7 @@ async def take_snapshot(
     trainer: dict[str, Any] = {
         "version": await state.get_counter(VERSION_COUNTER),
         "groups_done": await state.get_counter(GROUPS_DONE_COUNTER),
+        "groups_freed": await state.get_counter(GROUPS_FREED_COUNTER),
     }
     beats = [w for w in workers if w["role"] == "trainer"]
     if beats:
@@ -154,7 +155,9 @@ def _notes(role: str, info: Mapping[str, Any]) -> str:
     if "scored" in info:
         parts.append(f"scored {info['scored']}")
     if "admitted" in info:
-        parts.append(f"admitted {info['admitted']} waits {info.get('waits', 0)}")
+        parts.append(f"admitted {info['admitted']} waits {info.get('waits', 0)} "
+                     f"(sync {info.get('sync_waits', 0)}) from v{info.get('reference_version', '-')}, "
+                     f"freed {info.get('freed', 0)}")
     if info.get("dead_letters"):
         parts.append(f"[red]dlq {info['dead_letters']}[/red]")
     if info.get("status") == "stopping":
@@ -172,7 +175,8 @@ def render(snapshot: Snapshot) -> RenderableType:
     )
     header = Text.from_markup(
         f"[bold]rlbus status[/bold] {when}  trainer [bold]v{t['version']}[/bold] step {t.get('step', '-')}, "
-        f"{t['groups_done']} groups done\nworkers: {roles or 'none registered'}"
+        f"{t['groups_done']} groups done ({t.get('groups_freed', 0)} untrained, slots freed)\n"
+        f"workers: {roles or 'none registered'}"
     )
 
     workers = Table(title="workers", title_justify="left")
