@@ -526,8 +526,6 @@ def config_from_dict(raw: Mapping[str, Any], environ: Mapping[str, str]) -> RunC
     for name in ("max_staleness", "normalize_std"):
         if name in tables["trainer"].get("grpo", {}):
             raise ConfigError(f"trainer.grpo.{name}", f"set trainer.{name} instead (it also bounds admission)")
-    if isinstance(tables["trainer"].get("online"), dict):  # its own errors name trainer.online.<field>
-        parse(OnlineConfig, tables["trainer"]["online"], prefix="trainer.online")
     sections = {name: parse(SECTIONS[name], data, prefix=name) for name, data in tables.items()}
     return RunConfig(model=_model_section(model), **sections)
 

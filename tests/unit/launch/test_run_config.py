@@ -77,6 +77,8 @@ def test_only_connection_tables_is_enough(tmp_path: Path) -> None:
         ("[trainer]\nlr = 'fast'\n", "trainer.lr"),
         ("[trainer]\ngroups_per_stepp = 4\n", "trainer.groups_per_stepp"),
         ("[trainer]\nreward_sources = []\n", "trainer.reward_sources"),
+        ("[trainer.grpo]\neps_low = 3.0\n", "trainer.grpo.eps_low"),  # a nested table's own check
+        ("[trainer.online]\nema = 2.0\n", "trainer.online.ema"),
         ("[rollout]\ntemperature = 0.0\n", "rollout.temperature"),
         ("[rollout]\nprefix_cache_tokens = -1\n", "rollout.prefix_cache_tokens"),
         ("[task]\ngroup_size = 1\n", "task.group_size"),
