@@ -110,7 +110,8 @@ class Pipeline:
         torch.manual_seed(config.seed)
         trainer = trainer_stack(
             bus=bus, state=state, store=store if config.weights else None, model=Policy(config.model), lr=1e-3,
-            grpo=GRPOConfig(max_staleness=config.max_staleness), groups_per_step=config.groups_per_step,
+            grpo=GRPOConfig(max_staleness=config.max_staleness, normalize_std=False),
+            groups_per_step=config.groups_per_step,
             model_id=config.model_id, keyframe_every=config.keyframe_every, retain_versions=1000,
             join_timeout_s=config.join_timeout_s, join_class=CountingJoin, expire_every_s=0.5,
         )

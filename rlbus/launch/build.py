@@ -97,7 +97,7 @@ def trainer_args(config: RunConfig) -> dict[str, Any]:
     """`rlbus.build.trainer.trainer_stack`'s GRPO, publishing, checkpoint and join arguments."""
     t = config.trainer
     return {
-        "lr": t.lr, "grpo": t.grpo_config(), "groups_per_step": t.groups_per_step, "publish_every": t.publish_every,
+        "lr": t.lr, "grpo": t.grpo, "groups_per_step": t.groups_per_step, "publish_every": t.publish_every,
         "keyframe_every": t.keyframe_every, "retain_versions": t.retain_versions,
         "checkpoint_every": t.checkpoint_every, "keep_checkpoints": t.keep_checkpoints,
         "reward_sources": tuple(t.reward_sources), "join_timeout_s": t.join_timeout_s, "ordered": t.ordered,
@@ -114,7 +114,7 @@ def producer_args(config: RunConfig) -> dict[str, Any]:
     task, t = config.task, config.trainer
     return {
         "env": task.env, "env_config": task.env_config, "seed": task.seed, "group_size": task.group_size,
-        "max_staleness": t.max_staleness, "groups_per_version": t.groups_per_step * t.publish_every,
+        "max_staleness": t.grpo.max_staleness, "groups_per_version": t.groups_per_step * t.publish_every,
         "admission_slack": t.admission_slack,
     }
 

@@ -9,11 +9,11 @@ Tables (each optional; defaults equal ``rlbus demo``'s, so a file with only ``[b
     [task]     env, env_config, group_size, seed
     [model]    kind = "policy" (PolicyConfig fields over the demo's shape) or "hf" (name | path | gguf), device,
                or checkpoint = "DIR" written by `rlbus pretrain` / the trainer
-    [trainer]  lr, groups_per_step, max_staleness, admission, publish_every, checkpoint_dir, checkpoint_every,
+    [trainer]  lr, groups_per_step, admission, publish_every, checkpoint_dir, checkpoint_every,
                reward_sources, reward_weights, invalid_judgements, join_timeout_s, warm_steps (when starting
                without a checkpoint) …
-    [trainer.grpo]  the GRPO step's other knobs (is_mode, router_replay, minibatches, micro_batch_rows,
-               compute_dtype …: rlbus.training.config.GRPOConfig)
+    [trainer.grpo]  the GRPO step (max_staleness — also the admission bound —, normalize_std, is_mode,
+               router_replay, minibatches, micro_batch_rows, compute_dtype …: rlbus.training.config.GRPOConfig)
     [trainer.online]  training on served traffic: enabled, estimator, baseline, max_age_s, release cadence …
                (rlbus.training.config.OnlineConfig)
     [dpo]      the offline preference stage before RL: steps, data, beta, loss, gate_accuracy …
@@ -149,22 +149,19 @@ class TrainerSection(msgspec.Struct, **_STRUCT):
     lr: float = 3e-4
     #: Complete groups per GRPO step.
     groups_per_step: int = 8
-    #: Versions a rollout may lag; older ones are dropped (also the admission-control bound).
-    max_staleness: int = 2
     #: The version admission control counts from (rlbus.producers.prompts): ``served`` — the lowest
     #: version the live rollout workers hold, so a worker still staging a delta holds new prompts back
     #: instead of generating rollouts the trainer will drop; ``published`` — the trainer's newest version
     #: (AReaL's rule as published; budget the weight-sync lag with admission_slack then).
     admission: Literal["served", "published"] = "served"
-    #: Versions of weight-sync lag admission budgets beyond what it observes (0..max_staleness).
+    #: Versions of weight-sync lag admission budgets beyond what it observes (0..grpo.max_staleness).
     admission_slack: int = 0
     #: Steps per published weight version.
     publish_every: int = 1
-    #: Divide advantages by the group's reward std (GRPO's original normalisation).
-    normalize_std: bool = True
-    #: The rest of the GRPO step (``[trainer.grpo]``: is_mode, tis_cap, mis_low/high, eps_low/high,
-    #: router_replay, minibatches, micro_batch_rows, compute_dtype, max_grad_norm …; see
-    #: `rlbus.training.config.GRPOConfig`). Its max_staleness and normalize_std are the two fields above.
+    #: The GRPO step (``[trainer.grpo]``: max_staleness — versions a rollout may lag, also the bound of
+    #: admission control and of the gateway's RL sessions —, normalize_std, is_mode, tis_cap, mis_low/high,
+    #: eps_low/high, router_replay, minibatches, micro_batch_rows, compute_dtype, max_grad_norm …; see
+    #: `rlbus.training.config.GRPOConfig`).
     grpo: GRPOConfig = msgspec.field(default_factory=GRPOConfig)
     #: Directory of the trainer's checkpoints; a restart restores the newest. None: no checkpoints.
     checkpoint_dir: str | None = None
@@ -213,10 +210,10 @@ class TrainerSection(msgspec.Struct, **_STRUCT):
         for name in positive:
             if not getattr(self, name) > 0:
                 raise ValueError(f"{name} must be > 0")
-        if self.max_staleness < 0 or self.warm_steps < 0:
-            raise ValueError(f"{'max_staleness' if self.max_staleness < 0 else 'warm_steps'} must be ≥ 0")
-        if not 0 <= self.admission_slack <= self.max_staleness:
-            raise ValueError(f"admission_slack must be in 0..max_staleness ({self.max_staleness})")
+        if self.warm_steps < 0:
+            raise ValueError("warm_steps must be ≥ 0")
+        if not 0 <= self.admission_slack <= self.grpo.max_staleness:
+            raise ValueError(f"admission_slack must be in 0..grpo.max_staleness ({self.grpo.max_staleness})")
         if not 0.0 <= self.teacher_error <= 1.0:
             raise ValueError("teacher_error must be in [0, 1]")
         if not self.reward_sources:
@@ -226,11 +223,6 @@ class TrainerSection(msgspec.Struct, **_STRUCT):
             raise ValueError(f"reward_weights names {unknown}, which are not in reward_sources")
         if not 0.0 <= self.invalid_weight <= 1.0:
             raise ValueError("invalid_weight must be in [0, 1]")
-
-    def grpo_config(self) -> GRPOConfig:
-        """The GRPO step's whole configuration: ``[trainer.grpo]`` with this table's staleness bound and
-        normalisation."""
-        return msgspec.structs.replace(self.grpo, max_staleness=self.max_staleness, normalize_std=self.normalize_std)
 
 
 class DPOSection(msgspec.Struct, **_STRUCT):
@@ -495,6 +487,14 @@ SECTIONS: dict[str, type[Any]] = {
 }
 
 
+#: Fields that moved into the nested table of the struct that declares them: an old config fails naming the
+#: new place (``[table] field`` → ``[table.sub] field``).
+MOVED: dict[str, str] = {
+    "trainer.max_staleness": "trainer.grpo.max_staleness",
+    "trainer.normalize_std": "trainer.grpo.normalize_std",
+}
+
+
 def load_config(path: Path | None, environ: Mapping[str, str] | None = None) -> RunConfig:
     """Read ``path`` (None: every default), apply the environment overrides, validate every table."""
     text = ""
@@ -522,10 +522,11 @@ def config_from_dict(raw: Mapping[str, Any], environ: Mapping[str, str]) -> RunC
     if kind != "kafka":
         raise ConfigError("bus.kind", f"the distributed mode runs on Kafka, not {kind!r}")
     _apply_env(tables, environ)
+    for old, new in MOVED.items():
+        table, name = old.split(".")
+        if name in tables[table]:
+            raise ConfigError(old, f"moved: set {new} (the [{new.rsplit('.', 1)[0]}] table) instead")
     model = tables.pop("model")
-    for name in ("max_staleness", "normalize_std"):
-        if name in tables["trainer"].get("grpo", {}):
-            raise ConfigError(f"trainer.grpo.{name}", f"set trainer.{name} instead (it also bounds admission)")
     sections = {name: parse(SECTIONS[name], data, prefix=name) for name, data in tables.items()}
     return RunConfig(model=_model_section(model), **sections)
 
@@ -560,8 +561,6 @@ def to_tables(config: RunConfig) -> dict[str, Any]:
     """The TOML tables of ``config`` (the inverse of `config_from_dict`; ``[model]`` flat)."""
     tables: dict[str, Any] = msgspec.to_builtins(config)
     tables["bus"].pop("kind", None)
-    for name in ("max_staleness", "normalize_std"):  # trainer-level fields (see TrainerSection.grpo_config)
-        tables["trainer"]["grpo"].pop(name)
     model = tables.pop("model")
     if model["kind"] == "hf" or model["checkpoint"] is not None:
         tables["model"] = {k: model[k] for k in _HF_FIELDS if model[k] is not None}

@@ -408,7 +408,7 @@ async def serve_main(
                 model_name=s.model_name or (Path(model).name if model else config.model.name),
                 seed=config.task.seed + 7 + zlib.crc32(worker_id.encode()) % 10_000,
                 max_batch=s.max_batch, batch_window_s=config.rollout.batch_window_s,
-                max_staleness=config.trainer.max_staleness, max_open_sessions=s.max_open_sessions,
+                max_staleness=config.trainer.grpo.max_staleness, max_open_sessions=s.max_open_sessions,
                 user_sessions=s.user_sessions, buffer_records=s.buffer_records, default_max_tokens=s.default_max_tokens,
             )
             gateway, sync = parts.gateway, parts.rollout.sync

@@ -16,7 +16,7 @@ class GRPOConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_onl
     """How a batch of scored groups becomes one update (symbols as in the module docstring)."""
 
     #: Divide advantages by the group's reward std (original GRPO) instead of only centring (Dr. GRPO).
-    normalize_std: bool = False
+    normalize_std: bool = True
     #: ε_low: ratios below 1 − ε_low stop pushing negative-advantage tokens further down.
     eps_low: float = 0.2
     #: ε_high: ratios above 1 + ε_high stop pushing positive-advantage tokens up ("clip-higher" > ε_low).
@@ -33,8 +33,9 @@ class GRPOConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_onl
     mis_low: float = 0.5
     #: MIS band upper edge b: tokens (sequences) with ρ > b leave the loss.
     mis_high: float = 2.0
-    #: Drop rollouts whose oldest token is more than this many versions behind the trainer.
-    max_staleness: int = 4
+    #: Drop rollouts whose oldest token is more than this many versions behind the trainer (a run's prompt
+    #: producer admits prompts at most this far ahead, and its gateway bounds RL sessions with it).
+    max_staleness: int = 2
     #: Route each token to the experts the engine used (MoE only; needs routed experts in the batch).
     router_replay: bool = True
     #: Add the model's MoE load-balancing loss (its coefficient lives in the model config).

@@ -42,14 +42,36 @@ def test_the_demo_runs_the_run_configs_defaults() -> None:
 
 
 def test_every_grpo_knob_is_reachable_from_the_run_config(tmp_path: Path) -> None:
-    config = config_of('[trainer]\nmax_staleness = 3\n[trainer.grpo]\nis_mode = "mis"\nminibatches = 2\n'
+    config = config_of('[trainer.grpo]\nmax_staleness = 3\nis_mode = "mis"\nminibatches = 2\n'
                        'micro_batch_rows = 8\nrouter_replay = false\ncompute_dtype = "bfloat16"\n', tmp_path)
-    grpo = config.trainer.grpo_config()
+    grpo = config.trainer.grpo
     assert (grpo.is_mode, grpo.minibatches, grpo.micro_batch_rows, grpo.router_replay, grpo.compute_dtype) == (
         "mis", 2, 8, False, "bfloat16")
-    assert grpo.max_staleness == 3 and grpo.normalize_std is True  # the trainer table's own fields
-    assert field_of("[trainer.grpo]\nmax_staleness = 3\n", tmp_path) == "trainer.grpo.max_staleness"
+    assert grpo.max_staleness == 3 and grpo.normalize_std is True
     assert field_of("[trainer.grpo]\nis_mode = 'sometimes'\n", tmp_path) == "trainer.grpo.is_mode"
+    assert field_of("[trainer.grpo]\nmax_staleness = -1\n", tmp_path) == "trainer.grpo.max_staleness"
+
+
+def test_the_staleness_bound_is_declared_once_and_bounds_admission(tmp_path: Path) -> None:
+    """GRPOConfig holds max_staleness (the trainer drops, the producer admits, the gateway bounds sessions by it);
+    the run's defaults are the step's."""
+    from rlbus.launch.build import producer_args, trainer_args
+    from rlbus.training.config import GRPOConfig
+
+    run = load_config(None, {})
+    assert run.trainer.grpo == GRPOConfig() and (GRPOConfig().max_staleness, GRPOConfig().normalize_std) == (2, True)
+    config = config_of("[trainer.grpo]\nmax_staleness = 5\n", tmp_path)
+    assert producer_args(config)["max_staleness"] == 5 and trainer_args(config)["grpo"].max_staleness == 5
+    assert field_of("[trainer]\nadmission_slack = 3\n", tmp_path) == "trainer.admission_slack"  # > 2
+    assert config_of("[trainer]\nadmission_slack = 3\n[trainer.grpo]\nmax_staleness = 3\n", tmp_path)
+
+
+@pytest.mark.parametrize(("old", "new"), [("max_staleness = 3", "trainer.grpo.max_staleness"),
+                                          ("normalize_std = false", "trainer.grpo.normalize_std")])
+def test_a_field_that_moved_fails_naming_where_it_went(old: str, new: str, tmp_path: Path) -> None:
+    with pytest.raises(ConfigError) as info:
+        config_of(f"[trainer]\n{old}\n", tmp_path)
+    assert info.value.field == f"trainer.{old.split()[0]}" and new in info.value.problem
 
 
 def test_model_fields_override_the_demo_shape(tmp_path: Path) -> None:
