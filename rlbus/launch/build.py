@@ -23,6 +23,7 @@ from rlbus.weights.store import BlobStore
 if TYPE_CHECKING:
     from rlbus.build.model import Model, ModelSource
     from rlbus.envs.judge import Judge
+    from rlbus.training.config import DPOConfig
 
 
 def bus_for(config: RunConfig, *, region: str | None = None, client_id: str | None = None) -> Bus:
@@ -161,12 +162,10 @@ def warm_start_args(config: RunConfig) -> dict[str, Any]:
             "lr": t.warm_lr, "teacher_error": t.teacher_error}
 
 
-def dpo_args(config: RunConfig) -> dict[str, Any]:
-    """`rlbus.training.dpo.DPOConfig`'s fields from ``[dpo]`` (the stage's data and gate: `dpo_data_args`)."""
-    d = config.dpo
-    return {"beta": d.beta, "loss": d.loss, "label_smoothing": d.label_smoothing,
-            "length_normalize": d.length_normalize, "lr": d.lr, "batch_size": d.batch_size, "steps": d.steps,
-            "seed": config.task.seed, "compute_dtype": d.compute_dtype}
+def dpo_config(config: RunConfig, *, pad_id: int) -> DPOConfig:
+    """``[dpo.train]``, its batch order seeded by the task and padding with the model's ``pad_id`` (the stage's
+    data and gate: `dpo_data_args`)."""
+    return msgspec.structs.replace(config.dpo.train, seed=config.task.seed, pad_id=pad_id)
 
 
 def dpo_data_args(config: RunConfig) -> dict[str, Any]:

@@ -16,7 +16,9 @@ Tables (each optional; defaults equal ``rlbus demo``'s, so a file with only ``[b
                router_replay, minibatches, micro_batch_rows, compute_dtype …: rlbus.training.config.GRPOConfig)
     [trainer.online]  training on served traffic: enabled, estimator, baseline, max_age_s, release cadence …
                (rlbus.training.config.OnlineConfig)
-    [dpo]      the offline preference stage before RL: steps, data, beta, loss, gate_accuracy …
+    [dpo]      the offline preference stage before RL: data, eval_data, task_pairs, gate_accuracy …
+    [dpo.train]  how it trains: steps (0: no stage), beta, loss, lr, batch_size …
+               (rlbus.training.config.DPOConfig)
     [rollout]  temperature, prompts_in_flight, max_batch …
     [reward]   kind = "verifier" | "judge" | "both", concurrency; [reward.judge] the LM judge (rubric, backend …)
     [run]      run_dir (the run log), namespace (prefix of topics, groups and Redis keys), metrics_port,
@@ -48,7 +50,7 @@ import msgspec
 from rlbus.config import KafkaBusConfig, parse, secret_from
 from rlbus.errors import ConfigError
 from rlbus.models.config import DEMO_SHAPE, PolicyConfig
-from rlbus.training.config import GRPOConfig, OnlineConfig
+from rlbus.training.config import DPOConfig, GRPOConfig, OnlineConfig
 
 ENV_BOOTSTRAP = "RLBUS_KAFKA_BOOTSTRAP"
 ENV_REDIS = "RLBUS_REDIS_URL"
@@ -228,13 +230,11 @@ class TrainerSection(msgspec.Struct, **_STRUCT):
 class DPOSection(msgspec.Struct, **_STRUCT):
     """The offline preference stage between the warm start (SFT) and RL (`rlbus.training.dpo`).
 
-    The trainer runs it when ``steps > 0`` (after the warm start, before its first version); ``rlbus train
-    dpo`` runs it alone and writes a checkpoint RL starts from (``model.checkpoint``). The quality gate holds
-    RL back until the held-out preference accuracy reaches ``gate_accuracy``.
+    The trainer runs it when ``train.steps > 0`` (after the warm start, before its first version); ``rlbus
+    train dpo`` runs it alone and writes a checkpoint RL starts from (``model.checkpoint``). The quality gate
+    holds RL back until the held-out preference accuracy reaches ``gate_accuracy``.
     """
 
-    #: DPO steps (0: no DPO stage).
-    steps: int = 0
     #: Preference JSONL: {"prompt", "chosen", "rejected"} as text or chat messages, or token pairs written by
     #: ``rlbus offline pairs``. None: pairs from the task itself (reference answer vs the sloppy teacher's).
     data: str | None = None
@@ -244,32 +244,21 @@ class DPOSection(msgspec.Struct, **_STRUCT):
     eval_fraction: float = 0.1
     #: Pairs drawn from the task when ``data`` is None.
     task_pairs: int = 400
-    #: β of the DPO / IPO objective (the strength of the pull towards the reference model).
-    beta: float = 0.1
-    #: ``sigmoid`` (DPO, Rafailov et al. 2023) or ``ipo`` (Azar et al. 2023).
-    loss: Literal["sigmoid", "ipo"] = "sigmoid"
-    #: Conservative-DPO label smoothing ε in [0, 0.5).
-    label_smoothing: float = 0.0
-    #: Score a response by its mean token log-prob instead of the sum (length-normalised DPO).
-    length_normalize: bool = False
-    #: AdamW learning rate.
-    lr: float = 1e-6
-    #: Pairs per step.
-    batch_size: int = 8
-    #: ``float32``, or ``bfloat16`` autocast over the fp32 weights.
-    compute_dtype: Literal["float32", "bfloat16"] = "float32"
     #: Held-out preference accuracy RL waits for (0: no gate); below it the trainer stops with an error.
     gate_accuracy: float = 0.0
+    #: How the stage trains (``[dpo.train]``: steps — 0, the default, is no DPO stage —, beta, loss
+    #: (``sigmoid`` | ``ipo``), label_smoothing, length_normalize, lr, betas, weight_decay, batch_size,
+    #: compute_dtype, max_grad_norm, eval_every …; see `rlbus.training.config.DPOConfig`, whose checks are
+    #: this table's). Its batch order is seeded by ``task.seed`` and it pads with the model's pad id.
+    train: DPOConfig = msgspec.field(default_factory=DPOConfig)
 
     def __post_init__(self) -> None:
-        if self.steps < 0 or self.batch_size < 1 or self.task_pairs < 2:
-            raise ValueError("steps must be ≥ 0, batch_size ≥ 1 and task_pairs ≥ 2")
+        if self.task_pairs < 2:
+            raise ValueError("task_pairs must be ≥ 2")
         if not 0.0 < self.eval_fraction < 1.0:
             raise ValueError("eval_fraction must be in (0, 1)")
-        if self.beta <= 0 or self.lr <= 0:
-            raise ValueError("beta and lr must be > 0")
-        if not 0.0 <= self.label_smoothing < 0.5 or not 0.0 <= self.gate_accuracy <= 1.0:
-            raise ValueError("label_smoothing must be in [0, 0.5) and gate_accuracy in [0, 1]")
+        if not 0.0 <= self.gate_accuracy <= 1.0:
+            raise ValueError("gate_accuracy must be in [0, 1]")
 
 
 class RolloutSection(msgspec.Struct, **_STRUCT):
@@ -492,6 +481,13 @@ SECTIONS: dict[str, type[Any]] = {
 MOVED: dict[str, str] = {
     "trainer.max_staleness": "trainer.grpo.max_staleness",
     "trainer.normalize_std": "trainer.grpo.normalize_std",
+    **{f"dpo.{name}": f"dpo.train.{name}" for name in (
+        "steps", "beta", "loss", "label_smoothing", "length_normalize", "lr", "batch_size", "compute_dtype")},
+}
+#: Fields of an embedded struct that a run sets from elsewhere: giving one fails naming where it comes from.
+SET_BY_THE_RUN: dict[str, str] = {
+    "dpo.train.seed": "task.seed seeds the DPO stage's batch order",
+    "dpo.train.pad_id": "the DPO stage pads with the model's pad id",
 }
 
 
@@ -523,12 +519,24 @@ def config_from_dict(raw: Mapping[str, Any], environ: Mapping[str, str]) -> RunC
         raise ConfigError("bus.kind", f"the distributed mode runs on Kafka, not {kind!r}")
     _apply_env(tables, environ)
     for old, new in MOVED.items():
-        table, name = old.split(".")
-        if name in tables[table]:
+        if _given(tables, old):
             raise ConfigError(old, f"moved: set {new} (the [{new.rsplit('.', 1)[0]}] table) instead")
+    for name, why in SET_BY_THE_RUN.items():
+        if _given(tables, name):
+            raise ConfigError(name, f"not a setting: {why}")
     model = tables.pop("model")
     sections = {name: parse(SECTIONS[name], data, prefix=name) for name, data in tables.items()}
     return RunConfig(model=_model_section(model), **sections)
+
+
+def _given(tables: Mapping[str, Any], path: str) -> bool:
+    """Whether the dotted field ``path`` (``dpo.train.seed``) is in the parsed tables."""
+    node: Any = tables
+    for part in path.split("."):
+        if not isinstance(node, Mapping) or part not in node:
+            return False
+        node = node[part]
+    return True
 
 
 _HF_FIELDS = ("kind", "checkpoint", "name", "path", "gguf", "device")
@@ -561,6 +569,12 @@ def to_tables(config: RunConfig) -> dict[str, Any]:
     """The TOML tables of ``config`` (the inverse of `config_from_dict`; ``[model]`` flat)."""
     tables: dict[str, Any] = msgspec.to_builtins(config)
     tables["bus"].pop("kind", None)
+    for path in SET_BY_THE_RUN:
+        *parents, name = path.split(".")
+        table = tables
+        for part in parents:
+            table = table[part]
+        table.pop(name)
     model = tables.pop("model")
     if model["kind"] == "hf" or model["checkpoint"] is not None:
         tables["model"] = {k: model[k] for k in _HF_FIELDS if model[k] is not None}
