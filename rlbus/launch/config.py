@@ -460,6 +460,17 @@ class RunConfig(msgspec.Struct, **_STRUCT):
             return Path(self.store.dir)
         return (self.run_dir or Path("runs/distributed")) / "blobs"
 
+    def tuned(self, **tables: dict[str, Any]) -> RunConfig:
+        """A copy with these fields changed, table by table (``tuned(task={"seed": 3}, trainer={"lr": 1e-3})``),
+        validated as a run config file is. A ``[model]`` of another kind drops the old kind's fields."""
+        merged = to_tables(self)
+        for name, fields in tables.items():
+            base = merged.get(name, {})
+            if name == "model" and fields.get("kind", base.get("kind")) != base.get("kind"):
+                base = {}
+            merged[name] = {**base, **fields}
+        return config_from_dict(merged, {})
+
 
 SECTIONS: dict[str, type[Any]] = {
     "bus": KafkaBusConfig,
