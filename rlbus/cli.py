@@ -781,7 +781,7 @@ def train_dpo(
     data: Annotated[Path | None, typer.Option(help="Preference JSONL (text, chat or token pairs); default: "
                                                    "[dpo] data, else pairs from the task.")] = None,
     eval_data: Annotated[Path | None, typer.Option(help="Held-out preference JSONL (default: a split).")] = None,
-    steps: Annotated[int | None, typer.Option(help="DPO steps (default: [dpo] steps, or 100).")] = None,
+    steps: Annotated[int | None, typer.Option(help="DPO steps (default: [dpo.train] steps, or 100).")] = None,
     out: Annotated[Path, typer.Option(help="Checkpoint directory ([model] checkpoint of the RL run).")] = Path(
         "runs/dpo"),
     baseline_sft: Annotated[bool, typer.Option(help="Also train SFT on the chosen responses alone, same budget.")
@@ -800,14 +800,16 @@ def train_dpo(
 
     try:
         run = load_config(config)
-        changes: dict[str, Any] = {"steps": steps if steps is not None else (run.dpo.steps or 100)}
+        train = run.dpo.train
+        changes: dict[str, Any] = {"train": msgspec.structs.replace(
+            train, steps=steps if steps is not None else (train.steps or 100))}
         if data is not None:
             changes["data"] = str(data)
         if eval_data is not None:
             changes["eval_data"] = str(eval_data)
         run = msgspec.structs.replace(run, dpo=msgspec.structs.replace(run.dpo, **changes))
         with Progress(console=err, transient=True) as progress:
-            bar = progress.add_task("DPO", total=run.dpo.steps)
+            bar = progress.add_task("DPO", total=run.dpo.train.steps)
 
             def step(s: Any) -> None:
                 progress.update(bar, advance=1, description=f"DPO loss {s.loss:.3f} acc {s.accuracy:.2f}")

@@ -121,11 +121,10 @@ def parse(config_type: Any, data: Any, *, prefix: str) -> Any:
         text = str(exc)
         match = re.search(r"at `\$\.?([^`]*)`", text)
         path = match.group(1) if match else ""
-        if not path:  # __post_init__ checks start their message with the field name
-            first = re.match(r"(\w+)\b", text)
-            fields = getattr(config_type, "__struct_fields__", ())
-            if first and first.group(1) in fields:
-                path = first.group(1)
+        # __post_init__ checks start their message with the field name; the error is at the struct they check
+        first = re.match(r"(\w+)\b", text)
+        if first and first.group(1) in getattr(_struct_at(config_type, path), "__struct_fields__", ()):
+            path = ".".join(p for p in (path, first.group(1)) if p)
         field = ".".join(p for p in (prefix, path) if p)
         problem = re.sub(r"\s*- at `[^`]*`", "", text)
         if "Object contains unknown field" in text:
@@ -133,6 +132,16 @@ def parse(config_type: Any, data: Any, *, prefix: str) -> Any:
             if unknown:
                 field = ".".join(p for p in (field, unknown.group(1)) if p)
         raise ConfigError(field or prefix, problem) from None
+
+
+def _struct_at(config_type: Any, path: str) -> Any:
+    """The type of the field ``path`` (``grpo`` or ``train.lr``) inside the struct ``config_type``; None when
+    the path leaves the structs."""
+    for name in filter(None, path.split(".")):
+        if not (isinstance(config_type, type) and issubclass(config_type, msgspec.Struct)):
+            return None
+        config_type = next((f.type for f in msgspec.structs.fields(config_type) if f.name == name), None)
+    return config_type
 
 
 def build_bus(config: BusConfig) -> Bus:

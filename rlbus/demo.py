@@ -68,7 +68,7 @@ from rlbus.launch.build import (
     trainer_args,
     warm_start_args,
 )
-from rlbus.launch.config import RunConfig, StateSection, TrainerSection, config_from_dict, to_tables
+from rlbus.launch.config import RunConfig, StateSection, TrainerSection
 from rlbus.observe.runlog import STEPS, WEIGHTS, RunLog, syncs_name
 from rlbus.observe.stats import percentile
 from rlbus.producers.prompts import PromptProducer
@@ -144,14 +144,8 @@ class DemoConfig:
 
     def tuned(self, **tables: dict[str, Any]) -> DemoConfig:
         """A copy whose run config has these fields changed, table by table
-        (``tuned(task={"group_size": 4}, trainer={"warm_steps": 10})``), validated as a run config is."""
-        merged = to_tables(self.run)
-        for name, fields in tables.items():
-            base = merged.get(name, {})
-            if name == "model" and fields.get("kind", base.get("kind")) != base.get("kind"):
-                base = {}  # another kind of model: the old kind's fields do not apply
-            merged[name] = {**base, **fields}
-        return dataclasses.replace(self, run=config_from_dict(merged, {}))
+        (``tuned(task={"group_size": 4}, trainer={"warm_steps": 10})``): `RunConfig.tuned`."""
+        return dataclasses.replace(self, run=self.run.tuned(**tables))
 
     @property
     def seed(self) -> int:

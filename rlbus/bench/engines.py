@@ -97,7 +97,7 @@ async def _swap(directory: Path, steps: int, tok: Any, engine_for_rollouts: Any)
             groups = [Group(samples=tuple(sample_from_generation(r) for r in results[i : i + 4]),
                             rewards=torch.randint(0, 2, (4,), generator=g).float()) for i in (0, 4)]
             t0 = time.perf_counter()
-            grpo_step(master, optimizer, groups, config=GRPOConfig(), version=1 + step)
+            grpo_step(master, optimizer, groups, config=GRPOConfig(normalize_std=False), version=1 + step)
             train_s = time.perf_counter() - t0
             manifest = await publisher.publish(weight_tensors(master), version=2 + step)
             await sync.handle(manifest)

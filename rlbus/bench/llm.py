@@ -135,7 +135,7 @@ async def _run_lr(source: ModelSource, lr: float, setup: Setup, seed: int, log: 
     served = source.build(torch.bfloat16).eval()
     engine = TorchEngine(served, tokenizer=source.chat, pad_id=source.pad_id, seed=seed)
     optimizer = build_optimizer(master, OptimConfig(lr=lr))
-    grpo = GRPOConfig(compute_dtype="bfloat16", max_staleness=1, pad_id=source.pad_id)
+    grpo = GRPOConfig(compute_dtype="bfloat16", max_staleness=1, normalize_std=False, pad_id=source.pad_id)
     bus = MemoryBus(topic_specs())
     await bus.start()
     steps: list[dict[str, Any]] = []

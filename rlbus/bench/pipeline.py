@@ -101,7 +101,7 @@ def run(
         out: dict[str, Any] = {"meta": meta(), "config": {
             "env": base.run.task.env, "env_config": base.run.task.env_config, "workers": base.workers,
             "group_size": base.run.task.group_size, "groups_per_step": base.run.trainer.groups_per_step,
-            "max_staleness": base.run.trainer.max_staleness, "rl_steps": base.rl_steps,
+            "max_staleness": base.run.trainer.grpo.max_staleness, "rl_steps": base.rl_steps,
             "target_accuracy": target, "warm_start_s": round(warm_s, 1), "seed": base.seed,
         }}
         for mode in modes:

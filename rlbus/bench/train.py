@@ -85,7 +85,7 @@ def measure(size: Size, *, replay: bool, seed: int = 0) -> dict[str, Any]:
     torch.manual_seed(seed)
     model = Policy(size.config)
     optimizer = build_optimizer(model, OptimConfig(lr=1e-5))
-    config = GRPOConfig(router_replay=replay)
+    config = GRPOConfig(router_replay=replay, normalize_std=False)
     batches = [synthetic_groups(size, seed + i) for i in range(size.steps + 1)]
     grpo_step(model, optimizer, batches[0], config=config, version=0)
     started = time.perf_counter()

@@ -120,11 +120,12 @@ def made_on(pipeline: Pipeline, version: int, after: float) -> int:
 
 async def corrupt_chunk(rig: ChaosRig, *, seed: int = 0, quick: bool = False) -> ScenarioReport:
     # keyframes at v1, 3, 6, 9, 12: damage at rest at v4 (rebuilt at 6) and v8 (rebuilt at 9), in flight at v7
-    config = PipelineConfig(prompts=26 if quick else 40, seed=seed, weights=True, keyframe_every=3,
-                            model_id=f"chaos-{uuid.uuid4().hex[:6]}")
+    config = PipelineConfig.seeded(seed, trainer={"keyframe_every": 3}, prompts=26 if quick else 40, weights=True,
+                                   model_id=f"chaos-{uuid.uuid4().hex[:6]}")
     store = FaultyStore(LocalStore(rig.home / "blobs" / config.model_id))
     store.at_rest = {chunk_key(config.model_id, 4): flip_bit, chunk_key(config.model_id, 8): truncate}
     store.in_flight = {chunk_key(config.model_id, 7): flip_bit}
+    task = config.run.task
     running: list[Run] = []
     holds: dict[int, asyncio.Future[None]] = {}
 
@@ -136,12 +137,12 @@ async def corrupt_chunk(rig: ChaosRig, *, seed: int = 0, quick: bool = False) ->
             await until(lambda: all(any(v == refused and "ChunkCorrupt" in why for v, why in s.refused)
                                     for s in p.syncs), f"every worker refusing v{refused}", timeout_s=120, every_s=0.1)
             since = time.monotonic()
-            extra = generate_prompts(config.env, seed=seed + 5000 + refused, n=1, config=config.env_config)[0]
+            extra = generate_prompts(task.env, seed=seed + 5000 + refused, n=1, config=task.env_config)[0]
             extra = msgspec.structs.replace(extra, prompt_id=f"{p.run_id}-during-v{refused}-refusal",
-                                            group_size=config.group_size)
+                                            group_size=task.group_size)
             await p.bus.send(PROMPTS, extra)
-            run.extra_outcomes += config.group_size
-            await until(lambda: sum(1 for t, *_ in p.rollouts_made if t > since) >= config.group_size,
+            run.extra_outcomes += task.group_size
+            await until(lambda: sum(1 for t, *_ in p.rollouts_made if t > since) >= task.group_size,
                         "a prompt played on the version held", timeout_s=120, every_s=0.1)
         except TimeoutError:
             pass  # let the trainer go on: the scenario's checks will say what did not happen
@@ -202,8 +203,8 @@ class _Server:
 
 async def blob_store_down(rig: ChaosRig, *, seed: int = 0, quick: bool = False) -> ScenarioReport:
     down_s = 6.0 if quick else 12.0
-    config = PipelineConfig(prompts=24 if quick else 40, seed=seed, weights=True, keyframe_every=3,
-                            model_id=f"chaos-{uuid.uuid4().hex[:6]}")
+    config = PipelineConfig.seeded(seed, trainer={"keyframe_every": 3}, prompts=24 if quick else 40, weights=True,
+                                   model_id=f"chaos-{uuid.uuid4().hex[:6]}")
     secret = uuid.uuid4().hex
     http = _Server(rig.home / "blob-server" / config.model_id, secret)
     await http.up()

@@ -26,7 +26,7 @@ from rlbus.chaos.rig import ChaosRig
 
 
 async def broker_kill(rig: ChaosRig, *, seed: int = 0, quick: bool = False) -> ScenarioReport:
-    config = PipelineConfig(prompts=20 if quick else 40, seed=seed)
+    config = PipelineConfig.seeded(seed, prompts=20 if quick else 40)
     victim = 1 + seed % len(rig.cluster.nodes)
     down_s = 15.0 if quick else 20.0  # past the controller's 9 s broker session timeout: leaders move
 
@@ -67,7 +67,7 @@ async def _wait_full_isr(run: Run, timeout_s: float) -> float | None:
 
 
 async def redis_restart(rig: ChaosRig, *, seed: int = 0, quick: bool = False) -> ScenarioReport:
-    config = PipelineConfig(prompts=20 if quick else 40, seed=seed)
+    config = PipelineConfig.seeded(seed, prompts=20 if quick else 40)
     down_s = 1.0
 
     async def fault(run: Run) -> None:

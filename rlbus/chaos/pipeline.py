@@ -20,20 +20,18 @@ import logging
 import time
 from collections import Counter
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
-import torch
-
-from rlbus.build.model import ModelSource
 from rlbus.build.producer import prompt_producer
 from rlbus.build.rollout import rollout_stack
 from rlbus.build.trainer import trainer_stack
 from rlbus.bus.base import Bus
 from rlbus.consumers.reward import RewardWorker
 from rlbus.consumers.rollout import episode_threads
+from rlbus.launch.build import model_source, producer_args, reward_args, rollout_args, trainer_args
+from rlbus.launch.config import ModelSection, RewardSection, RolloutSection, RunConfig, TaskSection, TrainerSection
 from rlbus.models.config import PolicyConfig
-from rlbus.models.policy import Policy
 from rlbus.schemas import Rollout
 from rlbus.state.base import StateStore
 from rlbus.state.join import JoinBuffer, Outcome
@@ -47,27 +45,37 @@ log = logging.getLogger("rlbus.chaos")
 TINY = PolicyConfig(vocab=272, d_model=32, n_layer=2, n_head=2, max_seq=64, n_experts=4, top_k=2, d_ff=32)
 
 
+#: The loop's run config: the tiny policy on one-digit sums in groups of 4, two groups per step at lr 1e-3, a
+#: keyframe every 3 versions and every version kept, the join in arrival order with a timeout longer than any
+#: stall a scenario causes (groups wait for their rewards instead of dropping), a staleness bound so large
+#: that no scenario drops stale work, and advantages only centred (the scenarios audit the ledger, not learning).
+CHAOS_RUN = RunConfig(
+    task=TaskSection(group_size=4),
+    model=ModelSection(policy=TINY),
+    trainer=TrainerSection(lr=1e-3, groups_per_step=2, keyframe_every=3, retain_versions=1000, join_timeout_s=60.0,
+                           ordered=False, grpo=GRPOConfig(max_staleness=1_000_000, normalize_std=False)),
+    rollout=RolloutSection(max_batch=32),
+    reward=RewardSection(concurrency=4),
+)
+
+
 @dataclass(frozen=True)
 class PipelineConfig:
-    """How much work a scenario pushes through the loop, and how the trainer treats it."""
+    """How much work a scenario pushes through the loop; the loop itself is a run config (``run``: task,
+    model, trainer, rollout and reward settings, read by the builders' argument functions as every role's)."""
 
+    run: RunConfig = CHAOS_RUN
+    #: Prompts the producer publishes (each a group of ``run.task.group_size`` rollouts).
     prompts: int = 24
-    group_size: int = 4
-    groups_per_step: int = 2
     rollout_workers: int = 2
-    seed: int = 0
-    #: A group still incomplete this long after its first message is released (dropped or trained);
-    #: longer than any stall a scenario causes, so groups wait for their rewards instead of dropping.
-    join_timeout_s: float = 60.0
-    #: Versions a rollout may lag; large by default so only the scenarios that test it drop stale work.
-    max_staleness: int = 1_000_000
     #: Publish weights every step (needs a blob store) and make workers follow them.
     weights: bool = False
-    keyframe_every: int = 3
     model_id: str = "policy"
-    env: str = "arith"
-    env_config: dict[str, Any] = field(default_factory=lambda: {"digits": 1})
-    model: PolicyConfig = TINY
+
+    @classmethod
+    def seeded(cls, seed: int, *, trainer: dict[str, Any] | None = None, **fields: Any) -> PipelineConfig:
+        """``CHAOS_RUN`` with ``task.seed = seed`` (and these ``[trainer]`` fields), and these fields."""
+        return cls(run=CHAOS_RUN.tuned(task={"seed": seed}, trainer=trainer or {}), **fields)
 
 
 class CountingJoin(JoinBuffer):
@@ -107,12 +115,11 @@ class Pipeline:
         self.config = config
         self.run_id = run_id
         self.store = store
-        torch.manual_seed(config.seed)
+        run, seed = config.run, config.run.task.seed
+        source = model_source(run)
         trainer = trainer_stack(
-            bus=bus, state=state, store=store if config.weights else None, model=Policy(config.model), lr=1e-3,
-            grpo=GRPOConfig(max_staleness=config.max_staleness), groups_per_step=config.groups_per_step,
-            model_id=config.model_id, keyframe_every=config.keyframe_every, retain_versions=1000,
-            join_timeout_s=config.join_timeout_s, join_class=CountingJoin, expire_every_s=0.5,
+            bus=bus, state=state, store=store if config.weights else None, model=source.build(seed=seed),
+            model_id=config.model_id, join_class=CountingJoin, expire_every_s=0.5, **trainer_args(run),
         )
         self.trainer, self.publisher, self.trainer_worker = trainer.trainer, trainer.publisher, trainer.worker
         assert isinstance(trainer.join, CountingJoin)
@@ -123,11 +130,11 @@ class Pipeline:
         self.rollouts_made: list[tuple[float, str, int, str]] = []
         self.stacks = [
             rollout_stack(
-                bus=bus, store=store if config.weights else None, model=ModelSource.policy(config.model),
-                worker_id=f"rollout-{i}", seed=config.seed + 100 + i, model_id=config.model_id,
+                bus=bus, store=store if config.weights else None, model=source,
+                worker_id=f"rollout-{i}", seed=seed + 100 + i, model_id=config.model_id,
                 # no sync: every worker starts from the trainer's initial weights
                 initial=None if config.weights else self.trainer.model.state_dict(),
-                max_batch=32, on_swap=self._on_swap(i), on_rollout=self._on_rollout,
+                on_swap=self._on_swap(i), on_rollout=self._on_rollout, **rollout_args(run),
             )
             for i in range(config.rollout_workers)
         ]
@@ -135,12 +142,9 @@ class Pipeline:
         self.syncs = [s.sync for s in self.stacks if s.sync is not None]
         self.rollout_workers = [s.worker for s in self.stacks]
         self.chat = self.stacks[0].chat
-        self.reward_worker = RewardWorker(bus=bus, concurrency=4)
-        self.producer = prompt_producer(
-            bus=bus, state=state, env=config.env, env_config=config.env_config, seed=config.seed,
-            group_size=config.group_size, max_staleness=1_000_000, groups_per_version=config.groups_per_step,
-            run_id=run_id, limit=config.prompts,
-        )
+        self.reward_worker = RewardWorker(bus=bus, **reward_args(run))
+        self.producer = prompt_producer(bus=bus, state=state, run_id=run_id, limit=config.prompts,
+                                        **producer_args(run))
 
     def corrupt_served(self, truth: dict[int, str]) -> int:
         """Swaps after which an engine served weights whose digest is not ``truth[version]``."""
@@ -152,7 +156,7 @@ class Pipeline:
 
     @property
     def expected(self) -> int:
-        return self.config.prompts * self.config.group_size
+        return self.config.prompts * self.config.run.task.group_size
 
     async def outcomes(self) -> int:
         """Rollouts that reached an outcome so far (the ledger's counters)."""
@@ -161,7 +165,7 @@ class Pipeline:
 
     async def run(self, stop: asyncio.Event, *, ready: asyncio.Event | None = None) -> None:
         """Run every role until ``stop``; ``ready`` is set once the workers hold weights and run."""
-        episode_threads(64)
+        episode_threads(self.config.run.rollout.episode_threads)
         if self.publisher is not None:
             await self.trainer.publish()  # version 1: the initial weights, as a keyframe
         async with asyncio.TaskGroup() as tasks:

@@ -67,7 +67,7 @@ def _wrong_version(message: msgspec.Struct) -> bytes:
 
 
 async def poison(rig: ChaosRig, *, seed: int = 0, quick: bool = False) -> ScenarioReport:
-    config = PipelineConfig(prompts=16 if quick else 32, seed=seed)
+    config = PipelineConfig.seeded(seed, prompts=16 if quick else 32)
 
     async def fault(run: Run) -> None:
         p, report, bus = run.pipeline, run.report, run.pipeline.bus

@@ -92,13 +92,14 @@ max_seq = 64
 lr = 1e-3
 groups_per_step = 1
 admission = "{admission}"
-max_staleness = {max_staleness}
 checkpoint_dir = "{root / 'checkpoints'}"
 checkpoint_every = 1
 join_timeout_s = 60
 warm_steps = 0
 keyframe_every = 5
 retain_versions = 1000
+[trainer.grpo]
+max_staleness = {max_staleness}
 [rollout]
 prompts_in_flight = 2
 max_batch = 32

@@ -446,29 +446,6 @@ def engine_judge(
                        temperature=temperature, prefill=prefill)  # fmt: skip
 
 
-class HttpJudgeConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True, tag="http",
-                      tag_field="kind"):  # fmt: skip
-    """An OpenAI-compatible chat completions endpoint as the judge."""
-
-    base_url: str
-    """Server root (``http://host:8000``) or its ``/v1`` path."""
-    model: str
-    """Model name sent in each request."""
-    api_key: str | None = None
-    """Bearer token, if the endpoint needs one."""
-    timeout_s: float = 60.0
-    """Limit on one request, connection included."""
-    retries: int = 4
-    """Further attempts after a retriable failure."""
-    backoff_s: float = 0.5
-    """First retry delay; doubles per attempt, with jitter."""
-    max_backoff_s: float = 8.0
-    """Upper bound of one retry delay (Retry-After included)."""
-    temperature: float = 0.0
-    max_tokens: int = 256
-    """Tokens the judge may write per dimension."""
-
-
 class OpenAIJudge:
     """`JudgeBackend` over ``POST {base_url}/v1/chat/completions``; owns its aiohttp session unless given one."""
 
@@ -562,21 +539,6 @@ class OpenAIJudge:
         if self._session is None:
             self._session = aiohttp.ClientSession()
         return self._session
-
-
-def http_judge(config: HttpJudgeConfig) -> OpenAIJudge:
-    """Build the HTTP judge backend from its config."""
-    return OpenAIJudge(
-        base_url=config.base_url,
-        model=config.model,
-        api_key=config.api_key,
-        timeout_s=config.timeout_s,
-        retries=config.retries,
-        backoff_s=config.backoff_s,
-        max_backoff_s=config.max_backoff_s,
-        temperature=config.temperature,
-        max_tokens=config.max_tokens,
-    )
 
 
 class _Retry(Exception):

@@ -23,6 +23,7 @@ from rlbus.weights.store import BlobStore
 if TYPE_CHECKING:
     from rlbus.build.model import Model, ModelSource
     from rlbus.envs.judge import Judge
+    from rlbus.training.config import DPOConfig
 
 
 def bus_for(config: RunConfig, *, region: str | None = None, client_id: str | None = None) -> Bus:
@@ -97,7 +98,7 @@ def trainer_args(config: RunConfig) -> dict[str, Any]:
     """`rlbus.build.trainer.trainer_stack`'s GRPO, publishing, checkpoint and join arguments."""
     t = config.trainer
     return {
-        "lr": t.lr, "grpo": t.grpo_config(), "groups_per_step": t.groups_per_step, "publish_every": t.publish_every,
+        "lr": t.lr, "grpo": t.grpo, "groups_per_step": t.groups_per_step, "publish_every": t.publish_every,
         "keyframe_every": t.keyframe_every, "retain_versions": t.retain_versions,
         "checkpoint_every": t.checkpoint_every, "keep_checkpoints": t.keep_checkpoints,
         "reward_sources": tuple(t.reward_sources), "join_timeout_s": t.join_timeout_s, "ordered": t.ordered,
@@ -114,7 +115,7 @@ def producer_args(config: RunConfig) -> dict[str, Any]:
     task, t = config.task, config.trainer
     return {
         "env": task.env, "env_config": task.env_config, "seed": task.seed, "group_size": task.group_size,
-        "max_staleness": t.max_staleness, "groups_per_version": t.groups_per_step * t.publish_every,
+        "max_staleness": t.grpo.max_staleness, "groups_per_version": t.groups_per_step * t.publish_every,
         "admission_slack": t.admission_slack,
     }
 
@@ -161,12 +162,10 @@ def warm_start_args(config: RunConfig) -> dict[str, Any]:
             "lr": t.warm_lr, "teacher_error": t.teacher_error}
 
 
-def dpo_args(config: RunConfig) -> dict[str, Any]:
-    """`rlbus.training.dpo.DPOConfig`'s fields from ``[dpo]`` (the stage's data and gate: `dpo_data_args`)."""
-    d = config.dpo
-    return {"beta": d.beta, "loss": d.loss, "label_smoothing": d.label_smoothing,
-            "length_normalize": d.length_normalize, "lr": d.lr, "batch_size": d.batch_size, "steps": d.steps,
-            "seed": config.task.seed, "compute_dtype": d.compute_dtype}
+def dpo_config(config: RunConfig, *, pad_id: int) -> DPOConfig:
+    """``[dpo.train]``, its batch order seeded by the task and padding with the model's ``pad_id`` (the stage's
+    data and gate: `dpo_data_args`)."""
+    return msgspec.structs.replace(config.dpo.train, seed=config.task.seed, pad_id=pad_id)
 
 
 def dpo_data_args(config: RunConfig) -> dict[str, Any]:

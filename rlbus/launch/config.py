@@ -9,14 +9,16 @@ Tables (each optional; defaults equal ``rlbus demo``'s, so a file with only ``[b
     [task]     env, env_config, group_size, seed
     [model]    kind = "policy" (PolicyConfig fields over the demo's shape) or "hf" (name | path | gguf), device,
                or checkpoint = "DIR" written by `rlbus pretrain` / the trainer
-    [trainer]  lr, groups_per_step, max_staleness, admission, publish_every, checkpoint_dir, checkpoint_every,
+    [trainer]  lr, groups_per_step, admission, publish_every, checkpoint_dir, checkpoint_every,
                reward_sources, reward_weights, invalid_judgements, join_timeout_s, warm_steps (when starting
                without a checkpoint) …
-    [trainer.grpo]  the GRPO step's other knobs (is_mode, router_replay, minibatches, micro_batch_rows,
-               compute_dtype …: rlbus.training.config.GRPOConfig)
+    [trainer.grpo]  the GRPO step (max_staleness — also the admission bound —, normalize_std, is_mode,
+               router_replay, minibatches, micro_batch_rows, compute_dtype …: rlbus.training.config.GRPOConfig)
     [trainer.online]  training on served traffic: enabled, estimator, baseline, max_age_s, release cadence …
                (rlbus.training.config.OnlineConfig)
-    [dpo]      the offline preference stage before RL: steps, data, beta, loss, gate_accuracy …
+    [dpo]      the offline preference stage before RL: data, eval_data, task_pairs, gate_accuracy …
+    [dpo.train]  how it trains: steps (0: no stage), beta, loss, lr, batch_size …
+               (rlbus.training.config.DPOConfig)
     [rollout]  temperature, prompts_in_flight, max_batch …
     [reward]   kind = "verifier" | "judge" | "both", concurrency; [reward.judge] the LM judge (rubric, backend …)
     [run]      run_dir (the run log), namespace (prefix of topics, groups and Redis keys), metrics_port,
@@ -48,7 +50,7 @@ import msgspec
 from rlbus.config import KafkaBusConfig, parse, secret_from
 from rlbus.errors import ConfigError
 from rlbus.models.config import DEMO_SHAPE, PolicyConfig
-from rlbus.training.config import GRPOConfig, OnlineConfig
+from rlbus.training.config import DPOConfig, GRPOConfig, OnlineConfig
 
 ENV_BOOTSTRAP = "RLBUS_KAFKA_BOOTSTRAP"
 ENV_REDIS = "RLBUS_REDIS_URL"
@@ -149,22 +151,19 @@ class TrainerSection(msgspec.Struct, **_STRUCT):
     lr: float = 3e-4
     #: Complete groups per GRPO step.
     groups_per_step: int = 8
-    #: Versions a rollout may lag; older ones are dropped (also the admission-control bound).
-    max_staleness: int = 2
     #: The version admission control counts from (rlbus.producers.prompts): ``served`` — the lowest
     #: version the live rollout workers hold, so a worker still staging a delta holds new prompts back
     #: instead of generating rollouts the trainer will drop; ``published`` — the trainer's newest version
     #: (AReaL's rule as published; budget the weight-sync lag with admission_slack then).
     admission: Literal["served", "published"] = "served"
-    #: Versions of weight-sync lag admission budgets beyond what it observes (0..max_staleness).
+    #: Versions of weight-sync lag admission budgets beyond what it observes (0..grpo.max_staleness).
     admission_slack: int = 0
     #: Steps per published weight version.
     publish_every: int = 1
-    #: Divide advantages by the group's reward std (GRPO's original normalisation).
-    normalize_std: bool = True
-    #: The rest of the GRPO step (``[trainer.grpo]``: is_mode, tis_cap, mis_low/high, eps_low/high,
-    #: router_replay, minibatches, micro_batch_rows, compute_dtype, max_grad_norm …; see
-    #: `rlbus.training.config.GRPOConfig`). Its max_staleness and normalize_std are the two fields above.
+    #: The GRPO step (``[trainer.grpo]``: max_staleness — versions a rollout may lag, also the bound of
+    #: admission control and of the gateway's RL sessions —, normalize_std, is_mode, tis_cap, mis_low/high,
+    #: eps_low/high, router_replay, minibatches, micro_batch_rows, compute_dtype, max_grad_norm …; see
+    #: `rlbus.training.config.GRPOConfig`).
     grpo: GRPOConfig = msgspec.field(default_factory=GRPOConfig)
     #: Directory of the trainer's checkpoints; a restart restores the newest. None: no checkpoints.
     checkpoint_dir: str | None = None
@@ -213,10 +212,10 @@ class TrainerSection(msgspec.Struct, **_STRUCT):
         for name in positive:
             if not getattr(self, name) > 0:
                 raise ValueError(f"{name} must be > 0")
-        if self.max_staleness < 0 or self.warm_steps < 0:
-            raise ValueError(f"{'max_staleness' if self.max_staleness < 0 else 'warm_steps'} must be ≥ 0")
-        if not 0 <= self.admission_slack <= self.max_staleness:
-            raise ValueError(f"admission_slack must be in 0..max_staleness ({self.max_staleness})")
+        if self.warm_steps < 0:
+            raise ValueError("warm_steps must be ≥ 0")
+        if not 0 <= self.admission_slack <= self.grpo.max_staleness:
+            raise ValueError(f"admission_slack must be in 0..grpo.max_staleness ({self.grpo.max_staleness})")
         if not 0.0 <= self.teacher_error <= 1.0:
             raise ValueError("teacher_error must be in [0, 1]")
         if not self.reward_sources:
@@ -227,22 +226,15 @@ class TrainerSection(msgspec.Struct, **_STRUCT):
         if not 0.0 <= self.invalid_weight <= 1.0:
             raise ValueError("invalid_weight must be in [0, 1]")
 
-    def grpo_config(self) -> GRPOConfig:
-        """The GRPO step's whole configuration: ``[trainer.grpo]`` with this table's staleness bound and
-        normalisation."""
-        return msgspec.structs.replace(self.grpo, max_staleness=self.max_staleness, normalize_std=self.normalize_std)
-
 
 class DPOSection(msgspec.Struct, **_STRUCT):
     """The offline preference stage between the warm start (SFT) and RL (`rlbus.training.dpo`).
 
-    The trainer runs it when ``steps > 0`` (after the warm start, before its first version); ``rlbus train
-    dpo`` runs it alone and writes a checkpoint RL starts from (``model.checkpoint``). The quality gate holds
-    RL back until the held-out preference accuracy reaches ``gate_accuracy``.
+    The trainer runs it when ``train.steps > 0`` (after the warm start, before its first version); ``rlbus
+    train dpo`` runs it alone and writes a checkpoint RL starts from (``model.checkpoint``). The quality gate
+    holds RL back until the held-out preference accuracy reaches ``gate_accuracy``.
     """
 
-    #: DPO steps (0: no DPO stage).
-    steps: int = 0
     #: Preference JSONL: {"prompt", "chosen", "rejected"} as text or chat messages, or token pairs written by
     #: ``rlbus offline pairs``. None: pairs from the task itself (reference answer vs the sloppy teacher's).
     data: str | None = None
@@ -252,32 +244,21 @@ class DPOSection(msgspec.Struct, **_STRUCT):
     eval_fraction: float = 0.1
     #: Pairs drawn from the task when ``data`` is None.
     task_pairs: int = 400
-    #: β of the DPO / IPO objective (the strength of the pull towards the reference model).
-    beta: float = 0.1
-    #: ``sigmoid`` (DPO, Rafailov et al. 2023) or ``ipo`` (Azar et al. 2023).
-    loss: Literal["sigmoid", "ipo"] = "sigmoid"
-    #: Conservative-DPO label smoothing ε in [0, 0.5).
-    label_smoothing: float = 0.0
-    #: Score a response by its mean token log-prob instead of the sum (length-normalised DPO).
-    length_normalize: bool = False
-    #: AdamW learning rate.
-    lr: float = 1e-6
-    #: Pairs per step.
-    batch_size: int = 8
-    #: ``float32``, or ``bfloat16`` autocast over the fp32 weights.
-    compute_dtype: Literal["float32", "bfloat16"] = "float32"
     #: Held-out preference accuracy RL waits for (0: no gate); below it the trainer stops with an error.
     gate_accuracy: float = 0.0
+    #: How the stage trains (``[dpo.train]``: steps — 0, the default, is no DPO stage —, beta, loss
+    #: (``sigmoid`` | ``ipo``), label_smoothing, length_normalize, lr, betas, weight_decay, batch_size,
+    #: compute_dtype, max_grad_norm, eval_every …; see `rlbus.training.config.DPOConfig`, whose checks are
+    #: this table's). Its batch order is seeded by ``task.seed`` and it pads with the model's pad id.
+    train: DPOConfig = msgspec.field(default_factory=DPOConfig)
 
     def __post_init__(self) -> None:
-        if self.steps < 0 or self.batch_size < 1 or self.task_pairs < 2:
-            raise ValueError("steps must be ≥ 0, batch_size ≥ 1 and task_pairs ≥ 2")
+        if self.task_pairs < 2:
+            raise ValueError("task_pairs must be ≥ 2")
         if not 0.0 < self.eval_fraction < 1.0:
             raise ValueError("eval_fraction must be in (0, 1)")
-        if self.beta <= 0 or self.lr <= 0:
-            raise ValueError("beta and lr must be > 0")
-        if not 0.0 <= self.label_smoothing < 0.5 or not 0.0 <= self.gate_accuracy <= 1.0:
-            raise ValueError("label_smoothing must be in [0, 0.5) and gate_accuracy in [0, 1]")
+        if not 0.0 <= self.gate_accuracy <= 1.0:
+            raise ValueError("gate_accuracy must be in [0, 1]")
 
 
 class RolloutSection(msgspec.Struct, **_STRUCT):
@@ -479,6 +460,17 @@ class RunConfig(msgspec.Struct, **_STRUCT):
             return Path(self.store.dir)
         return (self.run_dir or Path("runs/distributed")) / "blobs"
 
+    def tuned(self, **tables: dict[str, Any]) -> RunConfig:
+        """A copy with these fields changed, table by table (``tuned(task={"seed": 3}, trainer={"lr": 1e-3})``),
+        validated as a run config file is. A ``[model]`` of another kind drops the old kind's fields."""
+        merged = to_tables(self)
+        for name, fields in tables.items():
+            base = merged.get(name, {})
+            if name == "model" and fields.get("kind", base.get("kind")) != base.get("kind"):
+                base = {}
+            merged[name] = {**base, **fields}
+        return config_from_dict(merged, {})
+
 
 SECTIONS: dict[str, type[Any]] = {
     "bus": KafkaBusConfig,
@@ -492,6 +484,21 @@ SECTIONS: dict[str, type[Any]] = {
     "reward": RewardSection,
     "serve": ServeSection,
     "run": RunSection,
+}
+
+
+#: Fields that moved into the nested table of the struct that declares them: an old config fails naming the
+#: new place (``[table] field`` → ``[table.sub] field``).
+MOVED: dict[str, str] = {
+    "trainer.max_staleness": "trainer.grpo.max_staleness",
+    "trainer.normalize_std": "trainer.grpo.normalize_std",
+    **{f"dpo.{name}": f"dpo.train.{name}" for name in (
+        "steps", "beta", "loss", "label_smoothing", "length_normalize", "lr", "batch_size", "compute_dtype")},
+}
+#: Fields of an embedded struct that a run sets from elsewhere: giving one fails naming where it comes from.
+SET_BY_THE_RUN: dict[str, str] = {
+    "dpo.train.seed": "task.seed seeds the DPO stage's batch order",
+    "dpo.train.pad_id": "the DPO stage pads with the model's pad id",
 }
 
 
@@ -522,14 +529,25 @@ def config_from_dict(raw: Mapping[str, Any], environ: Mapping[str, str]) -> RunC
     if kind != "kafka":
         raise ConfigError("bus.kind", f"the distributed mode runs on Kafka, not {kind!r}")
     _apply_env(tables, environ)
+    for old, new in MOVED.items():
+        if _given(tables, old):
+            raise ConfigError(old, f"moved: set {new} (the [{new.rsplit('.', 1)[0]}] table) instead")
+    for name, why in SET_BY_THE_RUN.items():
+        if _given(tables, name):
+            raise ConfigError(name, f"not a setting: {why}")
     model = tables.pop("model")
-    for name in ("max_staleness", "normalize_std"):
-        if name in tables["trainer"].get("grpo", {}):
-            raise ConfigError(f"trainer.grpo.{name}", f"set trainer.{name} instead (it also bounds admission)")
-    if isinstance(tables["trainer"].get("online"), dict):  # its own errors name trainer.online.<field>
-        parse(OnlineConfig, tables["trainer"]["online"], prefix="trainer.online")
     sections = {name: parse(SECTIONS[name], data, prefix=name) for name, data in tables.items()}
     return RunConfig(model=_model_section(model), **sections)
+
+
+def _given(tables: Mapping[str, Any], path: str) -> bool:
+    """Whether the dotted field ``path`` (``dpo.train.seed``) is in the parsed tables."""
+    node: Any = tables
+    for part in path.split("."):
+        if not isinstance(node, Mapping) or part not in node:
+            return False
+        node = node[part]
+    return True
 
 
 _HF_FIELDS = ("kind", "checkpoint", "name", "path", "gguf", "device")
@@ -562,8 +580,12 @@ def to_tables(config: RunConfig) -> dict[str, Any]:
     """The TOML tables of ``config`` (the inverse of `config_from_dict`; ``[model]`` flat)."""
     tables: dict[str, Any] = msgspec.to_builtins(config)
     tables["bus"].pop("kind", None)
-    for name in ("max_staleness", "normalize_std"):  # trainer-level fields (see TrainerSection.grpo_config)
-        tables["trainer"]["grpo"].pop(name)
+    for path in SET_BY_THE_RUN:
+        *parents, name = path.split(".")
+        table = tables
+        for part in parents:
+            table = table[part]
+        table.pop(name)
     model = tables.pop("model")
     if model["kind"] == "hf" or model["checkpoint"] is not None:
         tables["model"] = {k: model[k] for k in _HF_FIELDS if model[k] is not None}

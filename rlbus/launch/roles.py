@@ -288,7 +288,7 @@ async def trainer_main(
                 await asyncio.to_thread(
                     lambda: warm_start(model, chat=source.chat, on_step=progress, **warm_start_args(config))
                 )
-            if config.dpo.steps:
+            if config.dpo.train.steps:
                 await asyncio.to_thread(_dpo_stage, model, source, config, worker_id)
         async with connected(config, region, bus=bus, state=state, store=store) as (bus, state, store, store_url):
             runlog = RunLog(config.run_dir) if config.run_dir is not None else None
@@ -344,7 +344,7 @@ def _dpo_stage(model: Any, source: Any, config: RunConfig, worker_id: str) -> No
     from rlbus.training.offline import dpo_stage
 
     pairs, held_out, dpo, gate = prepare_dpo(config, source)
-    log.info("%s: DPO, %d steps on %d pairs (%d held out)", worker_id, config.dpo.steps, len(pairs), len(held_out))
+    log.info("%s: DPO, %d steps on %d pairs (%d held out)", worker_id, dpo.steps, len(pairs), len(held_out))
     report = dpo_stage(model, pairs, held_out, dpo, gate_accuracy=gate)
     log.info("%s: DPO done: held-out preference accuracy %s → %s (gate %s)", worker_id, report.accuracy_start,
              report.accuracy_end, gate or "off")
@@ -408,7 +408,7 @@ async def serve_main(
                 model_name=s.model_name or (Path(model).name if model else config.model.name),
                 seed=config.task.seed + 7 + zlib.crc32(worker_id.encode()) % 10_000,
                 max_batch=s.max_batch, batch_window_s=config.rollout.batch_window_s,
-                max_staleness=config.trainer.max_staleness, max_open_sessions=s.max_open_sessions,
+                max_staleness=config.trainer.grpo.max_staleness, max_open_sessions=s.max_open_sessions,
                 user_sessions=s.user_sessions, buffer_records=s.buffer_records, default_max_tokens=s.default_max_tokens,
             )
             gateway, sync = parts.gateway, parts.rollout.sync

@@ -20,19 +20,18 @@ from typing import Any
 
 import torch
 
-from rlbus.launch.build import dpo_args, dpo_data_args, initial_model, model_source, warm_start_args
+from rlbus.launch.build import dpo_config, dpo_data_args, initial_model, model_source, warm_start_args
 from rlbus.launch.config import RunConfig
 
 
 def prepare_dpo(config: RunConfig, source: Any) -> tuple[list[Any], list[Any], Any, float]:
     """The DPO stage's inputs from the run config: (training pairs, held-out pairs, `DPOConfig`, gate)."""
-    from rlbus.training.dpo import DPOConfig
     from rlbus.training.offline import stage_pairs
 
     data = dpo_data_args(config)
     gate = data.pop("gate_accuracy")
     pairs, held_out = stage_pairs(source.chat, **data)
-    return pairs, held_out, DPOConfig(**dpo_args(config), pad_id=source.pad_id), gate
+    return pairs, held_out, dpo_config(config, pad_id=source.pad_id), gate
 
 
 def run_dpo(

@@ -16,7 +16,7 @@ class GRPOConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_onl
     """How a batch of scored groups becomes one update (symbols as in the module docstring)."""
 
     #: Divide advantages by the group's reward std (original GRPO) instead of only centring (Dr. GRPO).
-    normalize_std: bool = False
+    normalize_std: bool = True
     #: ε_low: ratios below 1 − ε_low stop pushing negative-advantage tokens further down.
     eps_low: float = 0.2
     #: ε_high: ratios above 1 + ε_high stop pushing positive-advantage tokens up ("clip-higher" > ε_low).
@@ -33,8 +33,9 @@ class GRPOConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_onl
     mis_low: float = 0.5
     #: MIS band upper edge b: tokens (sequences) with ρ > b leave the loss.
     mis_high: float = 2.0
-    #: Drop rollouts whose oldest token is more than this many versions behind the trainer.
-    max_staleness: int = 4
+    #: Drop rollouts whose oldest token is more than this many versions behind the trainer (a run's prompt
+    #: producer admits prompts at most this far ahead, and its gateway bounds RL sessions with it).
+    max_staleness: int = 2
     #: Route each token to the experts the engine used (MoE only; needs routed experts in the batch).
     router_replay: bool = True
     #: Add the model's MoE load-balancing loss (its coefficient lives in the model config).
@@ -87,7 +88,9 @@ class OptimConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_on
 
 
 class DPOConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
-    """The offline DPO stage (`rlbus.training.dpo`; objective in `rlbus.rl.preference`)."""
+    """The offline DPO stage (`rlbus.training.dpo`; objective in `rlbus.rl.preference`). A run config's
+    ``[dpo.train]`` table is read into it directly (`rlbus.launch.config.DPOSection`), so these checks are the
+    config's too."""
 
     #: β: the strength of the KL-like pull to the reference; the implicit reward is β·(log π − log π_ref).
     beta: float = 0.1
@@ -105,8 +108,8 @@ class DPOConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only
     weight_decay: float = 0.0
     #: Pairs per optimizer step (their chosen and rejected sides go through one forward).
     batch_size: int = 8
-    #: Optimizer steps.
-    steps: int = 100
+    #: Optimizer steps (0: a run has no DPO stage; ``rlbus train dpo`` runs 100 when its config gives none).
+    steps: int = 0
     #: Seeds the batch order (a fresh permutation of the pairs each epoch).
     seed: int = 0
     #: Trained tokens per chunk of the vocabulary projection (`rlbus.rl.logprobs.chunked_token_logprobs`).
@@ -122,15 +125,20 @@ class DPOConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only
     #: Id fed at padding positions (any valid id: they are masked).
     pad_id: int = 0
 
-    def __post_init__(self) -> None:
-        if self.beta <= 0 or self.lr <= 0:
-            raise ValueError("beta and lr must be > 0")
-        if not 0 <= self.label_smoothing < 0.5 or (self.loss == "ipo" and self.label_smoothing):
-            raise ValueError("label_smoothing must be in [0, 0.5), and 0 for the ipo loss")
-        if self.batch_size < 1 or self.steps < 0 or self.eval_every < 0 or self.weight_decay < 0:
-            raise ValueError("batch_size must be >= 1; steps, eval_every and weight_decay >= 0")
-        if self.logprob_chunk < 1 or self.max_grad_norm < 0:
-            raise ValueError("logprob_chunk must be >= 1 and max_grad_norm >= 0 (0 = off)")
+    def __post_init__(self) -> None:  # each message starts with the field it is about (config errors name it)
+        for name in ("beta", "lr"):
+            if not getattr(self, name) > 0:
+                raise ValueError(f"{name} must be > 0")
+        if not 0 <= self.label_smoothing < 0.5:
+            raise ValueError("label_smoothing must be in [0, 0.5)")
+        if self.loss == "ipo" and self.label_smoothing:
+            raise ValueError('label_smoothing must be 0 with loss = "ipo" (it smooths the sigmoid loss only)')
+        for name in ("batch_size", "logprob_chunk"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1")
+        for name in ("steps", "eval_every", "weight_decay", "max_grad_norm"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name} must be >= 0")
 
 
 class OnlineConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):

@@ -141,8 +141,9 @@ join_timeout_s = 120.0
 checkpoint_dir = "{tmp_path / 'checkpoints'}"
 checkpoint_every = 2
 [dpo]
-steps = 3
 task_pairs = 40
+[dpo.train]
+steps = 3
 batch_size = 8
 [rollout]
 episode_threads = 16

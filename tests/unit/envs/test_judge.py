@@ -14,19 +14,16 @@ import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestServer
 
-from rlbus.config import parse
 from rlbus.envs.chat import ChatFormat
 from rlbus.envs.episode import Episode
 from rlbus.envs.judge import (
     Dimension,
     EngineJudge,
-    HttpJudgeConfig,
     Judge,
     JudgeError,
     JudgeUnavailable,
     OpenAIJudge,
     Rubric,
-    http_judge,
     parse_score,
 )
 from rlbus.envs.scripted import ScriptedEngine
@@ -254,12 +251,3 @@ async def test_http_judge_unreachable_endpoint_is_unavailable() -> None:
     async with backend:
         with pytest.raises(JudgeUnavailable, match="ClientConnectorError"):
             await backend.complete("s", "u")
-
-
-def test_http_judge_from_config() -> None:
-    data = {"kind": "http", "base_url": "http://127.0.0.1:8000/", "model": "m", "retries": 7}
-    backend = http_judge(parse(HttpJudgeConfig, data, prefix="judge"))
-    assert backend.url == "http://127.0.0.1:8000/v1/chat/completions" and backend.retries == 7
-    with pytest.raises(ConfigError) as caught:
-        parse(HttpJudgeConfig, {**data, "timeout": 3}, prefix="judge")
-    assert caught.value.field == "judge.timeout"

@@ -121,11 +121,13 @@ async def test_an_openai_judge_from_config_with_the_key_from_a_file(tmp_path: Pa
     key = tmp_path / "key"
     key.write_text("sk-test\n")
     raw = run_config(tmp_path, backend="openai", base_url="http://127.0.0.1:9/v1", model="judge-m",
-                     api_key_file=str(key), parse_retries=1)  # fmt: skip
+                     api_key_file=str(key), parse_retries=1, timeout_s=3.0, retries=7, max_tokens=4)  # fmt: skip
     config = config_from_dict(raw, {})
     judge = judge_for(config)
     assert judge is not None and isinstance(judge.backend, OpenAIJudge)
     assert judge.backend.api_key == "sk-test" and judge.backend.model == "judge-m" and judge.parse_retries == 1
+    assert judge.backend.url == "http://127.0.0.1:9/v1/chat/completions" and judge.backend.retries == 7
+    assert judge.backend.timeout.total == 3.0 and judge.backend.max_tokens == 4
     assert judge.rubric.name == "answer"
     await judge.close()
     args = trainer_args(config)
@@ -152,6 +154,7 @@ def test_a_verifier_run_builds_no_judge() -> None:
         ({"reward": {"kind": "judge", "judge": {"rubric": "r.toml", "backend": "openai"}}}, "reward.judge"),
         ({"reward": {"kind": "judge", "judge": {"rubric": "r.toml", "parse_retries": -1}}}, "reward.judge"),
         ({"reward": {"judge": {"rubric": "r.toml", "source": "verifier"}}}, "reward.judge"),
+        ({"reward": {"judge": {"rubric": "r.toml", "timeout": 3}}}, "reward.judge.timeout"),
         ({"trainer": {"reward_weights": {"judge": 1.0}}}, "trainer"),
         ({"trainer": {"invalid_judgements": "ignore"}}, "trainer.invalid_judgements"),
         ({"trainer": {"invalid_weight": 2.0}}, "trainer"),

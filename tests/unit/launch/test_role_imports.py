@@ -20,7 +20,7 @@ from rlbus.state.memory import MemoryStateStore
 from rlbus.state.progress import PROMPT_SEQ
 
 config = config_from_dict({"state": {"url": "memory://"}, "task": {"group_size": 2},
-                           "trainer": {"groups_per_step": 2, "max_staleness": 1}}, {})
+                           "trainer": {"groups_per_step": 2, "grpo": {"max_staleness": 1}}}, {})
 buses = {"prompts": MemoryBus(topic_specs(partitions=2)), "reward": MemoryBus(topic_specs(partitions=2))}
 state = MemoryStateStore()
 

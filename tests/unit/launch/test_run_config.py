@@ -42,14 +42,68 @@ def test_the_demo_runs_the_run_configs_defaults() -> None:
 
 
 def test_every_grpo_knob_is_reachable_from_the_run_config(tmp_path: Path) -> None:
-    config = config_of('[trainer]\nmax_staleness = 3\n[trainer.grpo]\nis_mode = "mis"\nminibatches = 2\n'
+    config = config_of('[trainer.grpo]\nmax_staleness = 3\nis_mode = "mis"\nminibatches = 2\n'
                        'micro_batch_rows = 8\nrouter_replay = false\ncompute_dtype = "bfloat16"\n', tmp_path)
-    grpo = config.trainer.grpo_config()
+    grpo = config.trainer.grpo
     assert (grpo.is_mode, grpo.minibatches, grpo.micro_batch_rows, grpo.router_replay, grpo.compute_dtype) == (
         "mis", 2, 8, False, "bfloat16")
-    assert grpo.max_staleness == 3 and grpo.normalize_std is True  # the trainer table's own fields
-    assert field_of("[trainer.grpo]\nmax_staleness = 3\n", tmp_path) == "trainer.grpo.max_staleness"
+    assert grpo.max_staleness == 3 and grpo.normalize_std is True
     assert field_of("[trainer.grpo]\nis_mode = 'sometimes'\n", tmp_path) == "trainer.grpo.is_mode"
+    assert field_of("[trainer.grpo]\nmax_staleness = -1\n", tmp_path) == "trainer.grpo.max_staleness"
+
+
+def test_the_staleness_bound_is_declared_once_and_bounds_admission(tmp_path: Path) -> None:
+    """GRPOConfig holds max_staleness (the trainer drops, the producer admits, the gateway bounds sessions by it);
+    the run's defaults are the step's."""
+    from rlbus.launch.build import producer_args, trainer_args
+    from rlbus.training.config import GRPOConfig
+
+    run = load_config(None, {})
+    assert run.trainer.grpo == GRPOConfig() and (GRPOConfig().max_staleness, GRPOConfig().normalize_std) == (2, True)
+    config = config_of("[trainer.grpo]\nmax_staleness = 5\n", tmp_path)
+    assert producer_args(config)["max_staleness"] == 5 and trainer_args(config)["grpo"].max_staleness == 5
+    assert field_of("[trainer]\nadmission_slack = 3\n", tmp_path) == "trainer.admission_slack"  # > 2
+    assert config_of("[trainer]\nadmission_slack = 3\n[trainer.grpo]\nmax_staleness = 3\n", tmp_path)
+
+
+@pytest.mark.parametrize(("table", "old", "new"), [
+    ("trainer", "max_staleness = 3", "trainer.grpo.max_staleness"),
+    ("trainer", "normalize_std = false", "trainer.grpo.normalize_std"),
+    ("dpo", "steps = 30", "dpo.train.steps"),
+    ("dpo", 'loss = "ipo"', "dpo.train.loss"),
+    ("dpo", "label_smoothing = 0.1", "dpo.train.label_smoothing"),
+    ("dpo", "lr = 1e-5", "dpo.train.lr"),
+])
+def test_a_field_that_moved_fails_naming_where_it_went(table: str, old: str, new: str, tmp_path: Path) -> None:
+    with pytest.raises(ConfigError) as info:
+        config_of(f"[{table}]\n{old}\n", tmp_path)
+    assert info.value.field == f"{table}.{old.split()[0]}" and new in info.value.problem
+
+
+def test_the_dpo_stage_is_its_config_and_the_config_load_applies_its_checks(tmp_path: Path) -> None:
+    """[dpo.train] is DPOConfig (one declaration of each knob, one copy of each rule); [dpo] holds the stage's
+    data and gate. What the stage would refuse fails at load, naming the field."""
+    from rlbus.launch.build import dpo_config
+    from rlbus.training.config import DPOConfig
+
+    assert load_config(None, {}).dpo.train == DPOConfig() and DPOConfig().steps == 0  # no DPO stage by default
+    config = config_of('[task]\nseed = 7\n[dpo]\ngate_accuracy = 0.6\n[dpo.train]\nsteps = 30\nloss = "ipo"\n'
+                       'beta = 0.2\nweight_decay = 0.01\n', tmp_path)
+    assert (config.dpo.gate_accuracy, config.dpo.train.steps, config.dpo.train.loss) == (0.6, 30, "ipo")
+    stage = dpo_config(config, pad_id=3)
+    assert (stage.seed, stage.pad_id, stage.beta, stage.weight_decay) == (7, 3, 0.2, 0.01)
+    with pytest.raises(ConfigError) as info:
+        config_of('[dpo.train]\nloss = "ipo"\nlabel_smoothing = 0.1\n', tmp_path)
+    assert info.value.field == "dpo.train.label_smoothing" and "ipo" in info.value.problem
+    assert field_of("[dpo.train]\nlabel_smoothing = 0.5\n", tmp_path) == "dpo.train.label_smoothing"
+    assert field_of("[dpo.train]\nlr = 0.0\n", tmp_path) == "dpo.train.lr"
+    assert field_of("[dpo.train]\nbatch_size = 0\n", tmp_path) == "dpo.train.batch_size"
+    assert field_of("[dpo.train]\nstep = 3\n", tmp_path) == "dpo.train.step"
+    assert field_of("[dpo]\neval_fraction = 1.0\n", tmp_path) == "dpo.eval_fraction"
+    assert field_of("[dpo]\ngate_accuracy = 2.0\n", tmp_path) == "dpo.gate_accuracy"
+    assert field_of("[dpo.train]\nseed = 3\n", tmp_path) == "dpo.train.seed"  # task.seed seeds the stage
+    assert field_of("[dpo.train]\npad_id = 3\n", tmp_path) == "dpo.train.pad_id"  # the model's pad id
+    assert config_from_dict(to_tables(config), {}) == config
 
 
 def test_model_fields_override_the_demo_shape(tmp_path: Path) -> None:
@@ -77,6 +131,8 @@ def test_only_connection_tables_is_enough(tmp_path: Path) -> None:
         ("[trainer]\nlr = 'fast'\n", "trainer.lr"),
         ("[trainer]\ngroups_per_stepp = 4\n", "trainer.groups_per_stepp"),
         ("[trainer]\nreward_sources = []\n", "trainer.reward_sources"),
+        ("[trainer.grpo]\neps_low = 3.0\n", "trainer.grpo.eps_low"),  # a nested table's own check
+        ("[trainer.online]\nema = 2.0\n", "trainer.online.ema"),
         ("[rollout]\ntemperature = 0.0\n", "rollout.temperature"),
         ("[rollout]\nprefix_cache_tokens = -1\n", "rollout.prefix_cache_tokens"),
         ("[task]\ngroup_size = 1\n", "task.group_size"),

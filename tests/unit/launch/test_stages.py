@@ -22,11 +22,12 @@ env_config = { digits = 1 }
 warm_steps = 40
 teacher_error = 0.5
 [dpo]
+task_pairs = 120
+eval_fraction = 0.25
+[dpo.train]
 steps = 30
 lr = 3e-3
 batch_size = 16
-task_pairs = 120
-eval_fraction = 0.25
 """
 
 
@@ -59,7 +60,7 @@ def test_train_dpo_learns_the_task_pairs_and_writes_a_checkpoint_rl_starts_from(
 def test_a_missed_gate_fails_the_command_and_the_trainers_stage(tmp_path: Path) -> None:
     cfg = tmp_path / "run.toml"
     cfg.write_text(SMALL.replace("steps = 30", "steps = 1").replace("warm_steps = 40", "warm_steps = 0")
-                   + "gate_accuracy = 1.0\n")
+                   .replace("[dpo]\n", "[dpo]\ngate_accuracy = 1.0\n"))
     result = CliRunner().invoke(app, ["train", "dpo", "--config", str(cfg), "--out", str(tmp_path / "o"),
                                       "--eval-size", "4"])
     assert result.exit_code == 1 and "quality gate missed" in result.output

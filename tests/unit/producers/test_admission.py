@@ -143,8 +143,8 @@ async def test_the_producer_follows_the_registry_and_starts_from_the_first_train
 
 
 def test_the_distributed_bound_counts_groups_per_version_and_names_its_fields() -> None:
-    config = config_from_dict({"trainer": {"groups_per_step": 3, "publish_every": 4, "max_staleness": 1,
-                                           "admission_slack": 1}}, {})
+    config = config_from_dict({"trainer": {"groups_per_step": 3, "publish_every": 4, "admission_slack": 1,
+                                           "grpo": {"max_staleness": 1}}}, {})
     assert config.trainer.admission == "served"
     producer = prompt_producer(bus=MemoryBus(), state=MemoryStateStore(), **producer_args(config))
     assert producer.admission == Admission(max_staleness=1, groups_per_step=12, slack=1)
