@@ -10,6 +10,10 @@ Task directory (the contract in the corpus brief)::
 
     <id>/instruction.md  task.toml  environment/{repo/ | setup.sh | bug.patch}  tests/…  solution/solution.patch
 
+The hidden tests are the files under ``tests/``, and/or files of the base named in ``[tests] hidden``
+(``hidden = ["tests/test_func.py"]``): the generated corpus's tests are its libraries' own, so they are
+stored once, in the base archive, and read from it by path.
+
 SWE-bench rows (one JSON object a line): ``instance_id``, ``repo`` (a local directory — with
 ``base_commit``, a git repository whose commit is exported — or a ``.tar.gz`` archive, relative to the
 JSONL file), ``problem_statement``, ``patch`` (the reference fix), ``test_patch`` (adds or changes the
@@ -19,9 +23,11 @@ strings of lists, as the SWE-bench datasets store them).
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import re
+import tarfile
 import tomllib
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -169,15 +175,16 @@ def load_task_dir(path: str | Path) -> RepoTask:
     instruction = _read_text(root / "instruction.md")
     solution = _read_text(root / "solution" / "solution.patch")
     tests = _table(data, "tests", where)
-    _only(tests, {"command", "fail_to_pass", "pass_to_pass", "env"}, where, "tests")
+    _only(tests, {"command", "fail_to_pass", "pass_to_pass", "env", "hidden"}, where, "tests")
+    source = _dir_source(root, data.get("environment", {}), where)
     return RepoTask(
         task_id=task_id,
         instruction=instruction,
-        source=_dir_source(root, data.get("environment", {}), where),
+        source=source,
         fail_to_pass=_node_ids(tests.get("fail_to_pass"), f"{where}: tests.fail_to_pass", minimum=1),
         pass_to_pass=_node_ids(tests.get("pass_to_pass", []), f"{where}: tests.pass_to_pass", minimum=0),
         solution=_check_patch(solution, str(root / "solution" / "solution.patch")),
-        hidden_tests=_hidden_tests(root / "tests"),
+        hidden_tests=_hidden_tests(root / "tests", tests.get("hidden"), source, f"{where}: tests.hidden"),
         command=_command(tests.get("command", DEFAULT_COMMAND), f"{where}: tests.command"),
         test_env=_str_map(tests.get("env", {}), f"{where}: tests.env"),
         limits=_limits(data.get("limits", {}), f"{where}: limits"),
@@ -211,18 +218,60 @@ def _dir_source(root: Path, env: Any, where: str) -> Source:
     raise TaskFormatError(f"{root}/environment", "needs repo/, setup.sh, or [environment] base in task.toml")
 
 
-def _hidden_tests(tests_dir: Path) -> dict[str, bytes]:
-    if not tests_dir.is_dir():
-        raise TaskFormatError(str(tests_dir), "missing: the hidden tests live here")
-    files = {}
-    for p in sorted(tests_dir.rglob("*")):
-        if p.is_symlink():
-            raise TaskFormatError(str(p), "hidden tests may not be symlinks")
-        if p.is_file() and "__pycache__" not in p.parts:
-            files[p.relative_to(tests_dir).as_posix()] = p.read_bytes()
+def _hidden_tests(tests_dir: Path, in_base: Any, source: Source, where: str) -> dict[str, bytes]:
+    """The files restored at grading: ``[tests] hidden`` names files of the base (a generated task's tests
+    are its library's own, byte for byte, so the corpus stores them once, in the base archive), and the
+    ``tests/`` directory holds files the base lacks (a hand-written task's); either or both."""
+    files: dict[str, bytes] = {}
+    if in_base is not None:
+        names = _relative_paths(in_base, where)
+        if source.kind != "base":
+            raise TaskFormatError(where, "names files of the base: needs [environment] base")
+        files.update(_base_files(source.path, tuple(names), where))
+    if tests_dir.is_dir():
+        for p in sorted(tests_dir.rglob("*")):
+            if p.is_symlink():
+                raise TaskFormatError(str(p), "hidden tests may not be symlinks")
+            if p.is_file() and "__pycache__" not in p.parts:
+                files[p.relative_to(tests_dir).as_posix()] = p.read_bytes()
+    elif in_base is None:
+        raise TaskFormatError(str(tests_dir), "missing: the hidden tests live here (or in [tests] hidden)")
     if not files:
         raise TaskFormatError(str(tests_dir), "holds no test files")
     return files
+
+
+def _base_files(base: Path, names: tuple[str, ...], where: str) -> dict[str, bytes]:
+    """``names`` (repository-relative) read from a base directory or ``.tar.gz``; a missing one is an error."""
+    if base.is_dir():
+        found = {n: (base / n).read_bytes() for n in names if (base / n).is_file()}
+    else:
+        found = dict(_archive_files(str(base), base.stat().st_mtime_ns, names))
+    if missing := [n for n in names if n not in found]:
+        raise TaskFormatError(where, f"{missing[0]!r} is not a file of the base {base.name}")
+    return found
+
+
+def _relative_paths(value: Any, where: str) -> list[str]:
+    if not isinstance(value, list) or not value or not all(isinstance(v, str) for v in value):
+        raise TaskFormatError(where, "must be a non-empty list of repository-relative file paths")
+    for v in value:
+        if v.startswith("/") or ".." in v.split("/") or "\\" in v:
+            raise TaskFormatError(where, f"{v!r} is not a repository-relative path")
+    return list(value)
+
+
+@functools.lru_cache(maxsize=16)
+def _archive_files(archive: str, _mtime_ns: int, names: tuple[str, ...]) -> tuple[tuple[str, bytes], ...]:
+    """Members of a ``.tar.gz`` by name (cached: tasks of one library share their base archive)."""
+    wanted, out = set(names), []
+    with tarfile.open(archive) as tar:
+        for member in tar:
+            if member.isfile() and member.name in wanted:
+                handle = tar.extractfile(member)
+                assert handle is not None
+                out.append((member.name, handle.read()))
+    return tuple(out)
 
 
 def _limits(raw: Any, where: str) -> Limits:

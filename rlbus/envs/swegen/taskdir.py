@@ -41,7 +41,8 @@ class GeneratedTask:
     fail_to_pass: list[str]
     pass_to_pass: list[str]
     hidden_tests: dict[str, bytes]
-    """Repository-relative path → content of the test files (and their conftest.py files) restored at grading."""
+    """Repository-relative path → content of the test files (and their conftest.py files) restored at grading;
+    all are files of the base archive, so task.toml names them (``[tests] hidden``) instead of copying them."""
     src: str = ""
     metadata: dict[str, str | int | float] = field(default_factory=dict)
     checked: dict[str, Any] = field(default_factory=dict)
@@ -97,6 +98,7 @@ def task_toml(task: GeneratedTask) -> str:
         f"command = {_toml_string(DEFAULT_COMMAND)}",
         f"fail_to_pass = {_toml_list(task.fail_to_pass)}",
         f"pass_to_pass = {_toml_list(task.pass_to_pass)}",
+        f"hidden = {_toml_list(sorted(task.hidden_tests))}",
     ]
     if task.src:
         lines.append(f"env = {{PYTHONPATH = {_toml_string(task.src)}}}")
@@ -116,10 +118,7 @@ def write_task(corpus: Path, task: GeneratedTask) -> Path:
     (directory / "task.toml").write_text(task_toml(task), encoding="utf-8")
     (directory / "environment" / "bug.patch").write_text(task.bug_patch, encoding="utf-8")
     (directory / "solution" / "solution.patch").write_text(task.solution_patch, encoding="utf-8")
-    for relative, data in sorted(task.hidden_tests.items()):
-        target = directory / "tests" / relative
-        target.parent.mkdir(parents=True, exist_ok=True)
-        target.write_bytes(data)
+    # The hidden tests are files of the base archive, byte for byte: task.toml names them ([tests] hidden).
     return directory
 
 

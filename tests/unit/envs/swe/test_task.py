@@ -81,3 +81,27 @@ def test_bad_rows_name_line_and_field(jsonl_file: Path, tmp_path: Path, change: 
     with pytest.raises(TaskFormatError) as info:
         load_tasks([bad])
     assert f"{bad}:2: {field}" in str(info.value)
+
+
+def test_hidden_tests_named_in_the_base_are_read_from_it(tmp_path: Path) -> None:
+    """A generated task names its hidden tests in the base archive instead of copying them."""
+    import rlbus.envs
+    from rlbus.envs.swe.task import load_task_dir
+
+    corpus = Path(rlbus.envs.__file__).parent / "swe_tasks"
+    shipped = next(p for p in sorted(corpus.iterdir()) if (p / "task.toml").is_file())
+    task = tmp_path / shipped.name
+    shutil.copytree(shipped, task)
+    shutil.copytree(corpus / "_bases", tmp_path / "_bases")
+    loaded = load_task_dir(task)
+    assert loaded.hidden_tests and all(path.startswith("tests/") for path in loaded.hidden_tests)
+    assert not (task / "tests").exists()
+
+    toml = task / "task.toml"
+    text = toml.read_text()
+    toml.write_text(text.replace("hidden = [", 'hidden = [\n  "tests/no_such_test.py",'))
+    with pytest.raises(TaskFormatError, match=r"tests\.hidden.*no_such_test\.py.*not a file of the base"):
+        load_task_dir(task)
+    toml.write_text(text.replace("hidden = [", 'hidden = [\n  "../escape.py",'))
+    with pytest.raises(TaskFormatError, match=r"tests\.hidden.*not a repository-relative path"):
+        load_task_dir(task)

@@ -63,10 +63,12 @@ def test_task_directory_matches_the_format(entry: dict, base_files: dict[str, se
     f2p, p2p = tests["fail_to_pass"], tests["pass_to_pass"]
     assert entry["fail_to_pass"] == len(f2p) >= 1 and entry["pass_to_pass"] == len(p2p)
     assert not set(f2p) & set(p2p)
+    assert not (task / "tests").exists()  # the hidden tests are the base's files, named, not copied
+    hidden = set(tests["hidden"])
+    assert hidden <= base_files[base.name]
     for nodeid in f2p + p2p:
         path = nodeid.split("::", 1)[0]
-        assert (task / "tests" / path).is_file(), nodeid  # the hidden copy the grader restores
-        assert path in base_files[base.name]
+        assert path in hidden, nodeid  # the file the grader restores
     if "env" in tests:
         assert tests["env"] == {"PYTHONPATH": "src"}
 

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from rlbus.envs.swe.task import load_task_dir
 from rlbus.envs.swegen import patches, sdist, taskdir, verify
 from rlbus.envs.swegen.generate import GenerateOptions, LibraryResult, generate
 from rlbus.errors import GenerateError
@@ -57,8 +58,9 @@ def test_fixture_library_to_validated_tasks(generated: tuple[Path, LibraryResult
         assert entry["fail_to_pass"] == len(f2p) >= 1 and entry["pass_to_pass"] == len(p2p)
         assert not set(f2p) & set(p2p)
         assert all(nodeid.startswith("tests/test_minilib.py::test_") for nodeid in f2p + p2p)
-        hidden = task / "tests" / "tests" / "test_minilib.py"
-        assert hidden.read_bytes() == (FIXTURE / "tests" / "test_minilib.py").read_bytes()
+        assert config["tests"]["hidden"] == ["tests/test_minilib.py"] and not (task / "tests").exists()
+        loaded = load_task_dir(task)  # the named file is read from the base archive, byte for byte
+        assert loaded.hidden_tests == {"tests/test_minilib.py": (FIXTURE / "tests" / "test_minilib.py").read_bytes()}
         assert entry["checked"]["solution_reward"] == 1.0 and entry["checked"]["unchanged_reward"] == 0.0
         assert config["metadata"]["function"] in ("clamp", "windows", "mean")  # never the untested function
 
