@@ -35,7 +35,6 @@ import torch
 
 from rlbus.bench.codec import peers
 from rlbus.bench.common import meta, print_table, write_json
-from rlbus.build.model import ModelSource
 from rlbus.engines.base import GenerationRequest, GenerationResult
 from rlbus.engines.torch_engine import TorchEngine
 from rlbus.envs.chat import Answer
@@ -45,6 +44,7 @@ from rlbus.schemas import Prompt
 from rlbus.training.batch import Group, sample_from_generation
 from rlbus.training.config import GRPOConfig, OptimConfig
 from rlbus.training.step import build_optimizer, grpo_step
+from rlbus.wiring.model import ModelSource
 
 SYSTEM = "Give the final answer as <answer>ANSWER</answer>, for example <answer>42</answer>."
 

@@ -25,10 +25,6 @@ from typing import Any
 
 import torch
 
-from rlbus.build.model import ModelSource
-from rlbus.build.producer import prompt_producer
-from rlbus.build.rollout import rollout_stack
-from rlbus.build.trainer import trainer_stack
 from rlbus.bus.base import Bus
 from rlbus.consumers.reward import RewardWorker
 from rlbus.consumers.rollout import episode_threads
@@ -41,6 +37,10 @@ from rlbus.training.config import GRPOConfig
 from rlbus.weights.digest import state_digest
 from rlbus.weights.store import BlobStore
 from rlbus.weights.sync import live_state
+from rlbus.wiring.model import ModelSource
+from rlbus.wiring.producer import prompt_producer
+from rlbus.wiring.rollout import rollout_stack
+from rlbus.wiring.trainer import trainer_stack
 
 log = logging.getLogger("rlbus.chaos")
 

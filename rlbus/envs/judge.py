@@ -67,8 +67,8 @@ from rlbus.observe.metrics import JUDGE_INVALID, JUDGE_RETRIES, JUDGE_SECONDS
 from rlbus.schemas import Prompt, Reward
 
 if TYPE_CHECKING:
-    from rlbus.build.model import ModelSource
     from rlbus.engines.base import Engine
+    from rlbus.wiring.model import ModelSource
 
 #: A line that is only a score: ``SCORE: 7/10``, ``**SCORE:** 7 / 10``, ``## Score = 7``. Not ``> SCORE …``.
 _SCORE_LINE = re.compile(

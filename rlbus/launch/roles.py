@@ -46,10 +46,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from rlbus.aio import wait_any, wait_event
-from rlbus.build.producer import prompt_producer
 from rlbus.bus.base import Bus
 from rlbus.errors import RlbusError
-from rlbus.launch.build import (
+from rlbus.launch.arguments import (
     bus_for,
     claims_for,
     initial_model,
@@ -69,6 +68,7 @@ from rlbus.observe.runlog import RunLog
 from rlbus.state.base import StateStore
 from rlbus.state.progress import PROMPT_SEQ, VERSION_COUNTER
 from rlbus.weights.store import BlobStore
+from rlbus.wiring.producer import prompt_producer
 
 if TYPE_CHECKING:
     from rlbus.observe.heartbeat import Heartbeat
@@ -199,9 +199,9 @@ async def rollout_main(
     """A rollout worker. ``bus``, ``state`` and ``store`` replace the run config's (unstarted)."""
     import torch
 
-    from rlbus.build.rollout import rollout_stack
     from rlbus.consumers.rollout import episode_threads
     from rlbus.launch.recording import follow_syncs
+    from rlbus.wiring.rollout import rollout_stack
 
     settings = config.rollout
     torch.set_num_threads(settings.torch_threads)
@@ -254,10 +254,10 @@ async def trainer_main(
     """The trainer. ``bus``, ``state`` and ``store`` replace the run config's (unstarted)."""
     import torch
 
-    from rlbus.build.trainer import trainer_stack
     from rlbus.launch.recording import TrainerRecorder
     from rlbus.training.checkpoint import load_checkpoint, model_from_state
     from rlbus.training.warm import warm_start
+    from rlbus.wiring.trainer import trainer_stack
 
     settings = config.trainer
     torch.set_num_threads(settings.torch_threads)
@@ -392,9 +392,9 @@ async def serve_main(
     the config's (``rlbus serve --config``)."""
     import torch
 
-    from rlbus.build.model import parse_model
     from rlbus.serve.auth import load_tenants
     from rlbus.serve.stack import run_serve, serve_stack
+    from rlbus.wiring.model import parse_model
 
     s = config.serve
     torch.set_num_threads(config.rollout.torch_threads)

@@ -15,7 +15,7 @@ Routes (JSON; every route but ``/healthz`` and ``/metrics`` needs ``Authorizatio
 ``GET /metrics``                   the process's Prometheus metrics (as vLLM serves them on its port)
 =================================  =====================================================================
 
-The engine is the one a rollout worker uses (`rlbus.build.rollout.rollout_stack`: the torch engine behind
+The engine is the one a rollout worker uses (`rlbus.wiring.rollout.rollout_stack`: the torch engine behind
 the batching engine, weights following the trainer through `rlbus.weights.sync.WeightSync`), so served
 requests join the rollouts' continuous batch and are sampled by the very version the fleet holds. Every
 response says which: ``system_fingerprint`` is ``rlbus:<model_id>:v<lo>[-v<hi>]`` over its tokens' versions

@@ -1,6 +1,6 @@
 """The gateway's wiring: the rollout stack's engine and weight sync, the recorders, the gateway — one builder.
 
-`serve_stack` builds the same parts a rollout worker has (`rlbus.build.rollout.rollout_stack`: a bf16
+`serve_stack` builds the same parts a rollout worker has (`rlbus.wiring.rollout.rollout_stack`: a bf16
 copy of the run's model, the torch engine behind the batching engine, the `WeightSync` following
 ``rl.weights.v1`` when a blob store is given) and puts the gateway in front of its engine, so serving and
 rollouts share one notion of "the version this engine serves". `run_serve` runs it all in one task group:
@@ -25,8 +25,8 @@ from rlbus.serve.sessions import Sessions
 from rlbus.weights.store import BlobStore
 
 if TYPE_CHECKING:
-    from rlbus.build.model import ModelSource
-    from rlbus.build.rollout import RolloutStack
+    from rlbus.wiring.model import ModelSource
+    from rlbus.wiring.rollout import RolloutStack
 
 log = logging.getLogger("rlbus.serve.stack")
 
@@ -62,7 +62,7 @@ def serve_stack(
     """A gateway over a fresh rollout stack of ``source``. ``connect_bus``: the bus is not started yet and
     may be unreachable — the recorders start it (and retry) themselves, so serving starts regardless;
     ``create_topics`` then also creates the served, rollout and reward topics."""
-    from rlbus.build.rollout import rollout_stack
+    from rlbus.wiring.rollout import rollout_stack
 
     parts = rollout_stack(bus=bus, store=store, model=source, worker_id=worker_id, seed=seed, region=region,
                           model_id=model_id, max_batch=max_batch, batch_window_s=batch_window_s)

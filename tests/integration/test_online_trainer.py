@@ -20,10 +20,6 @@ from aiohttp.test_utils import TestClient, TestServer
 
 from rlbus.bench.online import serve as serve_gateway
 from rlbus.bench.online import serve_direct
-from rlbus.build.infra import open_store
-from rlbus.build.model import ModelSource
-from rlbus.build.rollout import rollout_stack
-from rlbus.build.trainer import TrainerStack, trainer_stack
 from rlbus.bus import Bus, MemoryBus
 from rlbus.bus.namespace import NamespacedBus
 from rlbus.bus.topics import topic_specs
@@ -35,6 +31,10 @@ from rlbus.serve.stack import ServeStack, run_serve, serve_stack
 from rlbus.state import MemoryStateStore, RedisStateStore, StateStore
 from rlbus.state.join import Outcome
 from rlbus.training.config import GRPOConfig, OnlineConfig
+from rlbus.wiring.infra import open_store
+from rlbus.wiring.model import ModelSource
+from rlbus.wiring.rollout import rollout_stack
+from rlbus.wiring.trainer import TrainerStack, trainer_stack
 from tests.conftest import kafka_bus
 
 TOKEN = "online-trainer-test-token"

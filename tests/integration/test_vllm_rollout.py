@@ -30,10 +30,10 @@ pytestmark = pytest.mark.vllm
 
 async def test_vllm_worker_follows_deltas_bit_exact_over_kafka(tmp_path: Path) -> None:
     require_vllm()
-    from rlbus.build.model import ModelSource
-    from rlbus.build.rollout import rollout_stack
     from rlbus.engines.vllm_engine import VLLMEngine
     from rlbus.models.hf import HFCausalLM
+    from rlbus.wiring.model import ModelSource
+    from rlbus.wiring.rollout import rollout_stack
 
     directory = vllm_llama_dir(tmp_path)
     bus = await kafka_bus()

@@ -9,7 +9,7 @@ import msgspec
 import pytest
 
 from rlbus.errors import ConfigError
-from rlbus.launch.build import store_for
+from rlbus.launch.arguments import store_for
 from rlbus.launch.config import RunConfig, blob_secret, config_from_dict, load_config, to_tables
 
 

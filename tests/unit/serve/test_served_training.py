@@ -13,7 +13,6 @@ import openai
 from aiohttp.test_utils import TestClient, TestServer
 
 from rlbus.aio import until
-from rlbus.build.model import ModelSource
 from rlbus.bus import MemoryBus
 from rlbus.bus.topics import topic_specs
 from rlbus.consumers.trainer import OnlineLane, Trainer, TrainerWorker
@@ -24,6 +23,7 @@ from rlbus.serve.stack import serve_stack
 from rlbus.state import MemoryStateStore
 from rlbus.state.join import JoinBuffer, Outcome, RewardPolicy, ServedJoin
 from rlbus.training.config import GRPOConfig, OnlineConfig, OptimConfig
+from rlbus.wiring.model import ModelSource
 
 KEY = "acme-token-0123456789abcdef"
 FEEDBACK_TOKEN = "feedback-token-0123456789"

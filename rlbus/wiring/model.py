@@ -1,6 +1,6 @@
 """The model of a run: which one every role builds, its chat format, and the trainer's starting weights.
 
-A `ModelSource` is resolved once from ``[model]`` (`rlbus.launch.build.model_source`): the in-house
+A `ModelSource` is resolved once from ``[model]`` (`rlbus.launch.arguments.model_source`): the in-house
 policy of a shape, or a Hugging Face model directory (a shipped name or a GGUF already converted, see
 `rlbus.models.sources`). Trainer and rollout workers build from the same source — the trainer an fp32
 master, each worker a bf16 copy — so their tensors have the same names and shapes and weight sync applies

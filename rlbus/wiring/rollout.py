@@ -1,7 +1,7 @@
 """The rollout stack: model → engine → weight sync → rollout worker.
 
 Every rollout worker of every entry point is built here: a bf16 copy of the run's model (the in-house
-policy or an HF model, `rlbus.build.model.ModelSource`), the torch engine over
+policy or an HF model, `rlbus.wiring.model.ModelSource`), the torch engine over
 it (behind the batching engine that merges the episodes' decode calls), the `WeightSync` that follows
 the trainer's versions and swaps them in between decode steps, and the `RolloutWorker` on the bus. The
 stack's one notion of "the version this engine serves" is set inside the swap, so the engine stamps
@@ -24,7 +24,6 @@ from rlbus.weights.store import BlobStore
 if TYPE_CHECKING:
     import torch
 
-    from rlbus.build.model import Model, ModelSource
     from rlbus.consumers.rollout import RolloutWorker
     from rlbus.engines.batching import BatchingEngine
     from rlbus.engines.torch_engine import TorchEngine
@@ -32,6 +31,7 @@ if TYPE_CHECKING:
     from rlbus.envs.chat import ChatFormat
     from rlbus.schemas import Rollout
     from rlbus.weights.sync import WeightSync
+    from rlbus.wiring.model import Model, ModelSource
 
 
 @dataclass
