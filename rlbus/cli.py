@@ -255,7 +255,7 @@ def generate(
     """One chat turn through the rollout engine (the model's chat template, its end-of-turn stop): the
     smoke test of a model before training it."""
     from rlbus.generate import DTYPES, one_turn
-    from rlbus.wiring.model import parse_model
+    from rlbus.models.sources import parse_model
 
     if dtype not in DTYPES:
         raise typer.BadParameter(f"--dtype must be one of {', '.join(DTYPES)}")
@@ -614,7 +614,7 @@ def env_trajectories(
     try:
         cut = None
         if model is not None:
-            from rlbus.wiring.model import parse_model
+            from rlbus.models.sources import parse_model
 
             if max_observation_tokens < 1:
                 raise typer.BadParameter("--max-observation-tokens must be >= 1")
@@ -716,9 +716,9 @@ def serve(
 
         _run(go_config)
         return
+    from rlbus.models.sources import parse_model
     from rlbus.serve.auth import load_tenants
     from rlbus.serve.stack import standalone
-    from rlbus.wiring.model import parse_model
 
     try:
         source = parse_model(model or SMOLLM2, device=device, progress=err.print)

@@ -79,7 +79,7 @@ from rlbus.wiring.rollout import RolloutStack, rollout_stack
 from rlbus.wiring.trainer import trainer_stack
 
 if TYPE_CHECKING:
-    from rlbus.wiring.model import Model, ModelSource
+    from rlbus.models.sources import Model, ModelSource
 
 log = logging.getLogger("rlbus.demo")
 

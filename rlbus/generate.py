@@ -16,7 +16,7 @@ import torch
 
 from rlbus.engines.base import GenerationRequest
 from rlbus.engines.torch_engine import TorchEngine
-from rlbus.wiring.model import ModelSource
+from rlbus.models.sources import ModelSource
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 

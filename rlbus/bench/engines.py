@@ -65,12 +65,12 @@ async def _swap(directory: Path, steps: int, tok: Any, engine_for_rollouts: Any)
     from rlbus.bus.topics import topic_specs
     from rlbus.models.base import weight_tensors
     from rlbus.models.hf import HFCausalLM
+    from rlbus.models.sources import ModelSource
     from rlbus.training.batch import Group, sample_from_generation
     from rlbus.training.config import GRPOConfig, OptimConfig
     from rlbus.training.step import build_optimizer, grpo_step
     from rlbus.weights.publish import WeightPublisher
     from rlbus.weights.store import LocalStore
-    from rlbus.wiring.model import ModelSource
     from rlbus.wiring.rollout import rollout_stack
 
     bus = MemoryBus(topic_specs())

@@ -40,11 +40,11 @@ from rlbus.engines.torch_engine import TorchEngine
 from rlbus.envs.chat import Answer
 from rlbus.envs.tasks import generate_prompts
 from rlbus.models.base import weight_tensors
+from rlbus.models.sources import ModelSource
 from rlbus.schemas import Prompt
 from rlbus.training.batch import Group, sample_from_generation
 from rlbus.training.config import GRPOConfig, OptimConfig
 from rlbus.training.step import build_optimizer, grpo_step
-from rlbus.wiring.model import ModelSource
 
 SYSTEM = "Give the final answer as <answer>ANSWER</answer>, for example <answer>42</answer>."
 

@@ -64,7 +64,7 @@ from rlbus.wiring.rollout import RolloutStack
 from rlbus.wiring.trainer import trainer_stack
 
 if TYPE_CHECKING:
-    from rlbus.wiring.model import Model
+    from rlbus.models.sources import Model
 
 #: How the recorded figure's answers were served.
 PATH = "gateway"

@@ -216,8 +216,8 @@ def _load_player(model: str | None) -> tuple[str, Any, Any, int]:
     fp32, on the GPU when there is one."""
     import torch
 
+    from rlbus.models.sources import ModelSource, parse_model
     from rlbus.training.checkpoint import load_checkpoint, model_from_state
-    from rlbus.wiring.model import ModelSource, parse_model
 
     device = "cuda" if torch.cuda.is_available() else "cpu"
     if model is None:

@@ -30,6 +30,7 @@ from rlbus.consumers.reward import RewardWorker
 from rlbus.consumers.rollout import episode_threads
 from rlbus.models.config import PolicyConfig
 from rlbus.models.policy import Policy
+from rlbus.models.sources import ModelSource
 from rlbus.schemas import Rollout
 from rlbus.state.base import StateStore
 from rlbus.state.join import JoinBuffer, Outcome
@@ -37,7 +38,6 @@ from rlbus.training.config import GRPOConfig
 from rlbus.weights.digest import state_digest
 from rlbus.weights.store import BlobStore
 from rlbus.weights.sync import live_state
-from rlbus.wiring.model import ModelSource
 from rlbus.wiring.producer import prompt_producer
 from rlbus.wiring.rollout import rollout_stack
 from rlbus.wiring.trainer import trainer_stack

@@ -68,7 +68,7 @@ from rlbus.schemas import Prompt, Reward
 
 if TYPE_CHECKING:
     from rlbus.engines.base import Engine
-    from rlbus.wiring.model import ModelSource
+    from rlbus.models.sources import ModelSource
 
 #: A line that is only a score: ``SCORE: 7/10``, ``**SCORE:** 7 / 10``, ``## Score = 7``. Not ``> SCORE …``.
 _SCORE_LINE = re.compile(

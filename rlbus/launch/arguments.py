@@ -22,7 +22,7 @@ from rlbus.wiring.infra import open_bus, open_state, open_store, with_claims
 
 if TYPE_CHECKING:
     from rlbus.envs.judge import Judge
-    from rlbus.wiring.model import Model, ModelSource
+    from rlbus.models.sources import Model, ModelSource
 
 
 def bus_for(config: RunConfig, *, region: str | None = None, client_id: str | None = None) -> Bus:
@@ -54,10 +54,9 @@ def claims_for(config: RunConfig, bus: Bus, store: BlobStore) -> Bus:
 
 
 def model_source(config: RunConfig, *, progress: Callable[[str], None] | None = None) -> ModelSource:
-    """The run's model (`rlbus.wiring.model.ModelSource`): ``[model]``'s HF model (a GGUF or a shipped name is
+    """The run's model (`rlbus.models.sources.ModelSource`): ``[model]``'s HF model (a GGUF or a shipped name is
     converted once, reporting to ``progress``), else the checkpoint's model, else the policy shape."""
-    from rlbus.models.sources import model_dir
-    from rlbus.wiring.model import ModelSource
+    from rlbus.models.sources import ModelSource, model_dir
 
     m = config.model
     if m.kind == "hf" and (m.name or m.path or m.gguf):
@@ -146,7 +145,7 @@ def judge_for(config: RunConfig, environ: Mapping[str, str] | None = None) -> Ju
                               retries=j.retries, temperature=j.temperature, max_tokens=j.max_tokens,
                               prefill=j.prefill)
     else:
-        from rlbus.wiring.model import parse_model
+        from rlbus.models.sources import parse_model
 
         source = parse_model(j.model, device=j.device)
         backend = engine_judge(source, max_new_tokens=j.max_tokens, temperature=j.temperature, prefill=j.prefill,

@@ -392,9 +392,9 @@ async def serve_main(
     the config's (``rlbus serve --config``)."""
     import torch
 
+    from rlbus.models.sources import parse_model
     from rlbus.serve.auth import load_tenants
     from rlbus.serve.stack import run_serve, serve_stack
-    from rlbus.wiring.model import parse_model
 
     s = config.serve
     torch.set_num_threads(config.rollout.torch_threads)

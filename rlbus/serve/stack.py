@@ -25,7 +25,7 @@ from rlbus.serve.sessions import Sessions
 from rlbus.weights.store import BlobStore
 
 if TYPE_CHECKING:
-    from rlbus.wiring.model import ModelSource
+    from rlbus.models.sources import ModelSource
     from rlbus.wiring.rollout import RolloutStack
 
 log = logging.getLogger("rlbus.serve.stack")

@@ -32,7 +32,7 @@ PROMPTS = [Prompt(prompt_id=f"p{i}", env="arith", text=f"{a}+{b}=", reference=st
 @pytest.fixture(scope="module")
 def smollm2_engine() -> Any:
     from rlbus.envs.judge import engine_judge
-    from rlbus.wiring.model import parse_model
+    from rlbus.models.sources import parse_model
 
     return engine_judge(parse_model("smollm2-135m-instruct"), max_new_tokens=32)
 

@@ -32,7 +32,7 @@ PROMPT = Prompt(prompt_id="p0", env="arith", text="12+30=", reference="42")
 
 @pytest.fixture(scope="module")
 def smollm2_source() -> Any:
-    from rlbus.wiring.model import parse_model
+    from rlbus.models.sources import parse_model
 
     return parse_model("smollm2-135m-instruct")
 

@@ -34,7 +34,7 @@ GROUP = 2
 
 @pytest.fixture(scope="module")
 def smollm2() -> Any:
-    from rlbus.wiring.model import parse_model
+    from rlbus.models.sources import parse_model
 
     return parse_model("smollm2-135m-instruct")
 

@@ -32,7 +32,7 @@ async def test_vllm_worker_follows_deltas_bit_exact_over_kafka(tmp_path: Path) -
     require_vllm()
     from rlbus.engines.vllm_engine import VLLMEngine
     from rlbus.models.hf import HFCausalLM
-    from rlbus.wiring.model import ModelSource
+    from rlbus.models.sources import ModelSource
     from rlbus.wiring.rollout import rollout_stack
 
     directory = vllm_llama_dir(tmp_path)

@@ -64,7 +64,7 @@ def test_a_missed_gate_fails_the_command_and_the_trainers_stage(tmp_path: Path) 
                                       "--eval-size", "4"])
     assert result.exit_code == 1 and "quality gate missed" in result.output
     from rlbus.launch.roles import _dpo_stage
-    from rlbus.wiring.model import ModelSource
+    from rlbus.models.sources import ModelSource
 
     run = load_config(cfg, {})
     source = ModelSource.policy(run.model.policy)

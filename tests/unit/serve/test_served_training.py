@@ -17,13 +17,13 @@ from rlbus.bus import MemoryBus
 from rlbus.bus.topics import topic_specs
 from rlbus.consumers.trainer import OnlineLane, Trainer, TrainerWorker
 from rlbus.models.config import PolicyConfig
+from rlbus.models.sources import ModelSource
 from rlbus.producers.feedback import FeedbackServer
 from rlbus.serve.auth import Tenants
 from rlbus.serve.stack import serve_stack
 from rlbus.state import MemoryStateStore
 from rlbus.state.join import JoinBuffer, Outcome, RewardPolicy, ServedJoin
 from rlbus.training.config import GRPOConfig, OnlineConfig, OptimConfig
-from rlbus.wiring.model import ModelSource
 
 KEY = "acme-token-0123456789abcdef"
 FEEDBACK_TOKEN = "feedback-token-0123456789"

@@ -16,6 +16,7 @@ from rlbus.bus.topics import PROMPTS
 from rlbus.chaos.pipeline import CountingJoin
 from rlbus.models.config import PolicyConfig
 from rlbus.models.policy import Policy
+from rlbus.models.sources import ModelSource
 from rlbus.state.join import JoinBuffer
 from rlbus.state.memory import MemoryStateStore
 from rlbus.state.ordered import OrderedJoin
@@ -23,7 +24,6 @@ from rlbus.training.config import GRPOConfig
 from rlbus.weights.store import LocalStore
 from rlbus.weights.sync import live_state
 from rlbus.wiring.infra import open_bus, open_state, open_store
-from rlbus.wiring.model import ModelSource
 from rlbus.wiring.producer import prompt_producer
 from rlbus.wiring.rollout import rollout_stack
 from rlbus.wiring.trainer import trainer_stack

@@ -11,7 +11,7 @@ from typer.testing import CliRunner
 
 from rlbus.errors import ConfigError
 from rlbus.models.config import DEMO_SHAPE, PolicyConfig
-from rlbus.wiring.model import ModelSource, parse_model
+from rlbus.models.sources import ModelSource, parse_model
 
 
 def test_a_policy_source_builds_the_byte_model() -> None:
