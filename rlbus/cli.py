@@ -498,10 +498,10 @@ def blobs_serve(
     upstream_secret: Annotated[str | None, typer.Option(envvar="RLBUS_UPSTREAM_BLOB_SECRET")] = None,
 ) -> None:
     """Serve a blob directory over signed HTTP with range reads; with --upstream, relay an origin."""
+    from rlbus.blobs.http import BlobServer, HttpStore, serve
+    from rlbus.blobs.local import LocalStore
     from rlbus.config import secret_from
     from rlbus.launch.signals import GracefulStop
-    from rlbus.weights.http_store import BlobServer, HttpStore, serve
-    from rlbus.weights.store import LocalStore
 
     try:
         secret = secret_from(secret, secret_file, "RLBUS_BLOB_SECRET", field="blobs.secret")
@@ -538,8 +538,8 @@ def blobs_collect_claims(
     ] = 168.0,
 ) -> None:
     """Delete claim-checked payloads (claims/…) older than the retention (rlbus/bus/claimcheck.py)."""
+    from rlbus.blobs.open import open_store
     from rlbus.bus.claimcheck import collect_claims
-    from rlbus.weights.stores import open_store
 
     async def go() -> list[str]:
         async with open_store(store, secret=os.environ.get("RLBUS_BLOB_SECRET")) as blobs:
@@ -855,8 +855,8 @@ async def _claims(bus: Bus, blobs: str | None) -> AsyncIterator[Bus]:
     if blobs is None:
         yield bus
         return
+    from rlbus.blobs.open import open_store
     from rlbus.bus.claimcheck import ClaimCheckBus
-    from rlbus.weights.stores import open_store
 
     async with open_store(blobs, secret=os.environ.get("RLBUS_BLOB_SECRET")) as store:
         yield ClaimCheckBus(bus, store)

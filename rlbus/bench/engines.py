@@ -61,6 +61,7 @@ def _throughput(
 
 async def _swap(directory: Path, steps: int, tok: Any, engine_for_rollouts: Any) -> dict[str, Any]:
     """One (or ``steps``) real GRPO steps on the master, each published and followed by a vLLM stack."""
+    from rlbus.blobs.local import LocalStore
     from rlbus.bus.memory import MemoryBus
     from rlbus.bus.topics import topic_specs
     from rlbus.models.base import weight_tensors
@@ -70,7 +71,6 @@ async def _swap(directory: Path, steps: int, tok: Any, engine_for_rollouts: Any)
     from rlbus.training.config import GRPOConfig, OptimConfig
     from rlbus.training.step import build_optimizer, grpo_step
     from rlbus.weights.publish import WeightPublisher
-    from rlbus.weights.store import LocalStore
     from rlbus.wiring.rollout import rollout_stack
 
     bus = MemoryBus(topic_specs())

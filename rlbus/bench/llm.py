@@ -124,10 +124,10 @@ def hf_generate_baseline(engine: TorchEngine, requests: list[GenerationRequest])
 
 
 async def _run_lr(source: ModelSource, lr: float, setup: Setup, seed: int, log: Any) -> dict[str, Any]:
+    from rlbus.blobs.local import LocalStore
     from rlbus.bus.memory import MemoryBus
     from rlbus.bus.topics import topic_specs
     from rlbus.weights.publish import WeightPublisher
-    from rlbus.weights.store import LocalStore
     from rlbus.weights.sync import WeightSync, bind_module, live_state
 
     torch.manual_seed(seed)

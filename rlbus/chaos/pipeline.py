@@ -25,6 +25,7 @@ from typing import Any
 
 import torch
 
+from rlbus.blobs.base import BlobStore
 from rlbus.bus.base import Bus
 from rlbus.consumers.reward import RewardWorker
 from rlbus.consumers.rollout import episode_threads
@@ -36,7 +37,6 @@ from rlbus.state.base import StateStore
 from rlbus.state.join import JoinBuffer, Outcome
 from rlbus.training.config import GRPOConfig
 from rlbus.weights.digest import state_digest
-from rlbus.weights.store import BlobStore
 from rlbus.weights.sync import live_state
 from rlbus.wiring.producer import prompt_producer
 from rlbus.wiring.rollout import rollout_stack

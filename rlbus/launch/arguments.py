@@ -13,11 +13,11 @@ from typing import TYPE_CHECKING, Any
 
 import msgspec
 
+from rlbus.blobs.base import BlobStore
 from rlbus.bus.base import Bus
 from rlbus.errors import ConfigError
 from rlbus.launch.config import RunConfig, blob_secret
 from rlbus.state import StateStore
-from rlbus.weights.store import BlobStore
 from rlbus.wiring.infra import open_bus, open_state, open_store, with_claims
 
 if TYPE_CHECKING:

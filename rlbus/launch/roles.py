@@ -46,6 +46,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from rlbus.aio import wait_any, wait_event
+from rlbus.blobs.base import BlobStore
 from rlbus.bus.base import Bus
 from rlbus.errors import RlbusError
 from rlbus.launch.arguments import (
@@ -67,7 +68,6 @@ from rlbus.launch.signals import GracefulStop
 from rlbus.observe.runlog import RunLog
 from rlbus.state.base import StateStore
 from rlbus.state.progress import PROMPT_SEQ, VERSION_COUNTER
-from rlbus.weights.store import BlobStore
 from rlbus.wiring.producer import prompt_producer
 
 if TYPE_CHECKING:

@@ -15,6 +15,7 @@ import logging
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from rlbus.blobs.base import BlobStore
 from rlbus.bus.base import Bus
 from rlbus.bus.topics import REWARDS, ROLLOUTS, SERVED, topic_specs
 from rlbus.serve.admission import Admission
@@ -22,7 +23,6 @@ from rlbus.serve.auth import Tenants
 from rlbus.serve.gateway import Gateway
 from rlbus.serve.recorder import ServedRecorder
 from rlbus.serve.sessions import Sessions
-from rlbus.weights.store import BlobStore
 
 if TYPE_CHECKING:
     from rlbus.models.sources import ModelSource

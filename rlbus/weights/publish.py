@@ -21,6 +21,7 @@ from dataclasses import dataclass
 
 import torch
 
+from rlbus.blobs.base import BlobStore
 from rlbus.bus.base import Bus
 from rlbus.bus.topics import WEIGHTS, WEIGHTS_LATEST
 from rlbus.errors import BlobStoreError
@@ -29,7 +30,6 @@ from rlbus.schemas import ChunkRef, TensorMeta, TensorSpan, WeightVersion, encod
 from rlbus.weights.codec import CHUNK_BYTES, Chunk, encode_state_delta, encode_state_keyframe
 from rlbus.weights.digest import state_digest
 from rlbus.weights.layout import DTYPE_NAMES, chunk_key, manifest_key
-from rlbus.weights.store import BlobStore
 
 log = logging.getLogger("rlbus.weights.publish")
 

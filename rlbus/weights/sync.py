@@ -36,6 +36,7 @@ from typing import Any
 
 import torch
 
+from rlbus.blobs.base import BlobStore
 from rlbus.bus.base import Bus
 from rlbus.bus.topics import WEIGHTS, WEIGHTS_LATEST
 from rlbus.bus.types import TopicPartition
@@ -55,7 +56,6 @@ from rlbus.weights.apply import apply_update_
 from rlbus.weights.codec import StagedUpdate, decode_chunk
 from rlbus.weights.digest import state_digest
 from rlbus.weights.layout import manifest_key
-from rlbus.weights.store import BlobStore
 
 log = logging.getLogger("rlbus.weights.sync")
 

@@ -18,8 +18,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from rlbus.blobs.base import BlobStore
 from rlbus.bus.base import Bus
-from rlbus.weights.store import BlobStore
 
 if TYPE_CHECKING:
     import torch

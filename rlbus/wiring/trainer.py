@@ -13,9 +13,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from rlbus.blobs.base import BlobStore
 from rlbus.bus.base import Bus
 from rlbus.state.base import StateStore
-from rlbus.weights.store import BlobStore
 
 if TYPE_CHECKING:
     from rlbus.consumers.trainer import Trainer, TrainerWorker

@@ -16,6 +16,7 @@ import pytest
 import torch
 
 from rlbus.aio import until
+from rlbus.blobs.local import LocalStore
 from rlbus.bus import MemoryBus
 from rlbus.bus.dlq import DeadLetters, handle_batch, read_dead_letters
 from rlbus.bus.topics import REWARDS, ROLLOUTS, topic_specs
@@ -30,7 +31,6 @@ from rlbus.state import MemoryStateStore, RedisStateStore
 from rlbus.state.join import TRAINED_AGAIN, JoinBuffer, Outcome, RewardPolicy
 from rlbus.training.step import OptimConfig
 from rlbus.weights.publish import WeightPublisher
-from rlbus.weights.store import LocalStore
 from rlbus.weights.sync import WeightSync
 
 CFG = PolicyConfig(vocab=272, d_model=32, n_layer=2, n_head=2, max_seq=64, n_experts=4, top_k=2, d_ff=32)

@@ -15,12 +15,12 @@ from pathlib import Path
 import pytest
 import torch
 
+from rlbus.blobs.local import LocalStore
 from rlbus.bus.topics import WEIGHTS, WEIGHTS_LATEST, topic_specs
 from rlbus.engines.base import GenerationRequest
 from rlbus.models.base import weight_tensors
 from rlbus.weights.digest import state_digest
 from rlbus.weights.publish import WeightPublisher
-from rlbus.weights.store import LocalStore
 from tests.conftest import kafka_bus
 from tests.unit.engines.test_vllm_engine import require_vllm, vllm_llama_dir
 

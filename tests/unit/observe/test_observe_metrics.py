@@ -13,6 +13,7 @@ import msgspec
 import torch
 
 from rlbus.aio import until
+from rlbus.blobs.local import LocalStore
 from rlbus.bus import MemoryBus, TopicPartition, TopicSpec
 from rlbus.bus.dlq import read_dead_letters
 from rlbus.bus.topics import ROLLOUTS, topic_specs
@@ -25,7 +26,6 @@ from rlbus.envs.tasks import generate_prompts
 from rlbus.observe import metrics as m
 from rlbus.observe.lag import LagProbe
 from rlbus.weights.publish import WeightPublisher
-from rlbus.weights.store import LocalStore
 from rlbus.weights.sync import WeightSync
 
 README = Path(__file__).resolve().parents[3] / "README.md"

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from rlbus.blobs.local import LocalStore
 from rlbus.bus import MemoryBus
 from rlbus.bus.topics import WEIGHTS, topic_specs
 from rlbus.consumers.trainer import Trainer
@@ -22,7 +23,6 @@ from rlbus.training.checkpoint import load_checkpoint
 from rlbus.training.step import GRPOConfig, OptimConfig
 from rlbus.weights.digest import state_digest
 from rlbus.weights.publish import WeightPublisher
-from rlbus.weights.store import LocalStore
 
 CFG = PolicyConfig(vocab=272, d_model=32, n_layer=2, n_head=2, max_seq=64, n_experts=4, top_k=2, d_ff=32)
 

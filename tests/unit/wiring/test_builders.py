@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from rlbus.aio import wait_event
+from rlbus.blobs.local import LocalStore
 from rlbus.bus.memory import MemoryBus
 from rlbus.bus.topics import PROMPTS
 from rlbus.chaos.pipeline import CountingJoin
@@ -21,7 +22,6 @@ from rlbus.state.join import JoinBuffer
 from rlbus.state.memory import MemoryStateStore
 from rlbus.state.ordered import OrderedJoin
 from rlbus.training.config import GRPOConfig
-from rlbus.weights.store import LocalStore
 from rlbus.weights.sync import live_state
 from rlbus.wiring.infra import open_bus, open_state, open_store
 from rlbus.wiring.producer import prompt_producer
