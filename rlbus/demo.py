@@ -53,7 +53,6 @@ import torch
 from rlbus.bus.base import Bus
 from rlbus.consumers.reward import RewardWorker
 from rlbus.consumers.rollout import RolloutWorker, episode_threads
-from rlbus.consumers.trainer import Trainer
 from rlbus.envs.evaluate import evaluate as run_evaluation
 from rlbus.envs.evaluate import held_out_prompts
 from rlbus.launch.arguments import (
@@ -70,6 +69,7 @@ from rlbus.observe.stats import percentile
 from rlbus.schemas import Prompt
 from rlbus.state.base import StateStore
 from rlbus.state.join import JoinBuffer, Outcome
+from rlbus.training.trainer import Trainer
 from rlbus.training.warm import warm_start
 from rlbus.weights.publish import WeightPublisher
 from rlbus.weights.sync import WeightSync

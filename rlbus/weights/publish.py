@@ -94,7 +94,7 @@ class WeightPublisher:
     async def publish(self, master: Mapping[str, torch.Tensor], *, version: int, step: int = 0) -> WeightVersion:
         """Publish ``master`` as ``version``; returns its delta manifest (the keyframe manifest for the first).
 
-        The caller owns the version sequence (the trainer: `rlbus.consumers.trainer.Trainer`); this only
+        The caller owns the version sequence (the trainer: `rlbus.training.trainer.Trainer`); this only
         refuses to go backwards. ``version`` is usually the last published + 1; a jump (a restored trainer
         continuing a run's numbering) is fine — the delta's base is always the version published last.
         """

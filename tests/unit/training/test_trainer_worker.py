@@ -14,13 +14,13 @@ import torch
 from rlbus.blobs.local import LocalStore
 from rlbus.bus import MemoryBus
 from rlbus.bus.topics import WEIGHTS, topic_specs
-from rlbus.consumers.trainer import Trainer
 from rlbus.models.base import weight_tensors
 from rlbus.models.policy import Policy, PolicyConfig
 from rlbus.schemas import WeightVersion
 from rlbus.training.batch import Group, Sample
 from rlbus.training.checkpoint import load_checkpoint
 from rlbus.training.step import GRPOConfig, OptimConfig
+from rlbus.training.trainer import Trainer
 from rlbus.weights.digest import state_digest
 from rlbus.weights.publish import WeightPublisher
 
