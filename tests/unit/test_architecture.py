@@ -19,7 +19,7 @@ PACKAGE = Path(__file__).resolve().parents[2] / "rlbus"
 PRIVATE_EXCEPTIONS = {
     # Raised by OpenAIJudge._post and caught by OpenAIJudge.complete to run the next attempt; once the
     # retries are spent, complete raises JudgeUnavailable. It never leaves the class.
-    "rlbus.envs.judge._Retry",
+    "rlbus.envs.judge.backends._Retry",
 }
 
 
