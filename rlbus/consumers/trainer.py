@@ -22,8 +22,8 @@ from rlbus.bus.dlq import DeadLetters, handle_batch
 from rlbus.bus.topics import REWARDS, ROLLOUTS
 from rlbus.bus.types import Record
 from rlbus.errors import MalformedMessage
+from rlbus.metrics import observe_processing, record_step
 from rlbus.observe.lag import LagProbe
-from rlbus.observe.metrics import observe_processing, record_step
 from rlbus.schemas import Rollout
 from rlbus.state.base import StateStore
 from rlbus.state.join import FINAL, JoinBuffer, Outcome, ScoredGroup, ScoredRollout, is_served

@@ -75,10 +75,10 @@ from rlbus.bus.topics import REWARDS, ROLLOUTS
 from rlbus.engines.base import Engine, GenerationRequest, GenerationResult
 from rlbus.envs.chat import ChatFormat
 from rlbus.errors import ApiError, BusError
-from rlbus.observe.metrics import (
+from rlbus.metrics import (
     CONTENT_TYPE as METRICS_CONTENT_TYPE,
 )
-from rlbus.observe.metrics import (
+from rlbus.metrics import (
     SERVE_HISTORY_EDITS,
     SERVE_LATENCY_SECONDS,
     SERVE_REQUESTS,

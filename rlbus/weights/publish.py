@@ -25,7 +25,7 @@ from rlbus.blobs.base import BlobStore
 from rlbus.bus.base import Bus
 from rlbus.bus.topics import WEIGHTS, WEIGHTS_LATEST
 from rlbus.errors import BlobStoreError
-from rlbus.observe.metrics import record_publish
+from rlbus.metrics import record_publish
 from rlbus.schemas import ChunkRef, TensorMeta, TensorSpan, WeightVersion, encode
 from rlbus.weights.codec import CHUNK_BYTES, Chunk, encode_state_delta, encode_state_keyframe
 from rlbus.weights.digest import state_digest

@@ -49,8 +49,8 @@ from rlbus.errors import (
     VersionGap,
     WeightSyncError,
 )
+from rlbus.metrics import SYNC_REFUSED, count_in, record_sync
 from rlbus.models.base import weight_tensors
-from rlbus.observe.metrics import SYNC_REFUSED, count_in, record_sync
 from rlbus.schemas import WeightVersion, decode
 from rlbus.weights.apply import apply_update_
 from rlbus.weights.codec import StagedUpdate, decode_chunk

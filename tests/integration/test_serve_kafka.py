@@ -21,7 +21,7 @@ from rlbus.bus import Bus, Topic
 from rlbus.bus.kafka import KafkaBus, KafkaSettings
 from rlbus.bus.namespace import NamespacedBus
 from rlbus.bus.topics import REWARDS, ROLLOUTS, SERVED, topic_specs
-from rlbus.observe.metrics import REGISTRY
+from rlbus.metrics import REGISTRY
 from rlbus.serve.auth import Tenants
 from rlbus.serve.stack import ServeStack, serve_stack
 from tests.conftest import KAFKA_BOOTSTRAP, kafka_bus

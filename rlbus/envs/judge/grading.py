@@ -15,7 +15,7 @@ from rlbus.envs.judge.parse import ParsedScore, parse_score
 from rlbus.envs.judge.prompt import judge_messages, new_nonce
 from rlbus.envs.judge.rubric import Dimension, Rubric
 from rlbus.envs.rewards import make_reward
-from rlbus.observe.metrics import JUDGE_INVALID, JUDGE_RETRIES, JUDGE_SECONDS
+from rlbus.metrics import JUDGE_INVALID, JUDGE_RETRIES, JUDGE_SECONDS
 from rlbus.schemas import Prompt, Reward
 
 

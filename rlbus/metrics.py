@@ -41,7 +41,7 @@ from rlbus.errors import ServiceError
 if TYPE_CHECKING:
     from rlbus.bus.types import Record
 
-log = logging.getLogger("rlbus.observe.metrics")
+log = logging.getLogger("rlbus.metrics")
 
 #: The text exposition format every Prometheus since 2.0 reads (the names here need no UTF-8 escaping).
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
