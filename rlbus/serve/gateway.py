@@ -26,8 +26,8 @@ Recording: every choice of every completion becomes one `rlbus.schemas.Served` o
 (`rlbus.serve.recorder`: buffered, never delaying or failing a response). The response ``id`` is the
 handle user feedback names.
 
-Contract with the trainer side (online learning; agreed with the ``online`` work, changes go to
-``/work/briefs/serve-contract-notes.md``):
+Contract with the trainer side (online learning: the trainer worker's online lane,
+`rlbus.training.online_lane`, relies on it; change both together):
 
 * **A closed agent session becomes ONE `Rollout`** on ``rl.rollouts.v1`` with ``group_size=1``,
   ``group_index=0``, ``prompt_id`` = the session's task key (the client's ``metadata.task``, else the
