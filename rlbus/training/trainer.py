@@ -2,11 +2,11 @@
 
 Joining rollouts with their rewards off the bus and handing complete groups to `Trainer.train_on` is the
 trainer worker's job (`rlbus.consumers.trainer`); this class owns what happens next: the step itself (in a
-worker thread, so the event loop that also serves the bus stays responsive — STYLE 8), publishing every
-K-th step's weights through the `WeightPublisher` (the model's parameters, a tied embedding once:
-`rlbus.models.base.weight_tensors`; the publisher casts them to the inference dtype and delta-encodes them,
-DESIGN §4), and checkpoints that make a restart continue bit-exactly. The model is any
-`rlbus.models.base.TrainableLM`.
+worker thread, so the event loop that also serves the bus stays responsive: docs/architecture.md §9.2),
+publishing every K-th step's weights through the `WeightPublisher` (the model's parameters, a tied
+embedding once: `rlbus.models.base.weight_tensors`; the publisher casts them to the inference dtype and
+delta-encodes them, docs/architecture.md §4), and checkpoints that make a restart continue bit-exactly.
+The model is any `rlbus.models.base.TrainableLM`.
 
 Versions. ``version`` is the newest policy version published (0 = the initial weights every engine starts
 from) and the reference for staleness. Without a publisher it still advances every K steps, so staleness

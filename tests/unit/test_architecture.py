@@ -1,6 +1,6 @@
 """Guards on the shape of the package, read from the source without importing it: no import circle, no
-import from a lower layer into a higher one, product code never imports the benchmarks, and every
-exception class is defined in `rlbus.errors` (STYLE 9).
+module imports from a layer above its own (docs/architecture.md §8), product code never imports the
+benchmarks, and every exception class is defined in `rlbus.errors` (docs/architecture.md §9.3).
 
 Imports are every ``import`` statement in a module, function-level ones included (a deferred import is
 still a dependency); only those under ``if TYPE_CHECKING:`` are left out, as they never run.
@@ -24,7 +24,7 @@ PRIVATE_EXCEPTIONS = {
 }
 
 
-#: The layers of the package, lowest first: a module imports modules of its
+#: The layers of the package, lowest first (docs/architecture.md §8): a module imports modules of its
 #: own layer and of the layers below, never of a layer above. Names are the top-level packages and modules of
 #: rlbus ("rlbus" is the package's own __init__).
 LAYERS: list[set[str]] = [
@@ -196,7 +196,7 @@ def _layer_name(module: str) -> str:
 def test_no_module_imports_a_layer_above_its_own() -> None:
     layer = {name: i for i, names in enumerate(LAYERS) for name in names}
     unplaced = sorted({_layer_name(module) for module in MODULES} - layer.keys())
-    assert not unplaced, f"give these a layer in LAYERS: {unplaced}"
+    assert not unplaced, f"give these a layer in LAYERS and in docs/architecture.md §8: {unplaced}"
     upward = [
         edge for edges in GRAPH.values() for edge in edges
         if layer[_layer_name(edge.target)] > layer[_layer_name(edge.source)]

@@ -1,6 +1,6 @@
 """LM judges: a rubric split into weighted dimensions, one structured judge call per dimension.
 
-Judges are the second kind of reward (DESIGN §6), for what no verifier can check. Asking for one overall
+Judges are the second kind of reward (docs/architecture.md §6), for what no verifier can check. Asking for one overall
 grade mixes criteria and is noisy; asking one question per dimension ("is it correct?", "is it concise?")
 gives scores that can be read, weighted and audited separately (the per-criterion rubrics of
 Prometheus, Kim et al. 2023, and of "LLM-as-a-judge", Zheng et al. 2023). A rubric is data: a TOML file
