@@ -274,8 +274,8 @@ def generate(
 ) -> None:
     """One chat turn through the rollout engine (the model's chat template, its end-of-turn stop): the
     smoke test of a model before training it."""
-    from rlbus.build.model import parse_model
     from rlbus.generate import DTYPES, one_turn
+    from rlbus.models.sources import parse_model
 
     if dtype not in DTYPES:
         raise typer.BadParameter(f"--dtype must be one of {', '.join(DTYPES)}")
@@ -529,10 +529,10 @@ def blobs_serve(
     upstream_secret: Annotated[str | None, typer.Option(envvar="RLBUS_UPSTREAM_BLOB_SECRET")] = None,
 ) -> None:
     """Serve a blob directory over signed HTTP with range reads; with --upstream, relay an origin."""
+    from rlbus.blobs.http import BlobServer, HttpStore, serve
+    from rlbus.blobs.local import LocalStore
     from rlbus.config import secret_from
     from rlbus.launch.signals import GracefulStop
-    from rlbus.weights.http_store import BlobServer, HttpStore, serve
-    from rlbus.weights.store import LocalStore
 
     try:
         secret = secret_from(secret, secret_file, "RLBUS_BLOB_SECRET", field="blobs.secret")
@@ -569,8 +569,8 @@ def blobs_collect_claims(
     ] = 168.0,
 ) -> None:
     """Delete claim-checked payloads (claims/…) older than the retention (rlbus/bus/claimcheck.py)."""
+    from rlbus.blobs.open import open_store
     from rlbus.bus.claimcheck import collect_claims
-    from rlbus.weights.stores import open_store
 
     async def go() -> list[str]:
         async with open_store(store, secret=os.environ.get("RLBUS_BLOB_SECRET")) as blobs:
@@ -645,7 +645,7 @@ def env_trajectories(
     try:
         cut = None
         if model is not None:
-            from rlbus.build.model import parse_model
+            from rlbus.models.sources import parse_model
 
             if max_observation_tokens < 1:
                 raise typer.BadParameter("--max-observation-tokens must be >= 1")
@@ -747,7 +747,7 @@ def serve(
 
         _run(go_config)
         return
-    from rlbus.build.model import parse_model
+    from rlbus.models.sources import parse_model
     from rlbus.serve.auth import load_tenants
     from rlbus.serve.stack import standalone
 
@@ -888,8 +888,8 @@ async def _claims(bus: Bus, blobs: str | None) -> AsyncIterator[Bus]:
     if blobs is None:
         yield bus
         return
+    from rlbus.blobs.open import open_store
     from rlbus.bus.claimcheck import ClaimCheckBus
-    from rlbus.weights.stores import open_store
 
     async with open_store(blobs, secret=os.environ.get("RLBUS_BLOB_SECRET")) as store:
         yield ClaimCheckBus(bus, store)

@@ -17,8 +17,8 @@ against Kafka, Redis and the HTTP blob store:
 * a reward worker scores rollouts with the task's verifier;
 * the trainer joins rollouts with rewards, trains GRPO steps and publishes a delta every step.
 
-Every part is built by the builders of `rlbus.build` from the demo's run config (through
-`rlbus.launch.build`, as ``rlbus worker`` builds each role), so the demo runs what a distributed run runs.
+Every part is built by the builders of `rlbus.wiring` from the demo's run config (through
+`rlbus.launch.arguments`, as ``rlbus worker`` builds each role), so the demo runs what a distributed run runs.
 
 A live view shows reward, versions per worker, staleness, delta bytes and swap pauses; at the end the demo
 evaluates the policy again, prints a summary, writes ``summary.json`` and ``demo.png`` into the run
@@ -50,17 +50,12 @@ from typing import TYPE_CHECKING, Any, Literal
 import msgspec
 import torch
 
-from rlbus.build.infra import open_bus, open_state, open_store
-from rlbus.build.producer import prompt_producer
-from rlbus.build.rollout import RolloutStack, rollout_stack
-from rlbus.build.trainer import trainer_stack
 from rlbus.bus.base import Bus
 from rlbus.consumers.reward import RewardWorker
 from rlbus.consumers.rollout import RolloutWorker, episode_threads
-from rlbus.consumers.trainer import Trainer
 from rlbus.envs.evaluate import evaluate as run_evaluation
 from rlbus.envs.evaluate import held_out_prompts
-from rlbus.launch.build import (
+from rlbus.launch.arguments import (
     model_source,
     producer_args,
     reward_args,
@@ -75,12 +70,17 @@ from rlbus.producers.prompts import PromptProducer
 from rlbus.schemas import Prompt
 from rlbus.state.base import StateStore
 from rlbus.state.join import JoinBuffer, Outcome
+from rlbus.training.trainer import Trainer
 from rlbus.training.warm import warm_start
 from rlbus.weights.publish import WeightPublisher
 from rlbus.weights.sync import WeightSync
+from rlbus.wiring.infra import open_bus, open_state, open_store
+from rlbus.wiring.producer import prompt_producer
+from rlbus.wiring.rollout import RolloutStack, rollout_stack
+from rlbus.wiring.trainer import trainer_stack
 
 if TYPE_CHECKING:
-    from rlbus.build.model import Model, ModelSource
+    from rlbus.models.sources import Model, ModelSource
 
 log = logging.getLogger("rlbus.demo")
 

@@ -14,9 +14,9 @@ from typing import Any, Literal
 
 import torch
 
-from rlbus.build.model import ModelSource
 from rlbus.engines.base import GenerationRequest
 from rlbus.engines.torch_engine import TorchEngine
+from rlbus.models.sources import ModelSource
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 

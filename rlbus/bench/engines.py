@@ -11,7 +11,7 @@ Runs in the vLLM environment (``.venv-vllm/bin/rlbus bench engines --json FILE``
 2. **Swap.** One real GRPO step on the fp32 SmolLM2 master (`rlbus.training.step.grpo_step` over rollouts
    the torch engine sampled, with a seeded reward), published as a real delta manifest
    (`rlbus.weights.publish.WeightPublisher`, in-memory bus, local blob store); a vLLM rollout stack
-   (`rlbus.build.rollout.rollout_stack` with ``engine="vllm"``) stages it, swaps it in at a step boundary and
+   (`rlbus.wiring.rollout.rollout_stack` with ``engine="vllm"``) stages it, swaps it in at a step boundary and
    checks the digest of what vLLM was handed against the manifest. Reported: bytes fetched, tensors and
    bytes handed to vLLM, the swap pause (the engine paused: the mirror's re-point + vLLM's reload + prefix
    cache reset), and whether vLLM's weights match the trainer's digest.
@@ -61,17 +61,17 @@ def _throughput(
 
 async def _swap(directory: Path, steps: int, tok: Any, engine_for_rollouts: Any) -> dict[str, Any]:
     """One (or ``steps``) real GRPO steps on the master, each published and followed by a vLLM stack."""
-    from rlbus.build.model import ModelSource
-    from rlbus.build.rollout import rollout_stack
+    from rlbus.blobs.local import LocalStore
     from rlbus.bus.memory import MemoryBus
     from rlbus.bus.topics import topic_specs
     from rlbus.models.base import weight_tensors
     from rlbus.models.hf import HFCausalLM
+    from rlbus.models.sources import ModelSource
     from rlbus.training.batch import Group, sample_from_generation
     from rlbus.training.config import GRPOConfig, OptimConfig
     from rlbus.training.step import build_optimizer, grpo_step
     from rlbus.weights.publish import WeightPublisher
-    from rlbus.weights.store import LocalStore
+    from rlbus.wiring.rollout import rollout_stack
 
     bus = MemoryBus(topic_specs())
     await bus.start()

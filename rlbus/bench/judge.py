@@ -274,7 +274,7 @@ def run(
     quick: bool = False, json_path: Path | None = None, model: str | None = None, log: Any = print
 ) -> dict[str, Any]:
     """The benchmark (see the module docstring); ``model`` is the judge (default SmolLM2 on CPU)."""
-    from rlbus.build.model import parse_model
+    from rlbus.models.sources import parse_model
 
     n, bases = (8, 1) if quick else (24, 2)
     rubric = load_rubric(RUBRIC)

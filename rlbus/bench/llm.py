@@ -35,12 +35,12 @@ import torch
 
 from rlbus.bench.codec import peers
 from rlbus.bench.common import meta, print_table, write_json
-from rlbus.build.model import ModelSource
 from rlbus.engines.base import GenerationRequest, GenerationResult
 from rlbus.engines.torch_engine import TorchEngine
 from rlbus.envs.chat import Answer
 from rlbus.envs.tasks import generate_prompts
 from rlbus.models.base import weight_tensors
+from rlbus.models.sources import ModelSource
 from rlbus.schemas import Prompt
 from rlbus.training.batch import Group, sample_from_generation
 from rlbus.training.config import GRPOConfig, OptimConfig
@@ -124,10 +124,10 @@ def hf_generate_baseline(engine: TorchEngine, requests: list[GenerationRequest])
 
 
 async def _run_lr(source: ModelSource, lr: float, setup: Setup, seed: int, log: Any) -> dict[str, Any]:
+    from rlbus.blobs.local import LocalStore
     from rlbus.bus.memory import MemoryBus
     from rlbus.bus.topics import topic_specs
     from rlbus.weights.publish import WeightPublisher
-    from rlbus.weights.store import LocalStore
     from rlbus.weights.sync import WeightSync, bind_module, live_state
 
     torch.manual_seed(seed)

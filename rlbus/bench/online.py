@@ -5,7 +5,7 @@ The demo's task and policy (`rlbus.demo`: single-digit sums, the 0.6M-parameter 
 sloppy teacher, so its greedy answer is usually off by one). Then, per arm, from the same warm-started
 weights and the same question stream:
 
-* the trainer (`rlbus.build.trainer.trainer_stack`, the run config's ``[trainer.online]`` enabled) on the
+* the trainer (`rlbus.wiring.trainer.trainer_stack`, the run config's ``[trainer.online]`` enabled) on the
   embedded bus publishes versions; the OpenAI-compatible gateway (`rlbus.serve`, on the rollout fleet's
   torch engine, following the trainer's versions through delta sync) answers users and records each
   completion as a rollout (``X-RL-Record-Rollout``);
@@ -42,9 +42,6 @@ import msgspec
 import torch
 
 from rlbus.bench.common import meta, print_table, write_json
-from rlbus.build.infra import open_bus, open_state, open_store
-from rlbus.build.rollout import RolloutStack
-from rlbus.build.trainer import trainer_stack
 from rlbus.bus.base import Bus
 from rlbus.bus.topics import ROLLOUTS
 from rlbus.consumers.rollout import episode_threads
@@ -56,15 +53,18 @@ from rlbus.envs.evaluate import evaluate, held_out_prompts
 from rlbus.envs.rewards import normalize_answer
 from rlbus.envs.tasks import generate_prompts
 from rlbus.errors import ConfigError
-from rlbus.launch.build import model_source, trainer_args, warm_start_args
+from rlbus.launch.arguments import model_source, trainer_args, warm_start_args
 from rlbus.producers.feedback import Feedback, FeedbackServer, send_feedback
 from rlbus.schemas import Prompt, Rollout
 from rlbus.serve.auth import Tenants
 from rlbus.serve.stack import run_serve, serve_stack
 from rlbus.training.warm import warm_start
+from rlbus.wiring.infra import open_bus, open_state, open_store
+from rlbus.wiring.rollout import RolloutStack
+from rlbus.wiring.trainer import trainer_stack
 
 if TYPE_CHECKING:
-    from rlbus.build.model import Model
+    from rlbus.models.sources import Model
 
 #: How the recorded figure's answers were served.
 PATH = "gateway"

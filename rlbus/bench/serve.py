@@ -256,7 +256,7 @@ def run(quick: bool = False, json_path: Path | None = None, bootstrap: str = "12
     import torch
     from rich.console import Console
 
-    from rlbus.build.model import parse_model
+    from rlbus.models.sources import parse_model
 
     global _SOURCE
     progress = Console(stderr=True)

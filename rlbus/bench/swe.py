@@ -216,7 +216,7 @@ def _load_player(model: str | None) -> tuple[str, Any, Any, int]:
     fp32, on the GPU when there is one."""
     import torch
 
-    from rlbus.build.model import ModelSource, parse_model
+    from rlbus.models.sources import ModelSource, parse_model
     from rlbus.training.checkpoint import load_checkpoint, model_from_state
 
     device = "cuda" if torch.cuda.is_available() else "cpu"

@@ -28,13 +28,13 @@ from typing import Any
 import torch
 
 from rlbus.bench.common import meta, print_table, write_json
+from rlbus.blobs.http import BlobServer, HttpStore, serve
+from rlbus.blobs.local import LocalStore
 from rlbus.bus.memory import MemoryBus
 from rlbus.bus.topics import topic_specs
 from rlbus.observe.stats import percentile
 from rlbus.services import free_port
-from rlbus.weights.http_store import BlobServer, HttpStore, serve
 from rlbus.weights.publish import WeightPublisher
-from rlbus.weights.store import LocalStore
 from rlbus.weights.sync import WeightSync, bind_module, live_state
 
 

@@ -19,7 +19,7 @@ from typing import Any, Self
 from rlbus.bus.topic import Topic
 from rlbus.bus.types import Headers, Record, RecordMetadata, TopicInfo, TopicPartition, TopicSpec
 from rlbus.errors import CommitFailed
-from rlbus.observe.metrics import count_out
+from rlbus.metrics import count_out
 
 log = logging.getLogger("rlbus.bus")
 

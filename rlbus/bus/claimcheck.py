@@ -57,6 +57,7 @@ import msgspec
 import xxhash
 import zstandard
 
+from rlbus.blobs.base import BlobStore, check_key
 from rlbus.bus.base import Bus, Consumer, TopicLike
 from rlbus.bus.forward import ForwardingBus, ForwardingConsumer
 from rlbus.bus.types import Headers, Record, RecordMetadata
@@ -70,7 +71,6 @@ from rlbus.errors import (
     RlbusError,
 )
 from rlbus.schemas import BlobRef
-from rlbus.weights.store import BlobStore, check_key
 
 log = logging.getLogger("rlbus.claimcheck")
 

@@ -21,7 +21,7 @@ from rlbus.bus.base import Bus, Consumer
 from rlbus.bus.topic import dlq_name
 from rlbus.bus.types import Record, RecordMetadata
 from rlbus.errors import BlobStoreError, BusUnavailable, RlbusError, StateError
-from rlbus.observe.metrics import DEAD_LETTERS, count_in
+from rlbus.metrics import DEAD_LETTERS, count_in
 
 log = logging.getLogger("rlbus.dlq")
 

@@ -29,6 +29,9 @@ from pathlib import Path
 import msgspec
 
 from rlbus.aio import until
+from rlbus.blobs.base import BlobStore
+from rlbus.blobs.http import BlobServer, HttpStore, serve
+from rlbus.blobs.local import LocalStore
 from rlbus.bus.topics import PROMPTS
 from rlbus.chaos.harness import Run, run_scenario
 from rlbus.chaos.ledger import ScenarioReport
@@ -38,8 +41,6 @@ from rlbus.envs.tasks import generate_prompts
 from rlbus.schemas import WeightVersion, decode
 from rlbus.services import free_port
 from rlbus.weights import layout
-from rlbus.weights.http_store import BlobServer, HttpStore, serve
-from rlbus.weights.store import BlobStore, LocalStore
 
 Damage = Callable[[bytes], bytes]
 

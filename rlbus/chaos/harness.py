@@ -21,11 +21,11 @@ import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
+from rlbus.blobs.base import BlobStore
 from rlbus.chaos.ledger import ScenarioReport, audit, fill
 from rlbus.chaos.pipeline import Pipeline, PipelineConfig
 from rlbus.chaos.rig import ChaosRig
 from rlbus.errors import WorkerCrashed
-from rlbus.weights.store import BlobStore
 
 log = logging.getLogger("rlbus.chaos")
 

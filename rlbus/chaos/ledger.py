@@ -1,6 +1,6 @@
 """The end-of-scenario ledger check, and the report every chaos scenario returns.
 
-The promise under test (DESIGN §3): every rollout a run produces ends in exactly one outcome —
+The promise under test (docs/architecture.md §3): every rollout a run produces ends in exactly one outcome —
 trained, dropped with a reason, or dead-lettered — and nothing is trained twice. The audit starts from
 what the log says was asked for (every prompt of the run on ``rl.prompts.v1`` wants ``group_size``
 rollouts with the ids ``<prompt_id>/<i>``, :mod:`rlbus.consumers.rollout`) plus any rollout injected

@@ -23,13 +23,11 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from rlbus.build.producer import prompt_producer
-from rlbus.build.rollout import rollout_stack
-from rlbus.build.trainer import trainer_stack
+from rlbus.blobs.base import BlobStore
 from rlbus.bus.base import Bus
 from rlbus.consumers.reward import RewardWorker
 from rlbus.consumers.rollout import episode_threads
-from rlbus.launch.build import model_source, producer_args, reward_args, rollout_args, trainer_args
+from rlbus.launch.arguments import model_source, producer_args, reward_args, rollout_args, trainer_args
 from rlbus.launch.config import ModelSection, RewardSection, RolloutSection, RunConfig, TaskSection, TrainerSection
 from rlbus.models.config import PolicyConfig
 from rlbus.schemas import Rollout
@@ -37,8 +35,10 @@ from rlbus.state.base import StateStore
 from rlbus.state.join import JoinBuffer, Outcome
 from rlbus.training.config import GRPOConfig
 from rlbus.weights.digest import state_digest
-from rlbus.weights.store import BlobStore
 from rlbus.weights.sync import live_state
+from rlbus.wiring.producer import prompt_producer
+from rlbus.wiring.rollout import rollout_stack
+from rlbus.wiring.trainer import trainer_stack
 
 log = logging.getLogger("rlbus.chaos")
 

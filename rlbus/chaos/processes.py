@@ -44,6 +44,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from rlbus.aio import until
+from rlbus.blobs.local import LocalStore
 from rlbus.bus.kafka import KafkaBus
 from rlbus.bus.namespace import NamespacedBus, namespaced
 from rlbus.bus.topics import PROMPTS, ROLLOUTS, topic_specs
@@ -55,7 +56,6 @@ from rlbus.services import free_port
 from rlbus.state.join import FINAL, ROLLED_BACK, JoinBuffer, Outcome, RewardPolicy
 from rlbus.state.progress import GROUPS_FREED_COUNTER, PROMPT_SEQ, VERSION_COUNTER
 from rlbus.state.redis import RedisStateStore
-from rlbus.weights.store import LocalStore
 
 if TYPE_CHECKING:
     from rlbus.training.checkpoint import TrainerState
@@ -411,7 +411,7 @@ async def worker_lag(rig: ChaosRig, *, seed: int = 0, quick: bool = False) -> Sc
     admission slots, and training goes on (the run admits and trains every prompt). Admission counts from
     the published version here, as the embedded demo's does: counting from the served one, the lagging
     worker would hold admission back instead (rlbus/producers/prompts.py) and nothing would go stale."""
-    from rlbus.weights.http_store import BlobServer, serve
+    from rlbus.blobs.http import BlobServer, serve
 
     staleness = 1
 

@@ -38,9 +38,9 @@ from rlbus.envs.base import env_for
 from rlbus.envs.episode import rollout_to_episode
 from rlbus.envs.judge import Judge
 from rlbus.errors import MalformedMessage
+from rlbus.metrics import REWARD, observe_processing
 from rlbus.observe.lag import LagProbe
 from rlbus.observe.logs import record_fields
-from rlbus.observe.metrics import REWARD, observe_processing
 from rlbus.schemas import Reward, Rollout
 from rlbus.state.join import is_served
 

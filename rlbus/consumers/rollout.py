@@ -41,9 +41,9 @@ from rlbus.envs.base import env_for
 from rlbus.envs.chat import ChatFormat
 from rlbus.envs.episode import episode_to_rollout
 from rlbus.errors import ConfigError
+from rlbus.metrics import POLICY_VERSION, count_in, observe_processing
 from rlbus.observe.lag import LagProbe
 from rlbus.observe.logs import record_fields
-from rlbus.observe.metrics import POLICY_VERSION, count_in, observe_processing
 from rlbus.schemas import Prompt, Rollout, SamplingInfo
 
 log = logging.getLogger("rlbus.consumers.rollout")

@@ -1,32 +1,17 @@
-"""The trainer worker: GRPO steps on scored groups, a weight version every K steps, atomic checkpoints.
+"""The trainer worker: the trainer process's bus side.
 
-Joining rollouts with their rewards off the bus and handing complete groups to `Trainer.train_on` is the
-pipeline's job; this class owns what happens next: the step itself (in a worker thread, so the event loop
-that also serves the bus stays responsive — STYLE 8), publishing every K-th step's weights through the
-`WeightPublisher` (the model's parameters, a tied embedding once: `rlbus.models.base.weight_tensors`; the
-publisher casts them to the inference dtype and delta-encodes them, DESIGN §4), and checkpoints that make
-a restart continue bit-exactly. The model is any `rlbus.models.base.TrainableLM`.
-
-Versions. ``version`` is the newest policy version published (0 = the initial weights every engine starts
-from) and the reference for staleness. Without a publisher it still advances every K steps, so staleness
-behaves the same in tests and single-process runs.
-
-The trainer owns the version sequence: `_publish` numbers each new version (``version + 1``) and hands
-it to the publisher, which only refuses to go backwards; `continue_after` moves the numbering past what a
-run has already announced.
-
-Restart. `restore` loads the newest checkpoint — weights, optimizer, step, version, RNG state and the
-consumed offsets, which it returns so the caller can seek its consumers there. The next publish is then
-version + 1 — a keyframe, since a fresh publisher holds no base snapshot — and engines see no gap.
+It consumes rollouts and rewards, joins them in the state store, queues complete groups and hands them to
+the `Trainer` (`rlbus.training.trainer`: the model, its optimizer, publishing and checkpoints) one GRPO
+step at a time; served traffic takes the `OnlineLane` (`rlbus.training.online_lane`). Each rollout's outcome
+(trained, stale, dead-lettered, …) goes into the ledger, so a redelivery is never trained twice.
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import time
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -36,276 +21,18 @@ from rlbus.bus.base import Bus
 from rlbus.bus.dlq import DeadLetters, handle_batch
 from rlbus.bus.topics import REWARDS, ROLLOUTS
 from rlbus.bus.types import Record
-from rlbus.errors import BlobStoreError, MalformedMessage
-from rlbus.models.base import TrainableLM, weight_tensors
+from rlbus.errors import MalformedMessage
+from rlbus.metrics import observe_processing, record_step
 from rlbus.observe.lag import LagProbe
-from rlbus.observe.metrics import observe_processing, record_step
-from rlbus.rl.online import OnlineBaseline
 from rlbus.schemas import Rollout
 from rlbus.state.base import StateStore
-from rlbus.state.join import FINAL, JoinBuffer, Outcome, ScoredGroup, ScoredRollout, ServedJoin, is_served
+from rlbus.state.join import FINAL, JoinBuffer, Outcome, ScoredGroup, ScoredRollout, is_served
 from rlbus.state.progress import GROUPS_DONE_COUNTER, GROUPS_FREED_COUNTER, VERSION_COUNTER, outcome_counter
 from rlbus.training.batch import Group, Sample, check_rollout, sample_from_rollout
-from rlbus.training.checkpoint import (
-    TrainerState,
-    capture_rng,
-    load_checkpoint,
-    restore_rng,
-    save_checkpoint,
-)
-from rlbus.training.config import OnlineConfig
-from rlbus.training.step import GRPOConfig, OptimConfig, StepMetrics, build_optimizer, grpo_step, online_step
-from rlbus.weights.publish import WeightPublisher
+from rlbus.training.online_lane import OnlineLane
+from rlbus.training.trainer import Trainer
 
 log = logging.getLogger("rlbus.consumers.trainer")
-
-
-class Trainer:
-    """Owns the fp32 master model and its optimizer; one `train_on` call is one GRPO step."""
-
-    def __init__(
-        self,
-        *,
-        model: TrainableLM,
-        optim: OptimConfig,
-        grpo: GRPOConfig | None = None,
-        publisher: WeightPublisher | None = None,
-        checkpoint_dir: Path | None = None,
-        publish_every: int = 1,
-        checkpoint_every: int = 0,
-        keep_checkpoints: int = 2,
-        clock: Callable[[], float] = time.monotonic,
-    ) -> None:
-        """``publish_every`` = K steps per weight version; ``checkpoint_every`` steps per checkpoint (0 = only
-        when `save` is called); ``clock`` times the phases reported in the metrics. The model is switched to
-        ``grpo.gradient_checkpointing`` here."""
-        if publish_every < 1 or checkpoint_every < 0:
-            raise ValueError("publish_every must be >= 1 and checkpoint_every >= 0")
-        if checkpoint_every and checkpoint_dir is None:
-            raise ValueError("checkpoint_every needs a checkpoint_dir")
-        self.model = model
-        self.optimizer = build_optimizer(model, optim)
-        self.grpo = grpo or GRPOConfig()
-        model.set_gradient_checkpointing(self.grpo.gradient_checkpointing)
-        self.publisher = publisher
-        self.checkpoint_dir = checkpoint_dir
-        self.publish_every = publish_every
-        self.checkpoint_every = checkpoint_every
-        self.keep_checkpoints = keep_checkpoints
-        self.clock = clock
-        self.step = 0
-        self.version = 0 if publisher is None else publisher.version
-        self.offsets: dict[str, int] = {}
-        #: Rollouts in the updates the model holds (saved with checkpoints).
-        self.rollouts_trained = 0
-        self._lock = asyncio.Lock()
-
-    async def train_on(
-        self, groups: Sequence[Group], *, offsets: Mapping[str, int] | None = None, rollouts: int | None = None
-    ) -> dict[str, Any]:
-        """One GRPO step on ``groups``; then publish and checkpoint when their cadence says so.
-
-        ``offsets`` are the bus positions the caller has consumed up to and including these groups; they
-        go into the next checkpoint. A batch in which nothing is fresh enough to train on still advances
-        the offsets but is not a step (no update, nothing to publish). Returns the step metrics plus
-        ``step``, ``version``, ``published``, ``checkpointed`` and the seconds of each phase. ``rollouts``
-        (default: every sample of ``groups``) is added to ``rollouts_trained`` when the step updates.
-        """
-        async with self._lock:
-            return await self._apply(
-                lambda: grpo_step(self.model, self.optimizer, groups, config=self.grpo, version=self.version),
-                offsets=offsets, rollouts=sum(len(g.samples) for g in groups) if rollouts is None else rollouts,
-                publish_now=False,
-            )
-
-    async def train_online(
-        self, samples: Sequence[Sample], advantages: torch.Tensor, rewards: torch.Tensor, *, max_staleness: int,
-    ) -> dict[str, Any]:
-        """One step on served samples with online advantages [R] (`rlbus.training.step.online_step`). A step
-        that updates always publishes: the release cadence of served traffic (every N rewards or T seconds,
-        `OnlineLane`) is the version cadence, whatever ``publish_every`` says for GRPO steps."""
-        async with self._lock:
-            return await self._apply(
-                lambda: online_step(self.model, self.optimizer, samples, advantages, rewards, config=self.grpo,
-                                    version=self.version, max_staleness=max_staleness),
-                offsets=None, rollouts=len(samples), publish_now=True,
-            )
-
-    async def _apply(
-        self, step: Callable[[], StepMetrics], *, offsets: Mapping[str, int] | None, rollouts: int, publish_now: bool,
-    ) -> dict[str, Any]:
-        """Run ``step`` in a thread, then publish and checkpoint when their cadence says so (lock held)."""
-        t0 = self.clock()
-        metrics = await asyncio.to_thread(step)
-        t1 = self.clock()
-        if offsets:
-            self.offsets.update(offsets)
-        updated = metrics.optimizer_steps > 0
-        if updated:
-            self.step += 1
-            self.rollouts_trained += rollouts
-        published = updated and (publish_now or self.step % self.publish_every == 0)
-        if published:
-            published = await self._publish()
-        t2 = self.clock()
-        checkpointed = updated and self.checkpoint_every > 0 and self.step % self.checkpoint_every == 0
-        if checkpointed:
-            await self._save()
-        t3 = self.clock()
-        return {
-            **metrics.as_dict(),
-            "step": self.step,
-            "version": self.version,
-            "published": published,
-            "checkpointed": checkpointed,
-            "step_s": t1 - t0,
-            "publish_s": t2 - t1,
-            "checkpoint_s": t3 - t2,
-        }
-
-    async def publish(self) -> int:
-        """Publish the current weights as the next version now; returns it. Raises BlobStoreError when
-        the blob store cannot take it (a step's publish, by contrast, is retried at the next step)."""
-        async with self._lock:
-            if not await self._publish():
-                raise BlobStoreError(f"could not publish v{self.version + 1}: the blob store is unavailable")
-            return self.version
-
-    async def save(self) -> Path:
-        """Checkpoint now (see `rlbus.training.checkpoint`); returns the file written."""
-        async with self._lock:
-            return await self._save()
-
-    async def restore(self) -> dict[str, int] | None:
-        """Load the newest checkpoint of ``checkpoint_dir``; returns its offsets, or None if there is none."""
-        if self.checkpoint_dir is None:
-            raise ValueError("restore needs a checkpoint_dir")
-        async with self._lock:
-            state = await asyncio.to_thread(load_checkpoint, self.checkpoint_dir)
-            if state is None:
-                return None
-            self.model.load_state_dict(state.model)
-            if state.optimizer is not None:
-                self.optimizer.load_state_dict(state.optimizer)
-            restore_rng(state.rng)
-            self.step, self.version, self.offsets = state.step, state.version, dict(state.offsets)
-            self.rollouts_trained = state.rollouts_trained
-            return dict(self.offsets)
-
-    def continue_after(self, published: int) -> None:
-        """Number the next version above ``published``, the newest version the run has announced (from
-        the state store or the compacted weights topic): versions never repeat, even when the restored
-        checkpoint is older than the run's newest version or the state store is younger than the topics."""
-        self.version = max(self.version, published)
-
-    async def _publish(self) -> bool:
-        """Publish the next version (``version + 1``): the one place a policy version is numbered."""
-        if self.publisher is None:
-            self.version += 1
-            return True
-        try:
-            manifest = await self.publisher.publish(
-                weight_tensors(self.model), version=self.version + 1, step=self.step
-            )
-        except BlobStoreError as exc:  # the store is down past its retries: train on, publish next time
-            log.warning("publishing after step %d failed (%s); still on v%d", self.step, exc, self.version)
-            return False
-        self.version = manifest.version
-        return True
-
-    async def _save(self) -> Path:
-        if self.checkpoint_dir is None:
-            raise ValueError("saving a checkpoint needs a checkpoint_dir")
-        state = TrainerState(
-            step=self.step,
-            version=self.version,
-            model=self.model.state_dict(),
-            optimizer=self.optimizer.state_dict(),
-            rng=capture_rng(),
-            offsets=dict(self.offsets),
-            model_description=self.model.describe(),
-            rollouts_trained=self.rollouts_trained,
-        )
-        return await asyncio.to_thread(save_checkpoint, self.checkpoint_dir, state, keep=self.keep_checkpoints)
-
-
-class OnlineLane:
-    """Served traffic's path through the trainer: the served join, the running baseline and the cadence.
-
-    Served rollouts wait in the `ServedJoin` for a user reward; released ones queue here (``ready``) until
-    a release is due — ``release_every_rewards`` of them, or ``release_every_s`` since the last release
-    with at least one waiting, whichever comes first — and then train one step that publishes a version
-    (`TrainerWorker.train_online`). The baseline state goes to the state store after each step, so a
-    restarted trainer keeps its baselines. ``clock`` (monotonic) times the cadence, ``wall`` (Unix time,
-    as ``Rollout.created_at``) the age bound.
-    """
-
-    def __init__(
-        self, *, join: ServedJoin, state: StateStore, config: OnlineConfig, namespace: str = "join",
-        clock: Callable[[], float] = time.monotonic, wall: Callable[[], float] = time.time,
-    ) -> None:
-        self.join = join
-        self.config = config
-        self._state = state
-        self._key = f"{namespace}:served:baseline"
-        self.clock, self.wall = clock, wall
-        self.baseline = OnlineBaseline(estimator=config.estimator, alpha=config.ema, window=config.window,
-                                       min_count=config.min_count, init=config.baseline_init)
-        self.ready: list[ScoredRollout] = []
-        self.last_release = clock()
-        self._last_sweep = -float("inf")
-        self.totals = {"samples": 0, "dropped_age": 0, "dropped_stale": 0, "releases": 0}
-
-    def key_of(self, rollout: Rollout) -> str:
-        """The baseline key of a served rollout (``config.baseline``)."""
-        if self.config.baseline == "tenant":
-            return "tenant:" + rollout.metadata.get("tenant", "")
-        if self.config.baseline == "task":
-            return "task:" + (rollout.metadata.get("task") or rollout.prompt_id)
-        return "global"
-
-    def due(self) -> bool:
-        """Whether a release is due: enough rewarded samples wait, or the interval passed with some waiting."""
-        if not self.ready:
-            return False
-        waited = self.clock() - self.last_release
-        return len(self.ready) >= self.config.release_every_rewards or waited >= self.config.release_every_s
-
-    def mark_release(self) -> None:
-        self.last_release = self.clock()
-
-    def sweep_due(self) -> bool:
-        """Whether to run the served join's age sweep now: it reads every waiting rollout's entry in the
-        index (hours of traffic may wait), so at most every ``max_age_s / 100`` seconds, 1–60 s."""
-        now = self.clock()
-        if now - self._last_sweep < min(60.0, max(1.0, self.config.max_age_s / 100)):
-            return False
-        self._last_sweep = now
-        return True
-
-    def count(self, **by: int) -> None:
-        for name, n in by.items():
-            self.totals[name] += n
-
-    def step_metrics(self, keys: Sequence[str], advantages: Sequence[float]) -> dict[str, Any]:
-        return {
-            "online_samples": len(keys), "online_baseline": self.baseline.value(), "online_keys": len(set(keys)),
-            "online_advantage_mean": sum(advantages) / max(1, len(advantages)),
-            **{f"online_{name}_total": n for name, n in self.totals.items()},
-        }
-
-    def stats(self) -> dict[str, Any]:
-        """The heartbeat's online part: totals, queue, the global baseline."""
-        return {**self.totals, "ready": len(self.ready), "baseline": self.baseline.value()}
-
-    async def load(self) -> None:
-        """Restore the baselines a previous trainer saved (none: start at ``baseline_init``)."""
-        saved = await self._state.get_named(self._key, ["state"])
-        if "state" in saved:
-            self.baseline.restore(json.loads(saved["state"]))
-
-    async def save(self) -> None:
-        await self._state.put_field(self._key, "state", json.dumps(self.baseline.state()).encode(), None)
 
 
 class TrainerWorker:

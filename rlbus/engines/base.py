@@ -1,7 +1,7 @@
 """What every inference engine takes and returns, and how weight swaps reach a generating engine.
 
 An engine turns `GenerationRequest`s into `GenerationResult`s. A result carries everything the trainer
-needs to correct for off-policy data (DESIGN §5): the log-probability of every sampled token under the
+needs to correct for off-policy data (docs/architecture.md §5): the log-probability of every sampled token under the
 distribution it was *actually sampled from* (after temperature and top-k/top-p truncation, renormalised),
 a `LogprobSpec` saying so, the policy version that produced each token, and — for MoE models — the
 experts every input token was routed to, for router replay.
@@ -144,7 +144,7 @@ class SwapPoint:
     Engines wrap each generation in `generating()` and call `at_boundary()` between decode steps; both
     run pending swaps in submission order while holding the lock, so a swap never overlaps a forward
     pass and a generation never starts halfway through a swap. A swap that raises fails only its own
-    future; generation goes on (the sync worker then sees the error and falls back, DESIGN §4).
+    future; generation goes on (the sync worker then sees the error and falls back, docs/architecture.md §4).
 
     A swap submitted from the generating thread itself (e.g. from a ``between_steps`` hook) runs at once:
     that thread is at a boundary by construction, and queueing would deadlock on `Future.result`.

@@ -1,7 +1,7 @@
 """Weight sync into vLLM: stage against the worker's own copy, hand vLLM only what changed, prove the digest.
 
 A vLLM rollout worker keeps its own bf16 copy of the weights in trainer (checkpoint) names — the *mirror*
-(`rlbus.build.model.ModelSource.build`). `VLLMWeightSync` is the ordinary `WeightSync` over that mirror
+(`rlbus.models.sources.ModelSource.build`). `VLLMWeightSync` is the ordinary `WeightSync` over that mirror
 (download, verify, decode against it while vLLM generates; double-buffered, so the swap only re-points
 the mirror's parameters) plus one step inside the swap: `push_staged` hands vLLM the tensors the version
 changed, fused groups whole, through `VLLMEngine.push` (a whole-tensor reload on CPU, an in-place scatter of

@@ -1,4 +1,4 @@
-"""Environments (DESIGN §6): the harness that runs an agent episode, its world state, and its reward.
+"""Environments (docs/architecture.md §6): the harness that runs an agent episode, its world state, and its reward.
 
     base.py       Environment / Task protocol, HarnessConfig, Tool, World, register_env / make_env
     chat.py       ChatFormat: role openings/closings (byte tokens or derived from a chat template), the

@@ -1,6 +1,6 @@
 """The environment protocol: harness (tools and turn limits), world state, reward — registered by name.
 
-An episode runs in three parts (DESIGN §6). The *harness* is the agent loop (`rlbus.envs.agent`) with the
+An episode runs in three parts (docs/architecture.md §6). The *harness* is the agent loop (`rlbus.envs.agent`) with the
 environment's tools and limits. The *world* is per-episode state — a sandbox directory and the processes
 run in it, an in-memory table — created when the episode starts and destroyed when it ends:
 ``async with env.world(prompt) as world``. The *reward* is `Environment.score`, a function of the finished

@@ -1,4 +1,4 @@
-"""Deterministic rewards — the first kind DESIGN §6 reaches for — and the one way a `Reward` is built.
+"""Deterministic rewards — the first kind docs/architecture.md §6 reaches for — and the one way a `Reward` is built.
 
 Every reward of an episode from one source has the id ``{rollout_id}:{source}``, so a redelivered rollout
 scored twice produces the same reward id and the trainer's join stays idempotent.

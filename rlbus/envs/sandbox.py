@@ -1,8 +1,8 @@
 """Run untrusted programs — model-written code, hidden tests, agent tool calls — inside bubblewrap.
 
 The sandbox is a security boundary, so it is built on a well-kept isolation tool rather than by hand
-(DESIGN §6): bubblewrap (``bwrap``, Debian package ``bubblewrap``) creates fresh user, PID, mount, network,
-IPC, UTS and cgroup namespaces. Inside, the program sees:
+(docs/architecture.md §6): bubblewrap (``bwrap``, Debian package ``bubblewrap``) creates fresh user, PID,
+mount, network, IPC, UTS and cgroup namespaces. Inside, the program sees:
 
     ==============  ==============================================================================
     path            what

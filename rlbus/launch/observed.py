@@ -3,7 +3,7 @@
 One `Observed` per process runs beside the worker in the role's TaskGroup. The heartbeat carries the
 worker's ``stats()`` (and the weight sync's, for rollout workers) into the state store, where
 ``rlbus status`` and the dashboard read it; the endpoint serves every metric of
-:mod:`rlbus.observe.metrics` that the worker classes record.
+:mod:`rlbus.metrics` that the worker classes record.
 """
 
 from __future__ import annotations
@@ -14,8 +14,8 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
+from rlbus.metrics import LoopLagMonitor, serve_metrics
 from rlbus.observe.heartbeat import Heartbeat
-from rlbus.observe.metrics import LoopLagMonitor, serve_metrics
 from rlbus.state.base import StateStore
 
 log = logging.getLogger("rlbus.launch.observed")

@@ -46,10 +46,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from rlbus.aio import wait_any, wait_event
-from rlbus.build.producer import prompt_producer
+from rlbus.blobs.base import BlobStore
 from rlbus.bus.base import Bus
 from rlbus.errors import RlbusError
-from rlbus.launch.build import (
+from rlbus.launch.arguments import (
     bus_for,
     claims_for,
     initial_model,
@@ -68,7 +68,7 @@ from rlbus.launch.signals import GracefulStop
 from rlbus.observe.runlog import RunLog
 from rlbus.state.base import StateStore
 from rlbus.state.progress import PROMPT_SEQ, VERSION_COUNTER
-from rlbus.weights.store import BlobStore
+from rlbus.wiring.producer import prompt_producer
 
 if TYPE_CHECKING:
     from rlbus.observe.heartbeat import Heartbeat
@@ -199,9 +199,9 @@ async def rollout_main(
     """A rollout worker. ``bus``, ``state`` and ``store`` replace the run config's (unstarted)."""
     import torch
 
-    from rlbus.build.rollout import rollout_stack
     from rlbus.consumers.rollout import episode_threads
     from rlbus.launch.recording import follow_syncs
+    from rlbus.wiring.rollout import rollout_stack
 
     settings = config.rollout
     torch.set_num_threads(settings.torch_threads)
@@ -254,10 +254,10 @@ async def trainer_main(
     """The trainer. ``bus``, ``state`` and ``store`` replace the run config's (unstarted)."""
     import torch
 
-    from rlbus.build.trainer import trainer_stack
     from rlbus.launch.recording import TrainerRecorder
     from rlbus.training.checkpoint import load_checkpoint, model_from_state
     from rlbus.training.warm import warm_start
+    from rlbus.wiring.trainer import trainer_stack
 
     settings = config.trainer
     torch.set_num_threads(settings.torch_threads)
@@ -392,7 +392,7 @@ async def serve_main(
     the config's (``rlbus serve --config``)."""
     import torch
 
-    from rlbus.build.model import parse_model
+    from rlbus.models.sources import parse_model
     from rlbus.serve.auth import load_tenants
     from rlbus.serve.stack import run_serve, serve_stack
 

@@ -20,7 +20,7 @@ from typing import Any
 
 import torch
 
-from rlbus.launch.build import dpo_config, dpo_data_args, initial_model, model_source, warm_start_args
+from rlbus.launch.arguments import dpo_config, dpo_data_args, initial_model, model_source, warm_start_args
 from rlbus.launch.config import RunConfig
 
 

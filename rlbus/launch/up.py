@@ -210,7 +210,7 @@ async def _ensure_kafka(config: RunConfig, say: Callable[[str], None]) -> None:
 
 async def _ensure_topics(config: RunConfig, partitions: int) -> list[str]:
     from rlbus.bus.topics import topic_specs
-    from rlbus.launch.build import bus_for
+    from rlbus.launch.arguments import bus_for
 
     async with bus_for(config) as bus:
         return await bus.create_topics(topic_specs(partitions=partitions))

@@ -58,7 +58,7 @@ DEFAULT_GROUPS: dict[str, tuple[str, ...]] = {
     for topic in dict.fromkeys(t for topics in GROUP_TOPICS.values() for t in topics)
 }
 
-#: Trainer step metrics the mismatch chart draws (DESIGN §5), in the order the snapshot lists them.
+#: Trainer step metrics the mismatch chart draws (docs/architecture.md §5), in the order the snapshot lists them.
 STEP_FIELDS = ("kl_k3", "max_abs_dlogprob", "is_ess", "router_flip_rate", "reward_mean")
 
 

@@ -20,7 +20,7 @@ from rlbus.bus.base import Bus, Consumer
 from rlbus.bus.topics import PROMPTS, REWARDS, ROLLOUTS
 from rlbus.bus.types import TopicPartition
 from rlbus.errors import RlbusError
-from rlbus.observe.metrics import CONSUMER_LAG
+from rlbus.metrics import CONSUMER_LAG
 
 log = logging.getLogger("rlbus.observe.lag")
 

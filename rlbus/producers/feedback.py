@@ -1,6 +1,6 @@
 """Live user feedback: thumbs up or down on rollouts served in production, published as rewards.
 
-Users are the last reward source DESIGN §6 names: a signal on a served rollout becomes a
+Users are the last reward source docs/architecture.md §6 names: a signal on a served rollout becomes a
 :class:`~rlbus.schemas.Reward` with ``source="user"`` on ``rl.rewards.v1`` (key ``rollout_id``), so the
 trainer's join treats it like any verifier or judge reward and waits for it when its policy says so
 (``RewardPolicy(sources=("verifier", "user"))``).

@@ -78,7 +78,7 @@ from msgspec.structs import replace
 from rlbus.aio import wait_event
 from rlbus.bus.base import Bus
 from rlbus.bus.topics import PROMPTS
-from rlbus.observe.metrics import ADMISSION_WAITS
+from rlbus.metrics import ADMISSION_WAITS
 from rlbus.schemas import Prompt
 from rlbus.state.base import StateStore, WorkerRecord
 from rlbus.state.progress import GROUPS_DONE_COUNTER, GROUPS_FREED_COUNTER, VERSION_COUNTER

@@ -1,4 +1,4 @@
-"""Per-batch diagnostics of off-policy-ness (DESIGN §5), as pure functions returning floats.
+"""Per-batch diagnostics of off-policy-ness (docs/architecture.md §5), as pure functions returning floats.
 
 With behaviour log-probs log μ (from the engine), trainer log-probs log π, and the loss mask m over the
 N = Σ m sampled tokens (which were drawn from μ):

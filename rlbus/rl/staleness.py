@@ -61,6 +61,6 @@ def split_fresh(
 
 
 def staleness_histogram(current_version: int, oldest_versions: torch.Tensor) -> dict[int, int]:
-    """{staleness: rollout count}, sorted by staleness — the per-batch staleness report (DESIGN §5)."""
+    """{staleness: rollout count}, sorted by staleness — the per-batch staleness report (docs/architecture.md §5)."""
     counts = Counter(staleness(current_version, oldest_versions).tolist())
     return dict(sorted(counts.items()))

@@ -22,7 +22,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from rlbus.errors import ApiError
-from rlbus.observe.metrics import SERVE_REJECTED
+from rlbus.metrics import SERVE_REJECTED
 
 
 class Admission:

@@ -29,7 +29,7 @@ from rlbus.bus.base import Bus
 from rlbus.bus.topic import Topic
 from rlbus.bus.topics import SERVED
 from rlbus.errors import BusError
-from rlbus.observe.metrics import SERVED_BUFFERED, SERVED_DROPPED, SERVED_RECORDED
+from rlbus.metrics import SERVED_BUFFERED, SERVED_DROPPED, SERVED_RECORDED
 
 log = logging.getLogger("rlbus.serve.recorder")
 

@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 
 from rlbus.errors import ApiError
-from rlbus.observe.metrics import SERVE_SESSIONS_OPEN
+from rlbus.metrics import SERVE_SESSIONS_OPEN
 from rlbus.schemas import Reward, Rollout, SamplingInfo, TensorData
 from rlbus.serve.prompt import Rendered, SampledTurn
 

@@ -1,6 +1,6 @@
 """The gateway's wiring: the rollout stack's engine and weight sync, the recorders, the gateway — one builder.
 
-`serve_stack` builds the same parts a rollout worker has (`rlbus.build.rollout.rollout_stack`: a bf16
+`serve_stack` builds the same parts a rollout worker has (`rlbus.wiring.rollout.rollout_stack`: a bf16
 copy of the run's model, the torch engine behind the batching engine, the `WeightSync` following
 ``rl.weights.v1`` when a blob store is given) and puts the gateway in front of its engine, so serving and
 rollouts share one notion of "the version this engine serves". `run_serve` runs it all in one task group:
@@ -15,6 +15,7 @@ import logging
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from rlbus.blobs.base import BlobStore
 from rlbus.bus.base import Bus
 from rlbus.bus.topics import REWARDS, ROLLOUTS, SERVED, topic_specs
 from rlbus.serve.admission import Admission
@@ -22,11 +23,10 @@ from rlbus.serve.auth import Tenants
 from rlbus.serve.gateway import Gateway
 from rlbus.serve.recorder import ServedRecorder
 from rlbus.serve.sessions import Sessions
-from rlbus.weights.store import BlobStore
 
 if TYPE_CHECKING:
-    from rlbus.build.model import ModelSource
-    from rlbus.build.rollout import RolloutStack
+    from rlbus.models.sources import ModelSource
+    from rlbus.wiring.rollout import RolloutStack
 
 log = logging.getLogger("rlbus.serve.stack")
 
@@ -62,7 +62,7 @@ def serve_stack(
     """A gateway over a fresh rollout stack of ``source``. ``connect_bus``: the bus is not started yet and
     may be unreachable — the recorders start it (and retry) themselves, so serving starts regardless;
     ``create_topics`` then also creates the served, rollout and reward topics."""
-    from rlbus.build.rollout import rollout_stack
+    from rlbus.wiring.rollout import rollout_stack
 
     parts = rollout_stack(bus=bus, store=store, model=source, worker_id=worker_id, seed=seed, region=region,
                           model_id=model_id, max_batch=max_batch, batch_window_s=batch_window_s)

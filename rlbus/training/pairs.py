@@ -36,6 +36,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from rlbus.blobs.base import BlobStore
 from rlbus.bus.base import Bus
 from rlbus.bus.claimcheck import ClaimCheckBus, payload
 from rlbus.bus.replay import read_window
@@ -47,7 +48,6 @@ from rlbus.schemas import Reward, Rollout
 from rlbus.training.batch import check_rollout
 from rlbus.training.preference import PreferencePair
 from rlbus.training.sft import SFTExample
-from rlbus.weights.store import BlobStore
 
 
 @dataclass(frozen=True)

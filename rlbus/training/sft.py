@@ -179,13 +179,13 @@ def main(
 ) -> list[float]:
     """``rlbus pretrain``: warm-start a model on a JSONL file and write a weights-only checkpoint.
 
-    ``model`` names what to start from (`rlbus.build.model.parse_model`: ``tiny`` / ``bench`` policy presets
+    ``model`` names what to start from (`rlbus.models.sources.parse_model`: ``tiny`` / ``bench`` policy presets
     seeded with ``seed``, a shipped HF model, a model directory or a GGUF file); ``init`` starts from an
     existing checkpoint (file or directory, any model kind) instead. Chat rows (``messages``) are rendered
     in that model's chat format. The result goes to the checkpoint directory ``out`` (step 0, version 0, no
     optimizer state), which the trainer resumes from.
     """
-    from rlbus.build.model import ModelSource, parse_model
+    from rlbus.models.sources import ModelSource, parse_model
 
     policy: TrainableLM
     if init is not None:

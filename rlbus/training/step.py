@@ -1,4 +1,4 @@
-"""One GRPO update of the policy from scored groups, with the numerical-mismatch controls of DESIGN §5.
+"""One GRPO update of the policy from scored groups, with the numerical-mismatch controls of docs/architecture.md §5.
 
 Notation: a batch holds groups g of G samples i (rollouts of one prompt) with rewards r_{g,i}; sample i's
 sampled tokens x_t (loss mask m_t) were drawn from the behaviour policy μ — the inference engine, possibly
@@ -80,7 +80,7 @@ def build_optimizer(model: TrainableLM, config: OptimConfig) -> torch.optim.Adam
 
 @dataclass(frozen=True)
 class StepMetrics:
-    """What one step reports (DESIGN §5); `as_dict` gives JSON-ready values."""
+    """What one step reports (docs/architecture.md §5); `as_dict` gives JSON-ready values."""
 
     loss: float
     """Objective L (policy-gradient + aux), token-weighted over minibatches."""

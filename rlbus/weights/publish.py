@@ -21,16 +21,16 @@ from dataclasses import dataclass
 
 import torch
 
+from rlbus.blobs.base import BlobStore
 from rlbus.bus.base import Bus
 from rlbus.bus.topics import WEIGHTS, WEIGHTS_LATEST
 from rlbus.errors import BlobStoreError
-from rlbus.observe.metrics import record_publish
+from rlbus.metrics import record_publish
 from rlbus.schemas import ChunkRef, TensorMeta, TensorSpan, WeightVersion, encode
 from rlbus.weights.codec import CHUNK_BYTES, Chunk, encode_state_delta, encode_state_keyframe
 from rlbus.weights.codec.warm import warm_kernels
 from rlbus.weights.digest import state_digest
 from rlbus.weights.layout import DTYPE_NAMES, chunk_key, manifest_key
-from rlbus.weights.store import BlobStore
 
 log = logging.getLogger("rlbus.weights.publish")
 
@@ -95,7 +95,7 @@ class WeightPublisher:
     async def publish(self, master: Mapping[str, torch.Tensor], *, version: int, step: int = 0) -> WeightVersion:
         """Publish ``master`` as ``version``; returns its delta manifest (the keyframe manifest for the first).
 
-        The caller owns the version sequence (the trainer: `rlbus.consumers.trainer.Trainer`); this only
+        The caller owns the version sequence (the trainer: `rlbus.training.trainer.Trainer`); this only
         refuses to go backwards. ``version`` is usually the last published + 1; a jump (a restored trainer
         continuing a run's numbering) is fine — the delta's base is always the version published last.
         """

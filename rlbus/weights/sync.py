@@ -36,6 +36,7 @@ from typing import Any
 
 import torch
 
+from rlbus.blobs.base import BlobStore
 from rlbus.bus.base import Bus
 from rlbus.bus.topics import WEIGHTS, WEIGHTS_LATEST
 from rlbus.bus.types import TopicPartition
@@ -48,8 +49,8 @@ from rlbus.errors import (
     VersionGap,
     WeightSyncError,
 )
+from rlbus.metrics import SYNC_REFUSED, count_in, record_sync
 from rlbus.models.base import weight_tensors
-from rlbus.observe.metrics import SYNC_REFUSED, count_in, record_sync
 from rlbus.schemas import WeightVersion, decode
 from rlbus.weights.apply import apply_update_
 from rlbus.weights.codec import StagedUpdate, decode_chunk
@@ -57,7 +58,6 @@ from rlbus.weights.codec.warm import DTYPES as CODEC_DTYPES
 from rlbus.weights.codec.warm import warm_kernels
 from rlbus.weights.digest import state_digest
 from rlbus.weights.layout import manifest_key
-from rlbus.weights.store import BlobStore
 
 log = logging.getLogger("rlbus.weights.sync")
 

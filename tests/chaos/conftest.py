@@ -4,8 +4,9 @@ Started here, in a temporary directory on free ports (about 20-60 s on two cores
 9092 the rest of the suite uses. When it cannot start (no Java, no Maven cache, no redis-server) every
 chaos test fails with the reason — they never skip.
 
-Markers: every test here is ``chaos``; the ones that take longest (real worker processes, a broker's
-failover) are also ``slow``, so CI can run them in a step of their own (``-m "chaos and slow"``).
+Markers (registered in pyproject.toml): every test here is ``chaos``; the ones that take longest (real worker
+processes, a broker's failover) are also ``slow``, so CI can run them in a step of their own
+(``-m "chaos and slow"``).
 """
 
 from __future__ import annotations
@@ -16,11 +17,6 @@ import pytest
 
 from rlbus.chaos.rig import ChaosRig
 from rlbus.errors import RlbusError
-
-
-def pytest_configure(config: pytest.Config) -> None:
-    config.addinivalue_line("markers", "chaos: a fault-injection scenario on real Kafka, Redis and workers")
-    config.addinivalue_line("markers", "slow: takes most of a minute (worker processes, broker failover)")
 
 
 @pytest.fixture(scope="session")

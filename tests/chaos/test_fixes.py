@@ -16,12 +16,13 @@ import pytest
 import torch
 
 from rlbus.aio import until
+from rlbus.blobs.local import LocalStore
 from rlbus.bus import MemoryBus
 from rlbus.bus.dlq import DeadLetters, handle_batch, read_dead_letters
 from rlbus.bus.topics import REWARDS, ROLLOUTS, topic_specs
 from rlbus.chaos.blobs import FaultyStore, flip_bit
 from rlbus.consumers.reward import RewardWorker
-from rlbus.consumers.trainer import Trainer, TrainerWorker
+from rlbus.consumers.trainer import TrainerWorker
 from rlbus.errors import BlobStoreError, JudgeUnavailable, MalformedMessage, StateError
 from rlbus.models.policy import Policy, PolicyConfig
 from rlbus.schemas import Reward, Rollout, TensorData
@@ -29,8 +30,8 @@ from rlbus.services.redis import start_redis
 from rlbus.state import MemoryStateStore, RedisStateStore
 from rlbus.state.join import TRAINED_AGAIN, JoinBuffer, Outcome, RewardPolicy
 from rlbus.training.step import OptimConfig
+from rlbus.training.trainer import Trainer
 from rlbus.weights.publish import WeightPublisher
-from rlbus.weights.store import LocalStore
 from rlbus.weights.sync import WeightSync
 
 CFG = PolicyConfig(vocab=272, d_model=32, n_layer=2, n_head=2, max_seq=64, n_experts=4, top_k=2, d_ff=32)

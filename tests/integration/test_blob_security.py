@@ -16,9 +16,9 @@ import aiohttp
 import pytest
 from typer.testing import CliRunner
 
+from rlbus.blobs.http import BlobServer, HttpStore, serve, sign, signed_params
+from rlbus.blobs.local import LocalStore
 from rlbus.services import free_port
-from rlbus.weights.http_store import BlobServer, HttpStore, serve, sign, signed_params
-from rlbus.weights.store import LocalStore
 
 SECRET = uuid.uuid4().hex
 

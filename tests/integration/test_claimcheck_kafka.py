@@ -14,13 +14,13 @@ import msgspec
 import numpy as np
 from typer.testing import CliRunner
 
+from rlbus.blobs.local import LocalStore
 from rlbus.bus import Record, Topic, TopicSpec
 from rlbus.bus.claimcheck import H_CLAIM, ClaimCheckBus, reference
 from rlbus.bus.dlq import DeadLetters, handle_batch, read_dead_letters
 from rlbus.bus.topics import ROLLOUTS, dlq_spec, topic_specs
 from rlbus.cli import app
 from rlbus.schemas import Rollout, TensorData
-from rlbus.weights.store import LocalStore
 from tests.conftest import KAFKA_BOOTSTRAP, kafka_bus
 
 

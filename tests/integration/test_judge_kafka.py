@@ -22,7 +22,7 @@ from rlbus.bus.namespace import NamespacedBus
 from rlbus.bus.topics import REWARDS, ROLLOUTS, topic_specs
 from rlbus.envs.episode import episode_to_rollout
 from rlbus.envs.tasks import generate_prompts
-from rlbus.launch.build import trainer_args
+from rlbus.launch.arguments import trainer_args
 from rlbus.launch.config import config_from_dict
 from rlbus.launch.roles import reward_main
 from rlbus.observe.collector import Collector

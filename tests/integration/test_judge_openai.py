@@ -3,7 +3,7 @@
 Until ``rlbus serve`` is on main, the endpoint is a small aiohttp server in this test that answers
 ``POST /v1/chat/completions`` from SmolLM2 in the torch engine (the model's own chat template, bearer-key
 check, vLLM's ``continue_final_message`` for a prefilled reply). The judge is built from config alone
-(`rlbus.launch.build.judge_for`), its key read from a file.
+(`rlbus.launch.arguments.judge_for`), its key read from a file.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from aiohttp.test_utils import TestServer
 
 from rlbus.bench.judge import answered
 from rlbus.envs.judge import OpenAIJudge
-from rlbus.launch.build import judge_for
+from rlbus.launch.arguments import judge_for
 from rlbus.launch.config import config_from_dict
 from rlbus.schemas import Prompt
 
@@ -31,8 +31,8 @@ PROMPTS = [Prompt(prompt_id=f"p{i}", env="arith", text=f"{a}+{b}=", reference=st
 
 @pytest.fixture(scope="module")
 def smollm2_engine() -> Any:
-    from rlbus.build.model import parse_model
     from rlbus.envs.judge import engine_judge
+    from rlbus.models.sources import parse_model
 
     return engine_judge(parse_model("smollm2-135m-instruct"), max_new_tokens=32)
 

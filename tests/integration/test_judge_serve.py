@@ -1,6 +1,6 @@
 """The OpenAI-compatible judge backend against ``rlbus serve``'s gateway serving SmolLM2.
 
-The judge is built from config alone (`rlbus.launch.build.judge_for`: ``backend = "openai"``, the key from
+The judge is built from config alone (`rlbus.launch.arguments.judge_for`: ``backend = "openai"``, the key from
 a file) and talks HTTP to the real gateway (`rlbus.serve.stack.serve_stack`, the engine stack over
 SmolLM2, bearer-token tenants). Every judge call is served traffic, so it is also recorded token-exact on
 ``rl.served.v1``. The gateway accepts only the fields it honours, so a prefilled judge (vLLM's
@@ -20,7 +20,7 @@ from rlbus.bench.judge import answered
 from rlbus.bus import MemoryBus
 from rlbus.bus.topics import topic_specs
 from rlbus.errors import JudgeError
-from rlbus.launch.build import judge_for
+from rlbus.launch.arguments import judge_for
 from rlbus.launch.config import config_from_dict
 from rlbus.schemas import Prompt
 from rlbus.serve.auth import Tenants
@@ -32,7 +32,7 @@ PROMPT = Prompt(prompt_id="p0", env="arith", text="12+30=", reference="42")
 
 @pytest.fixture(scope="module")
 def smollm2_source() -> Any:
-    from rlbus.build.model import parse_model
+    from rlbus.models.sources import parse_model
 
     return parse_model("smollm2-135m-instruct")
 

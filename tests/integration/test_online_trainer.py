@@ -20,21 +20,21 @@ from aiohttp.test_utils import TestClient, TestServer
 
 from rlbus.bench.online import serve as serve_gateway
 from rlbus.bench.online import serve_direct
-from rlbus.build.infra import open_store
-from rlbus.build.model import ModelSource
-from rlbus.build.rollout import rollout_stack
-from rlbus.build.trainer import TrainerStack, trainer_stack
 from rlbus.bus import Bus, MemoryBus
 from rlbus.bus.namespace import NamespacedBus
 from rlbus.bus.topics import topic_specs
 from rlbus.envs.tasks import generate_prompts
 from rlbus.models.config import DEMO_SHAPE
+from rlbus.models.sources import ModelSource
 from rlbus.producers.feedback import FeedbackServer
 from rlbus.serve.auth import Tenants
 from rlbus.serve.stack import ServeStack, run_serve, serve_stack
 from rlbus.state import MemoryStateStore, RedisStateStore, StateStore
 from rlbus.state.join import Outcome
 from rlbus.training.config import GRPOConfig, OnlineConfig
+from rlbus.wiring.infra import open_store
+from rlbus.wiring.rollout import rollout_stack
+from rlbus.wiring.trainer import TrainerStack, trainer_stack
 from tests.conftest import kafka_bus
 
 TOKEN = "online-trainer-test-token"

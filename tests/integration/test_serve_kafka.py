@@ -21,7 +21,7 @@ from rlbus.bus import Bus, Topic
 from rlbus.bus.kafka import KafkaBus, KafkaSettings
 from rlbus.bus.namespace import NamespacedBus
 from rlbus.bus.topics import REWARDS, ROLLOUTS, SERVED, topic_specs
-from rlbus.observe.metrics import REGISTRY
+from rlbus.metrics import REGISTRY
 from rlbus.serve.auth import Tenants
 from rlbus.serve.stack import ServeStack, serve_stack
 from tests.conftest import KAFKA_BOOTSTRAP, kafka_bus
@@ -53,7 +53,7 @@ async def read_all(bus: Bus, topic: Topic[Any], want: int, timeout_s: float = 30
 
 
 async def test_smollm2_chat_stream_tools_and_a_session_land_on_kafka(smollm2_dir: Path) -> None:
-    from rlbus.build.model import ModelSource
+    from rlbus.models.sources import ModelSource
 
     prefix = f"test-serve-{uuid.uuid4().hex[:8]}."
     bus = NamespacedBus(KafkaBus(KafkaSettings(bootstrap=KAFKA_BOOTSTRAP, client_id="rlbus-tests")), prefix)
@@ -129,7 +129,7 @@ def _closed_port() -> int:
 
 
 async def test_an_unreachable_bus_never_fails_serving(tiny_hf_dir: Path) -> None:
-    from rlbus.build.model import ModelSource
+    from rlbus.models.sources import ModelSource
 
     bus = KafkaBus(KafkaSettings(bootstrap=f"127.0.0.1:{_closed_port()}", client_id="rlbus-tests",
                                  request_timeout_ms=2000))
@@ -162,7 +162,7 @@ async def test_an_unreachable_bus_never_fails_serving(tiny_hf_dir: Path) -> None
 
 
 async def test_records_wait_for_a_missing_topic_and_flush_when_it_appears(tiny_hf_dir: Path) -> None:
-    from rlbus.build.model import ModelSource
+    from rlbus.models.sources import ModelSource
 
     prefix = f"test-serve-{uuid.uuid4().hex[:8]}."
     bus = NamespacedBus(await kafka_bus(), prefix)  # started; the served topic does not exist yet

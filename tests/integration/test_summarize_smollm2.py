@@ -4,7 +4,7 @@ context the run allows, summarises, continues in fresh contexts, and the trainer
 The task config is what a run sets in ``[task] env_config`` (README, "Self-summarisation"): ``summarize =
 true`` with a ``context_tokens`` budget below what the episode needs. The episodes are played by the
 rollout stack's engine (bf16 SmolLM2 in the torch engine, behind the batching engine), scored by the
-task's verifier, joined and handed to the trainer worker of `rlbus.build.trainer.trainer_stack` (fp32
+task's verifier, joined and handed to the trainer worker of `rlbus.wiring.trainer.trainer_stack` (fp32
 SmolLM2), exactly as a distributed run does, minus the bus.
 """
 
@@ -15,7 +15,6 @@ from typing import Any
 
 import pytest
 
-from rlbus.build.trainer import trainer_stack
 from rlbus.envs.agent import SUMMARY_REQUEST, run_episode
 from rlbus.envs.base import env_for, make_env
 from rlbus.envs.episode import episode_to_rollout
@@ -24,6 +23,7 @@ from rlbus.state import MemoryStateStore
 from rlbus.state.join import Outcome
 from rlbus.training.batch import sample_from_rollout
 from rlbus.training.config import GRPOConfig
+from rlbus.wiring.trainer import trainer_stack
 
 #: A 3-hop chain with short observations in a 400-token context: SmolLM2's native tool prompt alone is
 #: ~260 tokens, so an episode needs two contexts (the second opens from the first one's summary).
@@ -34,7 +34,7 @@ GROUP = 2
 
 @pytest.fixture(scope="module")
 def smollm2() -> Any:
-    from rlbus.build.model import parse_model
+    from rlbus.models.sources import parse_model
 
     return parse_model("smollm2-135m-instruct")
 

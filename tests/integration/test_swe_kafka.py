@@ -11,6 +11,7 @@ from pathlib import Path
 
 import msgspec
 
+from rlbus.blobs.local import LocalStore
 from rlbus.bus.claimcheck import ClaimCheckBus
 from rlbus.bus.namespace import NamespacedBus
 from rlbus.bus.topics import PROMPTS, REWARDS, ROLLOUTS, topic_specs
@@ -21,7 +22,6 @@ from rlbus.envs.chat import ChatFormat, format_tool_call
 from rlbus.envs.scripted import ScriptedEngine
 from rlbus.models.tokenizer import ByteTokenizer
 from rlbus.schemas import Reward, Rollout
-from rlbus.weights.store import LocalStore
 from tests.conftest import kafka_bus
 
 CORPUS = Path(__file__).resolve().parents[1] / "fixtures" / "swe" / "corpus"

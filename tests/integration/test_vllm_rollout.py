@@ -15,12 +15,12 @@ from pathlib import Path
 import pytest
 import torch
 
+from rlbus.blobs.local import LocalStore
 from rlbus.bus.topics import WEIGHTS, WEIGHTS_LATEST, topic_specs
 from rlbus.engines.base import GenerationRequest
 from rlbus.models.base import weight_tensors
 from rlbus.weights.digest import state_digest
 from rlbus.weights.publish import WeightPublisher
-from rlbus.weights.store import LocalStore
 from tests.conftest import kafka_bus
 from tests.unit.engines.test_vllm_engine import require_vllm, vllm_llama_dir
 
@@ -30,10 +30,10 @@ pytestmark = pytest.mark.vllm
 
 async def test_vllm_worker_follows_deltas_bit_exact_over_kafka(tmp_path: Path) -> None:
     require_vllm()
-    from rlbus.build.model import ModelSource
-    from rlbus.build.rollout import rollout_stack
     from rlbus.engines.vllm_engine import VLLMEngine
     from rlbus.models.hf import HFCausalLM
+    from rlbus.models.sources import ModelSource
+    from rlbus.wiring.rollout import rollout_stack
 
     directory = vllm_llama_dir(tmp_path)
     bus = await kafka_bus()

@@ -9,12 +9,12 @@ from pathlib import Path
 
 import torch
 
+from rlbus.blobs.http import BlobServer, HttpStore, serve
+from rlbus.blobs.local import LocalStore
 from rlbus.bus.topics import WEIGHTS, WEIGHTS_LATEST
 from rlbus.services import free_port
 from rlbus.weights.digest import state_digest
-from rlbus.weights.http_store import BlobServer, HttpStore, serve
 from rlbus.weights.publish import WeightPublisher
-from rlbus.weights.store import LocalStore
 from rlbus.weights.sync import WeightSync
 from tests.conftest import kafka_bus
 

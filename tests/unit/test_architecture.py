@@ -1,5 +1,6 @@
-"""Guards on the shape of the package, read from the source without importing it: no import circle, product
-code never imports the benchmarks, and every exception class is defined in `rlbus.errors` (STYLE 9).
+"""Guards on the shape of the package, read from the source without importing it: no import circle, no
+module imports from a layer above its own (docs/architecture.md §8), product code never imports the
+benchmarks, and every exception class is defined in `rlbus.errors` (docs/architecture.md §9.3).
 
 Imports are every ``import`` statement in a module, function-level ones included (a deferred import is
 still a dependency); only those under ``if TYPE_CHECKING:`` are left out, as they never run.
@@ -19,7 +20,36 @@ PACKAGE = Path(__file__).resolve().parents[2] / "rlbus"
 PRIVATE_EXCEPTIONS = {
     # Raised by OpenAIJudge._post and caught by OpenAIJudge.complete to run the next attempt; once the
     # retries are spent, complete raises JudgeUnavailable. It never leaves the class.
-    "rlbus.envs.judge._Retry",
+    "rlbus.envs.judge.backends._Retry",
+}
+
+
+#: The layers of the package, lowest first (docs/architecture.md §8): a module imports modules of its
+#: own layer and of the layers below, never of a layer above. Names are the top-level packages and modules of
+#: rlbus ("rlbus" is the package's own __init__).
+LAYERS: list[set[str]] = [
+    {"rlbus", "errors", "aio"},
+    {"schemas", "metrics"},
+    {"blobs"},
+    {"bus", "state"},
+    {"config", "services", "observe"},
+    {"models"},
+    {"weights"},
+    {"engines"},
+    {"envs", "rl"},
+    {"training"},
+    {"producers", "consumers"},
+    {"wiring"},
+    {"serve"},
+    {"launch", "chaos", "demo", "demo_view", "generate", "cli", "bench"},
+]
+
+#: Imports that reach a layer above, (importer, imported), each with why it stays.
+UPWARD_IMPORTS = {
+    # ModelSource.chat builds the model's chat format on first use. The format belongs with the environments
+    # (it parses actions and tool calls) and needs the model's tokenizer, so the import is deferred to the
+    # property; a model is built and used without it.
+    ("rlbus.models.sources", "rlbus.envs.chat"),
 }
 
 
@@ -156,6 +186,28 @@ def test_the_guard_sees_function_level_imports_and_skips_type_checking_ones() ->
     )
     names = [alias.name for node in _statements(tree) if isinstance(node, ast.Import) for alias in node.names]
     assert names == ["b", "c"]
+
+
+def _layer_name(module: str) -> str:
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else parts[0]
+
+
+def test_no_module_imports_a_layer_above_its_own() -> None:
+    layer = {name: i for i, names in enumerate(LAYERS) for name in names}
+    unplaced = sorted({_layer_name(module) for module in MODULES} - layer.keys())
+    assert not unplaced, f"give these a layer in LAYERS and in docs/architecture.md §8: {unplaced}"
+    upward = [
+        edge for edges in GRAPH.values() for edge in edges
+        if layer[_layer_name(edge.target)] > layer[_layer_name(edge.source)]
+    ]
+    offenders = [
+        f"{edge.source} (line {edge.line}, layer {_layer_name(edge.source)}) imports {edge.target}"
+        for edge in upward if (edge.source, edge.target) not in UPWARD_IMPORTS
+    ]
+    assert not offenders, "imports from a higher layer:\n" + "\n".join(offenders)
+    stale = UPWARD_IMPORTS - {(edge.source, edge.target) for edge in upward}
+    assert not stale, f"no longer imported, drop from UPWARD_IMPORTS: {sorted(stale)}"
 
 
 def test_product_code_never_imports_the_benchmarks() -> None:

@@ -1,12 +1,12 @@
 """The in-memory coding task, and its two on-disk forms: a Harbor-style task directory and SWE-bench rows.
 
-Both formats load into one `RepoTask` (an adapter at the edge, STYLE §15): where the starting repository
+Both formats load into one `RepoTask` (an adapter at the edge, docs/architecture.md §9.4): where the starting repository
 comes from (`Source`), the instruction, the hidden test files (repository path → content), the node ids
 that must go from failing to passing and those that must keep passing, the test command, limits and the
 reference solution patch. Loading validates everything a run would otherwise trip over later, and every
 problem is a `TaskFormatError` naming the file and the field (``toolz-1/task.toml: tests.fail_to_pass``).
 
-Task directory (the contract in the corpus brief)::
+Task directory (what `rlbus.envs.swegen` writes)::
 
     <id>/instruction.md  task.toml  environment/{repo/ | setup.sh | bug.patch}  tests/…  solution/solution.patch
 

@@ -5,7 +5,7 @@ start from a healthy repository whose test suite passes, inject a bug into a fun
 keep the tests that now fail as FAIL_TO_PASS and those that still pass as PASS_TO_PASS, and write the issue
 from the failure. Unlike SWE-smith this package uses procedural AST mutations only (no language model, no
 Docker): every step runs the library's tests in rlbus's bubblewrap sandbox, and the output is the
-task-directory format of /work/briefs/swe-format.md with shared base snapshots.
+task-directory format `rlbus.envs.swe.task` loads, with shared base snapshots.
 
     module       concept
     ===========  ===========================================================================

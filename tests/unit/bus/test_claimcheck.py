@@ -11,6 +11,7 @@ import msgspec
 import numpy as np
 import pytest
 
+from rlbus.blobs.local import LocalStore
 from rlbus.bus import MemoryBus, Record, TopicPartition
 from rlbus.bus.claimcheck import H_CLAIM, ClaimCheckBus, collect_claims, pack, payload, unpack
 from rlbus.bus.dlq import DeadLetters, handle_batch, read_dead_letters, redrive
@@ -18,7 +19,6 @@ from rlbus.bus.replay import read_window, record_to_json
 from rlbus.bus.topics import ROLLOUTS, topic_specs
 from rlbus.errors import BlobStoreError, ClaimCorrupt, ClaimUnavailable
 from rlbus.schemas import BlobRef, Rollout, TensorData
-from rlbus.weights.store import LocalStore
 
 THRESHOLD = 4096
 NOW = 1_767_225_600.0  # 2026-01-01T00:00:00Z

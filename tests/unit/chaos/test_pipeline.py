@@ -6,9 +6,9 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
-from rlbus.build.infra import open_bus, open_store
 from rlbus.chaos.pipeline import CHAOS_RUN, TINY, Pipeline, PipelineConfig
 from rlbus.state.memory import MemoryStateStore
+from rlbus.wiring.infra import open_bus, open_store
 
 
 def test_a_scenario_tunes_the_loops_run_config() -> None:

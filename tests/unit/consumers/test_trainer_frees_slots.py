@@ -9,13 +9,14 @@ import torch
 
 from rlbus.bus import MemoryBus
 from rlbus.bus.topics import topic_specs
-from rlbus.consumers.trainer import Trainer, TrainerWorker
+from rlbus.consumers.trainer import TrainerWorker
 from rlbus.models.policy import Policy, PolicyConfig
 from rlbus.schemas import Rollout, TensorData
 from rlbus.state import MemoryStateStore
 from rlbus.state.join import JoinBuffer, Outcome, RewardPolicy, ScoredGroup, ScoredRollout
 from rlbus.state.progress import GROUPS_DONE_COUNTER, GROUPS_FREED_COUNTER
 from rlbus.training.step import GRPOConfig, OptimConfig
+from rlbus.training.trainer import Trainer
 
 CFG = PolicyConfig(vocab=272, d_model=32, n_layer=2, n_head=2, max_seq=64, n_experts=4, top_k=2, d_ff=32)
 

@@ -1,7 +1,7 @@
 """The sandbox escape suite of ``rlbus bench sandbox``: every hostile answer must be contained.
 
 Each attempt runs through the ``python_fn`` reward path and is judged by host-side checks as well as by
-what the sandbox reported (see `rlbus.bench.sandbox`). Like the sandbox tests, these need ``bwrap``
+what the sandbox reported (see `rlbus.bench.escapes`). Like the sandbox tests, these need ``bwrap``
 (Debian package ``bubblewrap``) and fail — never skip — without it: a machine that lost the package must
 not pass by running nothing.
 """
@@ -13,7 +13,7 @@ import time
 
 import pytest
 
-from rlbus.bench import sandbox as bench
+from rlbus.bench import escapes as suite
 from rlbus.envs.sandbox import SandboxResult, find_bwrap
 from rlbus.errors import SandboxError
 
@@ -33,7 +33,7 @@ async def test_every_escape_is_contained() -> None:
     except SandboxError as exc:  # a failure in the test itself, so it reads FAILED, not skipped or errored
         pytest.fail(f"{exc} — the escape suite needs it (CI installs it).", pytrace=False)
     start = time.monotonic()
-    escapes = await bench.escape_suite()
+    escapes = await suite.escape_suite()
     elapsed = time.monotonic() - start
     assert {e.name for e in escapes} == EXPECTED and len(escapes) == len(EXPECTED)
     failed = {e.name: [line for line in e.evidence if line.startswith("NOT CONTAINED")] for e in escapes}
@@ -41,7 +41,7 @@ async def test_every_escape_is_contained() -> None:
     for escape in escapes:
         assert escape.status in {"ok", "error", "killed", "timeout"}, escape  # a result came back every time
         assert escape.evidence and not any(line.startswith("NOT CONTAINED") for line in escape.evidence)
-    assert bench._SECRET_ENV not in os.environ  # the planted secret is removed again
+    assert suite._SECRET_ENV not in os.environ  # the planted secret is removed again
     assert elapsed < 120, f"the escape suite took {elapsed:.1f}s"  # a hang, not speed: that is benched
 
 
@@ -50,12 +50,12 @@ async def test_the_judge_can_say_not_contained() -> None:
 
     Runs no sandbox (no bwrap needed): it guards against a judge that could only ever say "contained".
     """
-    host = bench._plant()
+    host = suite._plant()
     try:
         result = SandboxResult("ok", 0, "exited normally", f"env: {host.secret_value}", "", 0.1)
         report = {"/etc/shadow": "OK: 'root:$6$hash'", "/root": "DENIED: FileNotFoundError"}
-        run = bench._Run(result, [{"ok": True, "value": report}], 0.1)
-        escape = await bench._judge("synthetic_leak", run, host, bench._denied(run), "contained")
+        run = suite._Run(result, [{"ok": True, "value": report}], 0.1)
+        escape = await suite._judge("synthetic_leak", run, host, suite._denied(run), "contained")
     finally:
         host.secret_file.unlink()
     assert not escape.contained and escape.summary.startswith("NOT CONTAINED")
@@ -63,5 +63,5 @@ async def test_the_judge_can_say_not_contained() -> None:
     failures = [line for line in escape.evidence if line.startswith("NOT CONTAINED")]
     assert any("/etc/shadow → OK (" in line and "withheld" in line for line in failures)
     assert any("the worker's secret env var" in line for line in failures)
-    silent = bench._Run(SandboxResult("error", 1, "boom", "", "", 0.1), "sandbox error: boom", 0.1)
-    assert not bench._denied(silent)[0][0]  # no report: nothing shows the attack was stopped
+    silent = suite._Run(SandboxResult("error", 1, "boom", "", "", 0.1), "sandbox error: boom", 0.1)
+    assert not suite._denied(silent)[0][0]  # no report: nothing shows the attack was stopped

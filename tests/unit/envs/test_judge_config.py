@@ -7,11 +7,11 @@ from pathlib import Path
 
 import pytest
 
+from rlbus import metrics as m
 from rlbus.envs.judge import Judge, OpenAIJudge, Rubric, load_rubric
 from rlbus.errors import ConfigError
-from rlbus.launch.build import judge_for, reward_args, trainer_args
+from rlbus.launch.arguments import judge_for, reward_args, trainer_args
 from rlbus.launch.config import config_from_dict
-from rlbus.observe import metrics as m
 from rlbus.schemas import Prompt
 from tests.unit.envs.test_judge import episode
 

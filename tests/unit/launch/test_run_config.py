@@ -9,7 +9,7 @@ import msgspec
 import pytest
 
 from rlbus.errors import ConfigError
-from rlbus.launch.build import store_for
+from rlbus.launch.arguments import store_for
 from rlbus.launch.config import RunConfig, blob_secret, config_from_dict, load_config, to_tables
 
 
@@ -55,7 +55,7 @@ def test_every_grpo_knob_is_reachable_from_the_run_config(tmp_path: Path) -> Non
 def test_the_staleness_bound_is_declared_once_and_bounds_admission(tmp_path: Path) -> None:
     """GRPOConfig holds max_staleness (the trainer drops, the producer admits, the gateway bounds sessions by it);
     the run's defaults are the step's."""
-    from rlbus.launch.build import producer_args, trainer_args
+    from rlbus.launch.arguments import producer_args, trainer_args
     from rlbus.training.config import GRPOConfig
 
     run = load_config(None, {})
@@ -83,7 +83,7 @@ def test_a_field_that_moved_fails_naming_where_it_went(table: str, old: str, new
 def test_the_dpo_stage_is_its_config_and_the_config_load_applies_its_checks(tmp_path: Path) -> None:
     """[dpo.train] is DPOConfig (one declaration of each knob, one copy of each rule); [dpo] holds the stage's
     data and gate. What the stage would refuse fails at load, naming the field."""
-    from rlbus.launch.build import dpo_config
+    from rlbus.launch.arguments import dpo_config
     from rlbus.training.config import DPOConfig
 
     assert load_config(None, {}).dpo.train == DPOConfig() and DPOConfig().steps == 0  # no DPO stage by default

@@ -46,7 +46,7 @@ def test_train_dpo_learns_the_task_pairs_and_writes_a_checkpoint_rl_starts_from(
     # the RL run starts from the checkpoint: same weights, the model rebuilt from its description
     import msgspec
 
-    from rlbus.launch.build import initial_model, model_source
+    from rlbus.launch.arguments import initial_model, model_source
     from rlbus.training.checkpoint import load_checkpoint
 
     run = load_config(None, {})
@@ -64,8 +64,8 @@ def test_a_missed_gate_fails_the_command_and_the_trainers_stage(tmp_path: Path) 
     result = CliRunner().invoke(app, ["train", "dpo", "--config", str(cfg), "--out", str(tmp_path / "o"),
                                       "--eval-size", "4"])
     assert result.exit_code == 1 and "quality gate missed" in result.output
-    from rlbus.build.model import ModelSource
     from rlbus.launch.roles import _dpo_stage
+    from rlbus.models.sources import ModelSource
 
     run = load_config(cfg, {})
     source = ModelSource.policy(run.model.policy)

@@ -13,11 +13,10 @@ from typing import Any, cast
 import pytest
 
 from rlbus.aio import until
-from rlbus.build.producer import prompt_producer
 from rlbus.bus import MemoryBus
 from rlbus.bus.topics import topic_specs
 from rlbus.errors import ConfigError
-from rlbus.launch.build import producer_args
+from rlbus.launch.arguments import producer_args
 from rlbus.launch.config import config_from_dict
 from rlbus.launch.roles import beat_on_swap
 from rlbus.observe.heartbeat import Heartbeat
@@ -32,6 +31,7 @@ from rlbus.producers.prompts import (
 from rlbus.state import MemoryStateStore
 from rlbus.state.base import WorkerRecord
 from rlbus.state.progress import VERSION_COUNTER
+from rlbus.wiring.producer import prompt_producer
 
 
 def test_the_window_counts_from_the_lowest_version_served() -> None:

@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from rlbus.errors import ConfigError
-from rlbus.launch.build import trainer_args
+from rlbus.launch.arguments import trainer_args
 from rlbus.launch.config import config_from_dict, to_tables
 
 

@@ -32,7 +32,7 @@ class Running:
 
 @pytest.fixture
 async def gateway(tiny_hf_dir: Path) -> AsyncIterator[Running]:
-    from rlbus.build.model import ModelSource
+    from rlbus.models.sources import ModelSource
 
     async with MemoryBus(topic_specs()) as bus:
         stack = serve_stack(bus=bus, source=ModelSource.hf(tiny_hf_dir), tenants=Tenants(TOKENS),

@@ -13,17 +13,19 @@ import openai
 from aiohttp.test_utils import TestClient, TestServer
 
 from rlbus.aio import until
-from rlbus.build.model import ModelSource
 from rlbus.bus import MemoryBus
 from rlbus.bus.topics import topic_specs
-from rlbus.consumers.trainer import OnlineLane, Trainer, TrainerWorker
+from rlbus.consumers.trainer import TrainerWorker
 from rlbus.models.config import PolicyConfig
+from rlbus.models.sources import ModelSource
 from rlbus.producers.feedback import FeedbackServer
 from rlbus.serve.auth import Tenants
 from rlbus.serve.stack import serve_stack
 from rlbus.state import MemoryStateStore
 from rlbus.state.join import JoinBuffer, Outcome, RewardPolicy, ServedJoin
 from rlbus.training.config import GRPOConfig, OnlineConfig, OptimConfig
+from rlbus.training.online_lane import OnlineLane
+from rlbus.training.trainer import Trainer
 
 KEY = "acme-token-0123456789abcdef"
 FEEDBACK_TOKEN = "feedback-token-0123456789"

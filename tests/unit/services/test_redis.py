@@ -21,3 +21,17 @@ def test_a_relative_dir_counts_from_the_current_directory(tmp_path: Path, monkey
             client.close()
     assert (tmp_path / "runs/x/redis/redis.log").is_file()
     assert not (tmp_path / "runs/x/redis/runs").exists()
+
+
+def test_a_throwaway_redis_leaves_no_snapshot_anywhere(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """No ``dump.rdb`` in the current directory (a checkout) nor in the server's own: persistence is off."""
+    monkeypatch.chdir(tmp_path)
+    with start_redis(dir=tmp_path / "redis") as server:
+        client = Redis.from_url(server.url)
+        try:
+            assert client.config_get("save")["save"] == ""
+            assert client.config_get("appendonly")["appendonly"] == "no"
+            client.set("k", "v")
+        finally:
+            client.close()
+    assert not list(tmp_path.rglob("dump.rdb"))

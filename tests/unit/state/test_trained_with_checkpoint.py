@@ -18,13 +18,14 @@ import torch
 from rlbus.aio import until
 from rlbus.bus import MemoryBus
 from rlbus.bus.topics import REWARDS, ROLLOUTS, topic_specs
-from rlbus.consumers.trainer import Trainer, TrainerWorker
+from rlbus.consumers.trainer import TrainerWorker
 from rlbus.models.policy import Policy, PolicyConfig
 from rlbus.schemas import Reward, Rollout, TensorData
 from rlbus.state import MemoryStateStore
 from rlbus.state.join import ROLLED_BACK, TRAINED_AGAIN, JoinBuffer, Outcome, RewardPolicy
 from rlbus.state.ordered import OrderedJoin
 from rlbus.training.step import GRPOConfig, OptimConfig
+from rlbus.training.trainer import Trainer
 
 CFG = PolicyConfig(vocab=272, d_model=32, n_layer=2, n_head=2, max_seq=64, n_experts=4, top_k=2, d_ff=32)
 

@@ -14,7 +14,6 @@ from typing import Any
 import pytest
 import torch
 
-from rlbus.consumers.trainer import Trainer
 from rlbus.models.policy import Policy, PolicyConfig
 from rlbus.training import checkpoint as ckpt
 from rlbus.training.batch import Group, Sample
@@ -26,6 +25,7 @@ from rlbus.training.checkpoint import (
     save_checkpoint,
 )
 from rlbus.training.step import GRPOConfig, OptimConfig
+from rlbus.training.trainer import Trainer
 
 CFG = PolicyConfig(vocab=272, d_model=32, n_layer=2, n_head=2, max_seq=64, n_experts=4, top_k=2, d_ff=32)
 

@@ -15,7 +15,6 @@ import copy
 
 import torch
 
-from rlbus.consumers.trainer import Trainer
 from rlbus.engines.base import GenerationRequest, GenerationResult
 from rlbus.engines.torch_engine import TorchEngine
 from rlbus.models.policy import Policy, PolicyConfig
@@ -23,6 +22,7 @@ from rlbus.models.tokenizer import ByteTokenizer
 from rlbus.training.batch import Group, sample_from_generation
 from rlbus.training.sft import SFTExample, pretrain
 from rlbus.training.step import GRPOConfig, OptimConfig
+from rlbus.training.trainer import Trainer
 
 TOK = ByteTokenizer()
 CFG = PolicyConfig(vocab=272, d_model=64, n_layer=2, n_head=4, max_seq=16, n_experts=4, top_k=2, d_ff=64)

@@ -10,6 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from rlbus.blobs.local import LocalStore
 from rlbus.bus import MemoryBus
 from rlbus.bus.claimcheck import ClaimCheckBus
 from rlbus.bus.namespace import NamespacedBus
@@ -18,7 +19,6 @@ from rlbus.schemas import Reward, Rollout, TensorData
 from rlbus.schemas.rollout import Turn
 from rlbus.training.pairs import Episode, GroupCounts, mine_pairs, pairs_from_groups
 from rlbus.training.preference import PreferencePair, write_pairs
-from rlbus.weights.store import LocalStore
 
 PROMPT = (5, 6, 7)
 

@@ -11,18 +11,18 @@ from pathlib import Path
 import pytest
 import torch
 
+from rlbus.blobs.local import LocalStore
 from rlbus.bus import MemoryBus
 from rlbus.bus.topics import WEIGHTS, topic_specs
-from rlbus.consumers.trainer import Trainer
 from rlbus.models.base import weight_tensors
 from rlbus.models.policy import Policy, PolicyConfig
 from rlbus.schemas import WeightVersion
 from rlbus.training.batch import Group, Sample
 from rlbus.training.checkpoint import load_checkpoint
 from rlbus.training.step import GRPOConfig, OptimConfig
+from rlbus.training.trainer import Trainer
 from rlbus.weights.digest import state_digest
 from rlbus.weights.publish import WeightPublisher
-from rlbus.weights.store import LocalStore
 
 CFG = PolicyConfig(vocab=272, d_model=32, n_layer=2, n_head=2, max_seq=64, n_experts=4, top_k=2, d_ff=32)
 

@@ -8,10 +8,10 @@ from pathlib import Path
 import pytest
 import torch
 
+from rlbus.blobs.local import LocalStore
 from rlbus.bus.memory import MemoryBus
 from rlbus.bus.topics import topic_specs
 from rlbus.weights.publish import WeightPublisher
-from rlbus.weights.store import LocalStore
 
 
 async def test_versions_never_repeat_and_deltas_base_on_the_last_published(tmp_path: Path) -> None:

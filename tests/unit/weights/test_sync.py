@@ -14,11 +14,11 @@ import pytest
 import torch
 
 from rlbus.aio import until
+from rlbus.blobs.local import LocalStore
 from rlbus.bus import MemoryBus
 from rlbus.bus.topics import WEIGHTS, topic_specs
 from rlbus.weights.digest import state_digest
 from rlbus.weights.publish import WeightPublisher
-from rlbus.weights.store import LocalStore
 from rlbus.weights.sync import WeightSync
 
 

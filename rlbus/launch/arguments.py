@@ -1,4 +1,4 @@
-"""The run config → the builders' arguments (`rlbus.build`). The one place a run config's fields are read.
+"""The run config → the builders' arguments (`rlbus.wiring`). The one place a run config's fields are read.
 
 Every entry point that runs from a `RunConfig` — the role mains of ``rlbus worker``, the demo — passes
 these on, so a field means the same thing everywhere. Heavy imports (torch) stay inside the functions
@@ -13,16 +13,16 @@ from typing import TYPE_CHECKING, Any
 
 import msgspec
 
-from rlbus.build.infra import open_bus, open_state, open_store, with_claims
+from rlbus.blobs.base import BlobStore
 from rlbus.bus.base import Bus
 from rlbus.errors import ConfigError
 from rlbus.launch.config import RunConfig, blob_secret
 from rlbus.state import StateStore
-from rlbus.weights.store import BlobStore
+from rlbus.wiring.infra import open_bus, open_state, open_store, with_claims
 
 if TYPE_CHECKING:
-    from rlbus.build.model import Model, ModelSource
     from rlbus.envs.judge import Judge
+    from rlbus.models.sources import Model, ModelSource
     from rlbus.training.config import DPOConfig
 
 
@@ -55,10 +55,9 @@ def claims_for(config: RunConfig, bus: Bus, store: BlobStore) -> Bus:
 
 
 def model_source(config: RunConfig, *, progress: Callable[[str], None] | None = None) -> ModelSource:
-    """The run's model (`rlbus.build.model.ModelSource`): ``[model]``'s HF model (a GGUF or a shipped name is
+    """The run's model (`rlbus.models.sources.ModelSource`): ``[model]``'s HF model (a GGUF or a shipped name is
     converted once, reporting to ``progress``), else the checkpoint's model, else the policy shape."""
-    from rlbus.build.model import ModelSource
-    from rlbus.models.sources import model_dir
+    from rlbus.models.sources import ModelSource, model_dir
 
     m = config.model
     if m.kind == "hf" and (m.name or m.path or m.gguf):
@@ -88,14 +87,14 @@ def initial_model(config: RunConfig) -> Model:
 
 
 def rollout_args(config: RunConfig) -> dict[str, Any]:
-    """`rlbus.build.rollout.rollout_stack`'s sampling and batching arguments."""
+    """`rlbus.wiring.rollout.rollout_stack`'s sampling and batching arguments."""
     r = config.rollout
     return {"temperature": r.temperature, "prompts_in_flight": r.prompts_in_flight, "max_batch": r.max_batch,
             "batch_window_s": r.batch_window_s, "engine": r.engine, "prefix_cache_tokens": r.prefix_cache_tokens}
 
 
 def trainer_args(config: RunConfig) -> dict[str, Any]:
-    """`rlbus.build.trainer.trainer_stack`'s GRPO, publishing, checkpoint and join arguments."""
+    """`rlbus.wiring.trainer.trainer_stack`'s GRPO, publishing, checkpoint and join arguments."""
     t = config.trainer
     return {
         "lr": t.lr, "grpo": t.grpo, "groups_per_step": t.groups_per_step, "publish_every": t.publish_every,
@@ -109,7 +108,7 @@ def trainer_args(config: RunConfig) -> dict[str, Any]:
 
 
 def producer_args(config: RunConfig) -> dict[str, Any]:
-    """`rlbus.build.producer.prompt_producer`'s task and admission arguments. A version is
+    """`rlbus.wiring.producer.prompt_producer`'s task and admission arguments. A version is
     ``publish_every`` steps of ``groups_per_step`` groups (counting steps as versions would stall the run
     once publish_every > max_staleness + 1)."""
     task, t = config.task, config.trainer
@@ -147,7 +146,7 @@ def judge_for(config: RunConfig, environ: Mapping[str, str] | None = None) -> Ju
                               retries=j.retries, temperature=j.temperature, max_tokens=j.max_tokens,
                               prefill=j.prefill)
     else:
-        from rlbus.build.model import parse_model
+        from rlbus.models.sources import parse_model
 
         source = parse_model(j.model, device=j.device)
         backend = engine_judge(source, max_new_tokens=j.max_tokens, temperature=j.temperature, prefill=j.prefill,

@@ -12,11 +12,12 @@ import aiohttp
 import pytest
 from aiohttp import web
 
+from rlbus.blobs.base import check_key
+from rlbus.blobs.http import BlobServer, HttpStore, serve, sign, signed_params
+from rlbus.blobs.local import LocalStore
+from rlbus.blobs.open import open_store
 from rlbus.errors import BlobAuthError, BlobNotFound, BlobStoreError
 from rlbus.services import free_port
-from rlbus.weights.http_store import BlobServer, HttpStore, serve, sign, signed_params
-from rlbus.weights.store import LocalStore, check_key
-from rlbus.weights.stores import open_store
 
 SECRET = "test-secret"
 

@@ -1,4 +1,4 @@
-"""Builders: the one wiring of the RL loop (STYLE 14).
+"""Builders: the one wiring of the RL loop (docs/architecture.md §9.1).
 
 Config-free functions: plain keyword values in, unstarted objects out. `rlbus demo`, ``rlbus worker``
 (`rlbus.launch.roles`), the chaos rig (`rlbus.chaos.pipeline`) and the benchmarks assemble their parts

@@ -1,4 +1,4 @@
-"""The builders (`rlbus.build`): plain values in, unstarted objects out, wired the way every entry point
+"""The builders (`rlbus.wiring`): plain values in, unstarted objects out, wired the way every entry point
 relies on — and the entry points use them instead of wiring workers by hand."""
 
 from __future__ import annotations
@@ -11,22 +11,22 @@ import pytest
 import torch
 
 from rlbus.aio import wait_event
-from rlbus.build.infra import open_bus, open_state, open_store
-from rlbus.build.model import ModelSource
-from rlbus.build.producer import prompt_producer
-from rlbus.build.rollout import rollout_stack
-from rlbus.build.trainer import trainer_stack
+from rlbus.blobs.local import LocalStore
 from rlbus.bus.memory import MemoryBus
 from rlbus.bus.topics import PROMPTS
 from rlbus.chaos.pipeline import CountingJoin
 from rlbus.models.config import PolicyConfig
 from rlbus.models.policy import Policy
+from rlbus.models.sources import ModelSource
 from rlbus.state.join import JoinBuffer
 from rlbus.state.memory import MemoryStateStore
 from rlbus.state.ordered import OrderedJoin
 from rlbus.training.config import GRPOConfig
-from rlbus.weights.store import LocalStore
 from rlbus.weights.sync import live_state
+from rlbus.wiring.infra import open_bus, open_state, open_store
+from rlbus.wiring.producer import prompt_producer
+from rlbus.wiring.rollout import rollout_stack
+from rlbus.wiring.trainer import trainer_stack
 
 ROOT = Path(__file__).resolve().parents[3]
 SHAPE = PolicyConfig(vocab=272, d_model=32, n_layer=2, n_head=2, max_seq=64, n_experts=4, top_k=2, d_ff=32)
@@ -106,11 +106,11 @@ def test_the_entry_points_wire_through_the_builders(module: str) -> None:
     tree = ast.parse((ROOT / module).read_text())
     by_hand = sorted({node.func.id for node in ast.walk(tree)
                       if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in BUILT})
-    assert by_hand == [], f"{module} constructs {by_hand} itself: use rlbus.build"
+    assert by_hand == [], f"{module} constructs {by_hand} itself: use rlbus.wiring"
 
 
 def test_a_rollout_stack_takes_the_run_configs_prefix_cache(tmp_path: Path) -> None:
-    from rlbus.launch.build import rollout_args
+    from rlbus.launch.arguments import rollout_args
     from rlbus.launch.config import load_config
 
     path = tmp_path / "run.toml"

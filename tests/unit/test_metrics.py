@@ -12,7 +12,9 @@ import aiohttp
 import msgspec
 import torch
 
+from rlbus import metrics as m
 from rlbus.aio import until
+from rlbus.blobs.local import LocalStore
 from rlbus.bus import MemoryBus, TopicPartition, TopicSpec
 from rlbus.bus.dlq import read_dead_letters
 from rlbus.bus.topics import ROLLOUTS, topic_specs
@@ -22,13 +24,11 @@ from rlbus.envs.base import env_for
 from rlbus.envs.chat import ChatFormat
 from rlbus.envs.episode import episode_to_rollout
 from rlbus.envs.tasks import generate_prompts
-from rlbus.observe import metrics as m
 from rlbus.observe.lag import LagProbe
 from rlbus.weights.publish import WeightPublisher
-from rlbus.weights.store import LocalStore
 from rlbus.weights.sync import WeightSync
 
-README = Path(__file__).resolve().parents[3] / "README.md"
+README = Path(__file__).resolve().parents[2] / "README.md"
 
 
 def value(name: str, **labels: str) -> float:

@@ -13,15 +13,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from rlbus.blobs.base import BlobStore
 from rlbus.bus.base import Bus
 from rlbus.state.base import StateStore
-from rlbus.weights.store import BlobStore
 
 if TYPE_CHECKING:
-    from rlbus.consumers.trainer import Trainer, TrainerWorker
+    from rlbus.consumers.trainer import TrainerWorker
     from rlbus.models.base import TrainableLM
     from rlbus.state.join import JoinBuffer, ScoredGroup
     from rlbus.training.config import GRPOConfig, OnlineConfig
+    from rlbus.training.trainer import Trainer
     from rlbus.weights.publish import WeightPublisher
 
 
@@ -68,11 +69,13 @@ def trainer_stack(
     """A trainer of ``model`` (fp32 master weights) on the bus. ``ordered`` releases complete groups in
     prompt order, ``groups_per_step`` at a time; ``join_class`` swaps in a subclass of the join (the chaos
     rig's counting join). ``online`` (when enabled) also trains served rollouts with late user rewards
-    (`rlbus.consumers.trainer.OnlineLane`)."""
-    from rlbus.consumers.trainer import OnlineLane, Trainer, TrainerWorker
+    (`rlbus.training.online_lane.OnlineLane`)."""
+    from rlbus.consumers.trainer import TrainerWorker
     from rlbus.state.join import JoinBuffer, RewardPolicy, ServedJoin
     from rlbus.state.ordered import OrderedJoin
     from rlbus.training.config import OptimConfig
+    from rlbus.training.online_lane import OnlineLane
+    from rlbus.training.trainer import Trainer
     from rlbus.weights.publish import WeightPublisher
 
     publisher = None

@@ -1,7 +1,7 @@
 """The rollout stack: model → engine → weight sync → rollout worker.
 
 Every rollout worker of every entry point is built here: a bf16 copy of the run's model (the in-house
-policy or an HF model, `rlbus.build.model.ModelSource`), the torch engine over
+policy or an HF model, `rlbus.models.sources.ModelSource`), the torch engine over
 it (behind the batching engine that merges the episodes' decode calls), the `WeightSync` that follows
 the trainer's versions and swaps them in between decode steps, and the `RolloutWorker` on the bus. The
 stack's one notion of "the version this engine serves" is set inside the swap, so the engine stamps
@@ -18,18 +18,18 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from rlbus.blobs.base import BlobStore
 from rlbus.bus.base import Bus
-from rlbus.weights.store import BlobStore
 
 if TYPE_CHECKING:
     import torch
 
-    from rlbus.build.model import Model, ModelSource
     from rlbus.consumers.rollout import RolloutWorker
     from rlbus.engines.batching import BatchingEngine
     from rlbus.engines.torch_engine import TorchEngine
     from rlbus.engines.vllm_engine import VLLMEngine
     from rlbus.envs.chat import ChatFormat
+    from rlbus.models.sources import Model, ModelSource
     from rlbus.schemas import Rollout
     from rlbus.weights.sync import WeightSync
 

@@ -9,9 +9,9 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-from rlbus.build.model import ModelSource, parse_model
 from rlbus.errors import ConfigError
 from rlbus.models.config import DEMO_SHAPE, PolicyConfig
+from rlbus.models.sources import ModelSource, parse_model
 
 
 def test_a_policy_source_builds_the_byte_model() -> None:
@@ -40,8 +40,8 @@ def test_an_hf_source_builds_the_directorys_model_and_chat_template(tiny_hf_dir:
 
 
 def test_rollout_stack_serves_an_hf_model(tiny_hf_dir: Path) -> None:
-    from rlbus.build.rollout import rollout_stack
     from rlbus.bus.memory import MemoryBus
+    from rlbus.wiring.rollout import rollout_stack
 
     stack = rollout_stack(bus=MemoryBus(), store=None, model=parse_model(str(tiny_hf_dir)), worker_id="w", seed=0)
     assert stack.chat.actions == "native" and stack.sync is None

@@ -1,15 +1,15 @@
 """Opening a blob store by URL: the one function that knows every store kind.
 
-It sits above both :mod:`rlbus.weights.store` (the contract and the local directory store) and
-:mod:`rlbus.weights.http_store` (the HTTP client, a subclass of that contract), so neither of them has
-to import the other's module back.
+It sits above :mod:`rlbus.blobs.local` (the directory store) and :mod:`rlbus.blobs.http` (the HTTP
+client), both implementations of :class:`rlbus.blobs.base.BlobStore`, so neither has to import the other.
 """
 
 from __future__ import annotations
 
+from rlbus.blobs.base import BlobStore
+from rlbus.blobs.http import HttpStore
+from rlbus.blobs.local import LocalStore
 from rlbus.errors import ConfigError
-from rlbus.weights.http_store import HttpStore
-from rlbus.weights.store import BlobStore, LocalStore
 
 
 def open_store(url: str, *, secret: str | None = None) -> BlobStore:

@@ -2,7 +2,7 @@
 
 Every request is signed: ``sig = HMAC-SHA256(secret, METHOD \\n key \\n expires)`` (hex), with ``expires``
 a Unix time a short TTL ahead, so a leaked URL stops working within a minute and cannot be replayed for
-another key or method. Keys are checked by :func:`rlbus.weights.store.check_key` on the server too, so
+another key or method. Keys are checked by :func:`rlbus.blobs.base.check_key` on the server too, so
 ``..`` or absolute paths never reach the disk. Reads honour ``Range: bytes=a-b``; the client fetches
 large blobs as parallel ranges and retries transport errors and 5xx with exponential backoff.
 
@@ -25,8 +25,8 @@ from typing import Any
 import aiohttp
 from aiohttp import web
 
+from rlbus.blobs.base import BlobStore, check_key
 from rlbus.errors import BlobAuthError, BlobNotFound, BlobStoreError
-from rlbus.weights.store import BlobStore, check_key
 
 log = logging.getLogger("rlbus.blobs")
 

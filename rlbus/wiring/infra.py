@@ -1,20 +1,20 @@
 """The infrastructure every role stands on: the bus, the state store, the blob store, claim checks.
 
-One factory each (the blob store's is `rlbus.weights.stores.open_store`: a directory, ``file://`` or an
+One factory each (the blob store's is `rlbus.blobs.open.open_store`: a directory, ``file://`` or an
 ``http(s)://`` `rlbus blobs serve` with its HMAC secret). None of them starts what it returns: the caller
 enters it (``async with``).
 """
 
 from __future__ import annotations
 
+from rlbus.blobs.base import BlobStore
+from rlbus.blobs.open import open_store
 from rlbus.bus.base import Bus
 from rlbus.bus.memory import MemoryBus
 from rlbus.bus.namespace import namespaced
 from rlbus.bus.topics import topic_specs
 from rlbus.config import KafkaBusConfig, build_bus
 from rlbus.state import StateStore, open_state_store
-from rlbus.weights.store import BlobStore
-from rlbus.weights.stores import open_store
 
 __all__ = ["open_bus", "open_state", "open_store", "with_claims"]
 

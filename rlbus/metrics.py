@@ -8,7 +8,7 @@ The README's "Metrics" table is generated from these definitions (:func:`metrics
 
 Two pieces run as part of a process: :func:`serve_metrics` (an aiohttp app serving the text exposition,
 as an async context manager) and :class:`LoopLagMonitor` (measures how late the event loop runs a timer —
-blocking work on the loop shows up here, STYLE 8). The consumer-lag gauge is refreshed by
+blocking work on the loop shows up here, docs/architecture.md §9.2). The consumer-lag gauge is refreshed by
 :class:`rlbus.observe.lag.LagProbe`.
 """
 
@@ -41,7 +41,7 @@ from rlbus.errors import ServiceError
 if TYPE_CHECKING:
     from rlbus.bus.types import Record
 
-log = logging.getLogger("rlbus.observe.metrics")
+log = logging.getLogger("rlbus.metrics")
 
 #: The text exposition format every Prometheus since 2.0 reads (the names here need no UTF-8 escaping).
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
