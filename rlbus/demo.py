@@ -259,13 +259,14 @@ class Demo:
         # sync: nothing may lag (the trainer drops stale rollouts, the producer admits one batch per version)
         produce, train = producer_args(run), trainer_args(run)
         staleness = 0 if c.mode == "sync" else produce["max_staleness"]
+        produce["max_staleness"] = staleness
+        train["grpo"] = msgspec.structs.replace(train["grpo"], max_staleness=staleness)
         bus = open_bus(None, partitions=4)
         await bus.start()
         state = open_state(run.state.url)
         self.bus, self.state = bus, state
         store_url = str(self.run_dir / "blobs")
         store = open_store(store_url)
-        train["grpo"] = msgspec.structs.replace(train["grpo"], max_staleness=staleness)
         trainer = trainer_stack(bus=bus, state=state, store=store, store_url=store_url, model=model, **train,
                                 max_steps=c.rl_steps, on_step=self._on_step)
         self.trainer, self.publisher, self.join = trainer.trainer, trainer.publisher, trainer.join
@@ -279,7 +280,7 @@ class Demo:
         self.syncs = [s.sync for s in stacks if s.sync is not None]
         self.rollout_workers = [s.worker for s in stacks]
         producer = self.producer = prompt_producer(
-            bus=bus, state=state, **{**produce, "max_staleness": staleness},
+            bus=bus, state=state, **produce,
             run_id=f"demo-s{c.seed}",  # prompt ids, hence partitions, follow the seed: runs repeat
         )
         reward_worker = RewardWorker(bus=bus, **reward_args(run))
