@@ -163,7 +163,7 @@ def producer_args(config: RunConfig) -> ProducerArgs:
 
 
 class RewardArgs(TypedDict):
-    """`rlbus.consumers.reward.RewardWorker`'s scoring arguments (``[reward]``; the judge built, with kind judge
+    """`rlbus.wiring.reward.reward_worker`'s scoring arguments (``[reward]``; the judge built, with kind judge
     or both)."""
 
     kind: str

@@ -25,6 +25,7 @@ from rlbus.training.config import GRPOConfig
 from rlbus.weights.sync import live_state
 from rlbus.wiring.infra import open_bus, open_state, open_store
 from rlbus.wiring.producer import prompt_producer
+from rlbus.wiring.reward import reward_worker
 from rlbus.wiring.rollout import rollout_stack
 from rlbus.wiring.trainer import trainer_stack
 
@@ -96,9 +97,27 @@ async def test_the_producer_numbers_prompts_from_where_the_run_left_off() -> Non
     await bus.close()
 
 
+async def test_a_reward_worker_scores_with_the_run_configs_settings() -> None:
+    from rlbus.envs.agent import reference_episode
+    from rlbus.envs.base import env_for
+    from rlbus.envs.chat import ChatFormat
+    from rlbus.envs.episode import episode_to_rollout
+    from rlbus.envs.tasks import generate_prompts
+    from rlbus.launch.arguments import reward_args
+    from rlbus.launch.config import config_from_dict
+
+    args = reward_args(config_from_dict({"reward": {"concurrency": 3}}, {}))
+    worker = reward_worker(bus=MemoryBus(), worker_id="reward-a", **args)
+    assert (worker.kind, worker.group, worker.worker_id, worker._concurrency) == (
+        "verifier", "reward-verifier", "reward-a", 3)
+    prompt = generate_prompts("arith", seed=0, n=1, config={"digits": 1})[0]
+    episode = await reference_episode(env_for(prompt), prompt, chat=ChatFormat.for_byte_tokenizer())  # type: ignore[arg-type]
+    assert (await worker.score(episode_to_rollout(episode, prompt=prompt, group_index=0))).value == 1.0
+
+
 #: Classes only the builders construct: an entry point that builds one by hand is a second wiring.
 BUILT = {"RolloutWorker", "TrainerWorker", "Trainer", "WeightSync", "WeightPublisher", "PromptProducer",
-         "TorchEngine", "BatchingEngine", "JoinBuffer", "OrderedJoin"}
+         "RewardWorker", "TorchEngine", "BatchingEngine", "JoinBuffer", "OrderedJoin"}
 
 
 @pytest.mark.parametrize("module", ["rlbus/demo.py", "rlbus/launch/roles.py", "rlbus/chaos/pipeline.py"])
