@@ -128,6 +128,23 @@ def test_the_entry_points_wire_through_the_builders(module: str) -> None:
     assert by_hand == [], f"{module} constructs {by_hand} itself: use rlbus.wiring"
 
 
+#: Where each engine class may be constructed: the torch chain's one builder (and the vLLM rollout stack's
+#: batching engine, over vLLM).
+ENGINE_BUILDERS = {"TorchEngine": {"rlbus/engines/torch_stack.py"},
+                   "BatchingEngine": {"rlbus/engines/torch_stack.py", "rlbus/wiring/rollout.py"}}
+
+
+def test_the_torch_chain_is_built_in_one_place() -> None:
+    """Rollout workers, the engine judge, the evaluation, ``rlbus generate`` and the benchmarks all serve a
+    model through `rlbus.engines.torch_stack`."""
+    found: dict[str, set[str]] = {name: set() for name in ENGINE_BUILDERS}
+    for path in sorted((ROOT / "rlbus").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in found:
+                found[node.func.id].add(str(path.relative_to(ROOT)))
+    assert found == ENGINE_BUILDERS
+
+
 def test_a_rollout_stack_takes_the_run_configs_prefix_cache(tmp_path: Path) -> None:
     from rlbus.launch.arguments import rollout_args
     from rlbus.launch.config import load_config
