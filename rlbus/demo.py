@@ -51,7 +51,6 @@ import msgspec
 import torch
 
 from rlbus.bus.base import Bus
-from rlbus.consumers.reward import RewardWorker
 from rlbus.consumers.rollout import RolloutWorker, episode_threads
 from rlbus.envs.evaluate import evaluate as run_evaluation
 from rlbus.envs.evaluate import held_out_prompts
@@ -76,6 +75,7 @@ from rlbus.weights.publish import WeightPublisher
 from rlbus.weights.sync import WeightSync
 from rlbus.wiring.infra import open_bus, open_state, open_store
 from rlbus.wiring.producer import prompt_producer
+from rlbus.wiring.reward import reward_worker
 from rlbus.wiring.rollout import RolloutStack, rollout_stack
 from rlbus.wiring.trainer import trainer_stack
 
@@ -259,13 +259,14 @@ class Demo:
         # sync: nothing may lag (the trainer drops stale rollouts, the producer admits one batch per version)
         produce, train = producer_args(run), trainer_args(run)
         staleness = 0 if c.mode == "sync" else produce["max_staleness"]
+        produce["max_staleness"] = staleness
+        train["grpo"] = msgspec.structs.replace(train["grpo"], max_staleness=staleness)
         bus = open_bus(None, partitions=4)
         await bus.start()
         state = open_state(run.state.url)
         self.bus, self.state = bus, state
         store_url = str(self.run_dir / "blobs")
         store = open_store(store_url)
-        train["grpo"] = msgspec.structs.replace(train["grpo"], max_staleness=staleness)
         trainer = trainer_stack(bus=bus, state=state, store=store, store_url=store_url, model=model, **train,
                                 max_steps=c.rl_steps, on_step=self._on_step)
         self.trainer, self.publisher, self.join = trainer.trainer, trainer.publisher, trainer.join
@@ -279,10 +280,10 @@ class Demo:
         self.syncs = [s.sync for s in stacks if s.sync is not None]
         self.rollout_workers = [s.worker for s in stacks]
         producer = self.producer = prompt_producer(
-            bus=bus, state=state, **{**produce, "max_staleness": staleness},
+            bus=bus, state=state, **produce,
             run_id=f"demo-s{c.seed}",  # prompt ids, hence partitions, follow the seed: runs repeat
         )
-        reward_worker = RewardWorker(bus=bus, **reward_args(run))
+        scorer = reward_worker(bus=bus, **reward_args(run))
         stop = asyncio.Event()
         rl_started = self.rl_started = time.monotonic()
         async with asyncio.TaskGroup() as tasks:
@@ -290,7 +291,7 @@ class Demo:
                 tasks.create_task(sync.run(stop))
             await asyncio.gather(*(sync.ready.wait() for sync in self.syncs))
             tasks.create_task(trainer.worker.run(stop))
-            tasks.create_task(reward_worker.run(stop))
+            tasks.create_task(scorer.run(stop))
             for worker in self.rollout_workers:
                 tasks.create_task(worker.run(stop))
             for worker in self.rollout_workers:  # every worker in the group before the first prompt

@@ -15,7 +15,7 @@ from typing import Any, Literal
 import torch
 
 from rlbus.engines.base import GenerationRequest
-from rlbus.engines.torch_engine import TorchEngine
+from rlbus.engines.torch_stack import torch_stack
 from rlbus.models.sources import ModelSource
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
@@ -53,8 +53,7 @@ def one_turn(
     ]
     ids, _ = chat.render_messages(messages)
     ids += chat.model_header
-    model = source.build(DTYPES[dtype]).eval()
-    engine = TorchEngine(model, tokenizer=chat, seed=seed, pad_id=source.pad_id)
+    engine = torch_stack(source, dtype=DTYPES[dtype], seed=seed).engine
     request = GenerationRequest(
         prompt_ids=tuple(ids), max_new_tokens=max_new_tokens, temperature=0.0 if greedy else temperature,
         stop_token_ids=chat.stop_ids, seed=seed,

@@ -117,7 +117,7 @@ async def _swap(directory: Path, steps: int, tok: Any, engine_for_rollouts: Any)
 
 
 def run(quick: bool = False, json_path: Path | None = None) -> dict[str, Any]:
-    from rlbus.engines.torch_engine import TorchEngine
+    from rlbus.engines.torch_stack import torch_stack
     from rlbus.engines.vllm_engine import VLLMEngine
     from rlbus.models.sources import load_hf, load_tokenizer, model_dir
 
@@ -131,14 +131,13 @@ def run(quick: bool = False, json_path: Path | None = None) -> dict[str, Any]:
     # ~10× slower than one (measured: 3 vs 33 tokens/s at 8 sequences), and vLLM is bound to the same core.
     os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "0")
     torch.set_num_threads(1)
-    torch_model = load_hf(directory, dtype=torch.bfloat16).eval()
-    torch_engine = TorchEngine(torch_model, seed=0, max_batch=64)
+    torch_engine = torch_stack(load_hf(directory, dtype=torch.bfloat16), max_batch=64).engine  # no tokenizer, pad 0
     torch_tps = _throughput("torch engine", torch_engine.generate, tok, levels, new_tokens)
     t1 = time.perf_counter()
 
     print("a real GRPO step on SmolLM2, its delta into a vLLM rollout stack", flush=True)
     swap = asyncio.run(_swap(directory, 1 if quick else 2, tok, torch_engine.generate))
-    del torch_engine, torch_model
+    del torch_engine
     t2 = time.perf_counter()
 
     vllm = VLLMEngine(directory, seed=0, max_batch=64)

@@ -37,6 +37,7 @@ from rlbus.bench.codec import peers
 from rlbus.bench.common import meta, print_table, write_json
 from rlbus.engines.base import GenerationRequest, GenerationResult
 from rlbus.engines.torch_engine import TorchEngine
+from rlbus.engines.torch_stack import torch_stack
 from rlbus.envs.chat import Answer
 from rlbus.envs.tasks import generate_prompts
 from rlbus.models.base import weight_tensors
@@ -132,8 +133,8 @@ async def _run_lr(source: ModelSource, lr: float, setup: Setup, seed: int, log: 
 
     torch.manual_seed(seed)
     master = source.build(torch.float32)
-    served = source.build(torch.bfloat16).eval()
-    engine = TorchEngine(served, tokenizer=source.chat, pad_id=source.pad_id, seed=seed)
+    stack = torch_stack(source, seed=seed)
+    served, engine = stack.weights, stack.engine
     optimizer = build_optimizer(master, OptimConfig(lr=lr))
     grpo = GRPOConfig(compute_dtype="bfloat16", max_staleness=1, normalize_std=False, pad_id=source.pad_id)
     bus = MemoryBus(topic_specs())

@@ -31,7 +31,6 @@ size is that replay through the hooks runs the engine's experts token for token 
 
 from __future__ import annotations
 
-import copy
 import random
 import time
 from collections.abc import Callable
@@ -45,7 +44,7 @@ import torch
 from rlbus.bench.common import meta, print_table, write_json
 from rlbus.engines.base import GenerationRequest
 from rlbus.engines.torch_engine import TorchEngine
-from rlbus.models.base import CausalLM
+from rlbus.engines.torch_stack import inference_copy, torch_stack
 from rlbus.models.hf import HFCausalLM
 from rlbus.models.policy import Policy, PolicyConfig
 from rlbus.models.tokenizer import BOS_ID
@@ -141,8 +140,9 @@ def measure(master: Policy, setup: Setup, seed: int = 1) -> list[dict[str, Any]]
     the right tokens; ``router_own_flip_rate`` is the trainer router's own top-k against the engine's,
     the number the GRPO step reports.
     """
-    engine_model = copy.deepcopy(master).to(torch.bfloat16)
-    samples, engine_lp, recorded = generate(engine_model, setup, seed)
+    served = torch_stack(master, seed=seed)
+    engine_model = served.weights
+    samples, engine_lp, recorded = generate(served.engine, setup, seed)
     cases = []
     for name, dtype in TRAINERS:
         trainer = engine_model if name == "bf16" else master
@@ -155,8 +155,7 @@ def measure(master: Policy, setup: Setup, seed: int = 1) -> list[dict[str, Any]]
 def measure_hf(master: HFCausalLM, setup: Setup, seed: int = 1) -> list[dict[str, Any]]:
     """`measure` for an HF MoE: the bf16 engine copy generates, the fp32 master re-scores through the
     trainer's path (`HFCausalLM.features` and the LM head), with and without router replay."""
-    engine_model = copy.deepcopy(master).to(torch.bfloat16)
-    samples, engine_lp, recorded = generate(engine_model, setup, seed)
+    samples, engine_lp, recorded = generate(torch_stack(master, seed=seed).engine, setup, seed)
     cases = []
     for replay in (False, True):
         scored = rescore(samples, setup, partial(score_features, master, replay=replay), replay=replay)
@@ -165,11 +164,10 @@ def measure_hf(master: HFCausalLM, setup: Setup, seed: int = 1) -> list[dict[str
 
 
 def generate(
-    engine_model: CausalLM, setup: Setup, seed: int
+    engine: TorchEngine, setup: Setup, seed: int
 ) -> tuple[list[Sample], torch.Tensor, torch.Tensor]:
     """(samples, engine log-probs [N] of every generated token, engine experts [L, N, k] at the input
     position of every generated token) of `setup.prompts` seeded prompts, ``engine_batch`` at a time."""
-    engine = TorchEngine(engine_model, seed=seed)
     prompts = [(BOS_ID, *line.encode()[: 8 + i % 9]) for i, line in enumerate(corpus(setup.prompts, seed + 1))]
     requests = [GenerationRequest(prompt_ids=p, max_new_tokens=setup.new_tokens, temperature=1.0) for p in prompts]
     results = []
@@ -391,7 +389,7 @@ def measure_vllm(
     if moe:
         recorded = torch.cat([r.routed_experts[:, len(r.prompt_ids) - 1 :] for r in results  # [L, N, k]
                               if r.routed_experts is not None], dim=1).long()
-    bf16 = copy.deepcopy(master).to(torch.bfloat16)
+    bf16 = inference_copy(master)
     cases = []
     for name, trainer in (("bf16", bf16), ("fp32", master)):
         for replay in (False, True) if moe else (False,):

@@ -34,7 +34,7 @@ import time
 from collections import Counter
 from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rlbus.bench.common import meta, print_table, write_json
 from rlbus.envs.chat import ToolCall
@@ -50,6 +50,9 @@ from rlbus.envs.swe.tools import SCHEMAS, repo_tools
 from rlbus.envs.swe.world import open_world, task_sandbox, template
 from rlbus.errors import ConfigError
 from rlbus.training.checkpoint import latest_checkpoint
+
+if TYPE_CHECKING:
+    from rlbus.models.sources import ModelSource
 
 FIXTURES = Path(__file__).resolve().parents[2] / "tests" / "fixtures" / "swe" / "corpus"
 LEVELS = (1, 2, 4, 8)
@@ -211,9 +214,9 @@ async def _cheats(tasks: list[RepoTask]) -> dict[str, Any]:
     return {"tried": len(rows), "scored_zero": sum(r["reward"] == 0.0 for r in rows), "rows": rows}
 
 
-def _load_player(model: str | None) -> tuple[str, Any, Any, int]:
-    """(label, engine model, chat format, pad id): base SmolLM2, or a checkpoint directory from `rlbus pretrain`;
-    fp32, on the GPU when there is one."""
+def _load_player(model: str | None) -> tuple[str, ModelSource, dict[str, Any] | None]:
+    """(label, source, the checkpoint's weights): base SmolLM2, or a checkpoint directory from `rlbus pretrain`;
+    the source on the GPU when there is one."""
     import torch
 
     from rlbus.models.sources import ModelSource, parse_model
@@ -222,14 +225,12 @@ def _load_player(model: str | None) -> tuple[str, Any, Any, int]:
     device = "cuda" if torch.cuda.is_available() else "cpu"
     if model is None:
         source = parse_model("smollm2-135m-instruct", device=device)
-        return "smollm2", source.build(torch.float32).eval(), source.chat, source.pad_id
+        return "smollm2", source, None
     state = load_checkpoint(Path(model))
     if state is None:
         raise ConfigError("model", f"{model} holds no checkpoint (write one with rlbus pretrain --out)")
     policy = model_from_state(state)
-    source = ModelSource.of(policy)
-    network = policy.to(torch.device(device)) if isinstance(policy, torch.nn.Module) else policy
-    return "warm start", network.eval(), source.chat, source.pad_id
+    return "warm start", ModelSource.of(policy, device=device), policy.state_dict()
 
 
 async def _smollm2(
@@ -238,17 +239,20 @@ async def _smollm2(
     """``episodes`` episodes of base SmolLM2 (or the checkpoint ``model``), all at once through the torch
     engine (with a prefix cache of ``prefix_cache_tokens``); per episode the layout checks (trained tokens
     only inside model turns), the calls and the reward."""
-    from rlbus.engines.torch_engine import TorchEngine
+    import torch
+
+    from rlbus.engines.torch_stack import torch_stack
     from rlbus.envs.agent import run_episode
     from rlbus.envs.base import make_env
     from rlbus.envs.episode import episode_to_rollout
     from rlbus.schemas import SamplingInfo
 
-    label, network, chat, pad_id = _load_player(model)
+    label, source, weights = _load_player(model)
     if prefix_cache_tokens:
         label += " + prefix cache"
-    engine = TorchEngine(network, tokenizer=chat, pad_id=pad_id, seed=0, max_batch=episodes,
-                         prefix_cache_tokens=prefix_cache_tokens)  # fmt: skip
+    chat = source.chat
+    engine = torch_stack(source, dtype=torch.float32, initial=weights, seed=0, max_batch=episodes,
+                         prefix_cache_tokens=prefix_cache_tokens).engine
     config = {"corpus": corpus, "tasks": task_ids, "context_tokens": 4096, "max_total_tokens": 6144,
               "max_new_tokens": 128, "max_turns": 5}  # fmt: skip
     env0 = make_env("swe", config)

@@ -25,7 +25,6 @@ from typing import Any
 
 from rlbus.blobs.base import BlobStore
 from rlbus.bus.base import Bus
-from rlbus.consumers.reward import RewardWorker
 from rlbus.consumers.rollout import episode_threads
 from rlbus.launch.arguments import model_source, producer_args, reward_args, rollout_args, trainer_args
 from rlbus.launch.config import ModelSection, RewardSection, RolloutSection, RunConfig, TaskSection, TrainerSection
@@ -37,6 +36,7 @@ from rlbus.training.config import GRPOConfig
 from rlbus.weights.digest import state_digest
 from rlbus.weights.sync import live_state
 from rlbus.wiring.producer import prompt_producer
+from rlbus.wiring.reward import reward_worker
 from rlbus.wiring.rollout import rollout_stack
 from rlbus.wiring.trainer import trainer_stack
 
@@ -142,7 +142,7 @@ class Pipeline:
         self.syncs = [s.sync for s in self.stacks if s.sync is not None]
         self.rollout_workers = [s.worker for s in self.stacks]
         self.chat = self.stacks[0].chat
-        self.reward_worker = RewardWorker(bus=bus, **reward_args(run))
+        self.reward_worker = reward_worker(bus=bus, **reward_args(run))
         self.producer = prompt_producer(bus=bus, state=state, run_id=run_id, limit=config.prompts,
                                         **producer_args(run))
 

@@ -10,17 +10,17 @@ verifiable tasks). All episodes run concurrently and their decode calls are merg
 from __future__ import annotations
 
 import asyncio
-import copy
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
-
-import torch
+from typing import TYPE_CHECKING, Any
 
 from rlbus.envs.agent import run_episode
 from rlbus.envs.base import env_for
 from rlbus.envs.chat import ChatFormat
 from rlbus.schemas import Prompt, SamplingInfo
+
+if TYPE_CHECKING:
+    from rlbus.models.sources import Model
 
 
 def held_out_prompts(env: str, env_config: dict[str, Any] | None, *, seed: int, n: int) -> list[Prompt]:
@@ -41,17 +41,16 @@ class Evaluation:
 
 
 def evaluate(
-    model: torch.nn.Module, prompts: Sequence[Prompt], chat: ChatFormat, *, pad_id: int = 0, max_batch: int = 64,
+    model: Model, prompts: Sequence[Prompt], chat: ChatFormat, *, pad_id: int = 0, max_batch: int = 64,
     threshold: float = 1.0,
 ) -> Evaluation:
-    """Greedy accuracy of the bf16 cast of ``model`` on ``prompts``. Blocking (runs its own event loop)."""
+    """Greedy accuracy of the bf16 cast of ``model`` on ``prompts``: the torch engine's default 32 rows in
+    flight, up to ``max_batch`` calls merged. Blocking (runs its own event loop)."""
     import time
 
-    from rlbus.engines.batching import BatchingEngine
-    from rlbus.engines.torch_engine import TorchEngine
+    from rlbus.engines.torch_stack import torch_stack
 
-    served: Any = copy.deepcopy(model).to(torch.bfloat16).eval()
-    engine = BatchingEngine(TorchEngine(served, tokenizer=chat, pad_id=pad_id), max_batch=max_batch, window_s=0.02)
+    engine = torch_stack(model, tokenizer=chat, pad_id=pad_id, batch_calls=max_batch, batch_window_s=0.02).batching
     greedy = SamplingInfo(temperature=0.0)
 
     async def one(prompt: Prompt) -> tuple[float, int]:

@@ -1,15 +1,18 @@
 """The run config → the builders' arguments (`rlbus.wiring`). The one place a run config's fields are read.
 
-Every entry point that runs from a `RunConfig` — the role mains of ``rlbus worker``, the demo — passes
-these on, so a field means the same thing everywhere. Heavy imports (torch) stay inside the functions
-that need them: the prompt producer and the reward worker load this module without torch.
+Every entry point that runs from a `RunConfig` — the role mains of ``rlbus worker``, the demo, the chaos
+rig — passes these on, so a field means the same thing everywhere. Each ``*_args`` function returns a
+`TypedDict` whose keys are keyword parameters of one builder, with that parameter's type, so mypy checks
+every ``builder(**args)`` call: a misspelt key, a key the builder lacks or a value of the wrong type is a
+type error, and so is a key also passed by hand. Heavy imports (torch) stay inside the functions that need
+them: the prompt producer and the reward worker load this module without torch.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypedDict
 
 import msgspec
 
@@ -23,7 +26,7 @@ from rlbus.wiring.infra import open_bus, open_state, open_store, with_claims
 if TYPE_CHECKING:
     from rlbus.envs.judge import Judge
     from rlbus.models.sources import Model, ModelSource
-    from rlbus.training.config import DPOConfig
+    from rlbus.training.config import DPOConfig, GRPOConfig, OnlineConfig
 
 
 def bus_for(config: RunConfig, *, region: str | None = None, client_id: str | None = None) -> Bus:
@@ -86,42 +89,90 @@ def initial_model(config: RunConfig) -> Model:
     return model
 
 
-def rollout_args(config: RunConfig) -> dict[str, Any]:
-    """`rlbus.wiring.rollout.rollout_stack`'s sampling and batching arguments."""
+class RolloutArgs(TypedDict):
+    """`rlbus.wiring.rollout.rollout_stack`'s sampling and batching arguments (``[rollout]``)."""
+
+    temperature: float
+    prompts_in_flight: int
+    max_batch: int
+    batch_window_s: float
+    engine: str
+    prefix_cache_tokens: int
+
+
+def rollout_args(config: RunConfig) -> RolloutArgs:
     r = config.rollout
-    return {"temperature": r.temperature, "prompts_in_flight": r.prompts_in_flight, "max_batch": r.max_batch,
-            "batch_window_s": r.batch_window_s, "engine": r.engine, "prefix_cache_tokens": r.prefix_cache_tokens}
+    return RolloutArgs(temperature=r.temperature, prompts_in_flight=r.prompts_in_flight, max_batch=r.max_batch,
+                       batch_window_s=r.batch_window_s, engine=r.engine, prefix_cache_tokens=r.prefix_cache_tokens)
 
 
-def trainer_args(config: RunConfig) -> dict[str, Any]:
-    """`rlbus.wiring.trainer.trainer_stack`'s GRPO, publishing, checkpoint and join arguments."""
+class TrainerArgs(TypedDict):
+    """`rlbus.wiring.trainer.trainer_stack`'s GRPO, publishing, checkpoint and join arguments (``[trainer]``)."""
+
+    lr: float
+    grpo: GRPOConfig
+    groups_per_step: int
+    publish_every: int
+    keyframe_every: int
+    retain_versions: int
+    checkpoint_every: int
+    keep_checkpoints: int
+    reward_sources: Sequence[str]
+    join_timeout_s: float
+    ordered: bool
+    online: OnlineConfig | None
+    reward_weights: Mapping[str, float] | None
+    invalid_judgements: str
+    invalid_weight: float
+
+
+def trainer_args(config: RunConfig) -> TrainerArgs:
     t = config.trainer
-    return {
-        "lr": t.lr, "grpo": t.grpo, "groups_per_step": t.groups_per_step, "publish_every": t.publish_every,
-        "keyframe_every": t.keyframe_every, "retain_versions": t.retain_versions,
-        "checkpoint_every": t.checkpoint_every, "keep_checkpoints": t.keep_checkpoints,
-        "reward_sources": tuple(t.reward_sources), "join_timeout_s": t.join_timeout_s, "ordered": t.ordered,
-        "online": t.online,
-        "reward_weights": dict(t.reward_weights), "invalid_judgements": t.invalid_judgements,
-        "invalid_weight": t.invalid_weight,
-    }
+    return TrainerArgs(
+        lr=t.lr, grpo=t.grpo, groups_per_step=t.groups_per_step, publish_every=t.publish_every,
+        keyframe_every=t.keyframe_every, retain_versions=t.retain_versions,
+        checkpoint_every=t.checkpoint_every, keep_checkpoints=t.keep_checkpoints,
+        reward_sources=tuple(t.reward_sources), join_timeout_s=t.join_timeout_s, ordered=t.ordered,
+        online=t.online,
+        reward_weights=dict(t.reward_weights), invalid_judgements=t.invalid_judgements,
+        invalid_weight=t.invalid_weight,
+    )
 
 
-def producer_args(config: RunConfig) -> dict[str, Any]:
-    """`rlbus.wiring.producer.prompt_producer`'s task and admission arguments. A version is
-    ``publish_every`` steps of ``groups_per_step`` groups (counting steps as versions would stall the run
-    once publish_every > max_staleness + 1)."""
+class ProducerArgs(TypedDict):
+    """`rlbus.wiring.producer.prompt_producer`'s task and admission arguments (``[task]``, ``[trainer]``). A
+    version is ``publish_every`` steps of ``groups_per_step`` groups (counting steps as versions would stall
+    the run once publish_every > max_staleness + 1)."""
+
+    env: str
+    env_config: dict[str, Any] | None
+    seed: int
+    group_size: int
+    max_staleness: int
+    groups_per_version: int
+    admission_slack: int
+
+
+def producer_args(config: RunConfig) -> ProducerArgs:
     task, t = config.task, config.trainer
-    return {
-        "env": task.env, "env_config": task.env_config, "seed": task.seed, "group_size": task.group_size,
-        "max_staleness": t.grpo.max_staleness, "groups_per_version": t.groups_per_step * t.publish_every,
-        "admission_slack": t.admission_slack,
-    }
+    return ProducerArgs(
+        env=task.env, env_config=task.env_config, seed=task.seed, group_size=task.group_size,
+        max_staleness=t.grpo.max_staleness, groups_per_version=t.groups_per_step * t.publish_every,
+        admission_slack=t.admission_slack,
+    )
 
 
-def reward_args(config: RunConfig) -> dict[str, Any]:
-    """`rlbus.consumers.reward.RewardWorker`'s scoring arguments (the judge built, with kind judge or both)."""
-    return {"kind": config.reward.kind, "concurrency": config.reward.concurrency, "judge": judge_for(config)}
+class RewardArgs(TypedDict):
+    """`rlbus.wiring.reward.reward_worker`'s scoring arguments (``[reward]``; the judge built, with kind judge
+    or both)."""
+
+    kind: str
+    concurrency: int
+    judge: Judge | None
+
+
+def reward_args(config: RunConfig) -> RewardArgs:
+    return RewardArgs(kind=config.reward.kind, concurrency=config.reward.concurrency, judge=judge_for(config))
 
 
 def judge_for(config: RunConfig, environ: Mapping[str, str] | None = None) -> Judge | None:
@@ -154,21 +205,43 @@ def judge_for(config: RunConfig, environ: Mapping[str, str] | None = None) -> Ju
     return Judge(rubric, backend, source=j.source, parse_retries=j.parse_retries, retry_temperature=j.retry_temperature)
 
 
-def warm_start_args(config: RunConfig) -> dict[str, Any]:
+class WarmStartArgs(TypedDict):
     """`rlbus.training.warm.warm_start`'s arguments: the task's reference solutions, the warm-start budget."""
+
+    env: str
+    env_config: dict[str, Any] | None
+    seed: int
+    steps: int
+    lr: float
+    teacher_error: float
+
+
+def warm_start_args(config: RunConfig) -> WarmStartArgs:
     task, t = config.task, config.trainer
-    return {"env": task.env, "env_config": task.env_config, "seed": task.seed, "steps": t.warm_steps,
-            "lr": t.warm_lr, "teacher_error": t.teacher_error}
+    return WarmStartArgs(env=task.env, env_config=task.env_config, seed=task.seed, steps=t.warm_steps,
+                         lr=t.warm_lr, teacher_error=t.teacher_error)
 
 
 def dpo_config(config: RunConfig, *, pad_id: int) -> DPOConfig:
     """``[dpo.train]``, its batch order seeded by the task and padding with the model's ``pad_id`` (the stage's
-    data and gate: `dpo_data_args`)."""
+    pairs: `dpo_data_args`; its gate: ``[dpo] gate_accuracy``)."""
     return msgspec.structs.replace(config.dpo.train, seed=config.task.seed, pad_id=pad_id)
 
 
-def dpo_data_args(config: RunConfig) -> dict[str, Any]:
-    """Where the DPO stage's pairs come from, how many are held out, and the gate RL waits for."""
+class DPODataArgs(TypedDict):
+    """`rlbus.training.offline.stage_pairs`'s arguments: where the DPO stage's pairs come from and how many
+    are held out."""
+
+    data: str | None
+    eval_data: str | None
+    eval_fraction: float
+    task_pairs: int
+    env: str
+    env_config: dict[str, Any] | None
+    seed: int
+
+
+def dpo_data_args(config: RunConfig) -> DPODataArgs:
     d, task = config.dpo, config.task
-    return {"data": d.data, "eval_data": d.eval_data, "eval_fraction": d.eval_fraction, "task_pairs": d.task_pairs,
-            "env": task.env, "env_config": task.env_config, "seed": task.seed, "gate_accuracy": d.gate_accuracy}
+    return DPODataArgs(data=d.data, eval_data=d.eval_data, eval_fraction=d.eval_fraction, task_pairs=d.task_pairs,
+                       env=task.env, env_config=task.env_config, seed=task.seed)

@@ -179,11 +179,11 @@ async def reward_main(
     bus: Bus | None = None, state: StateStore | None = None, store: BlobStore | None = None,
 ) -> None:
     """The reward worker. ``bus``, ``state`` and ``store`` replace the run config's (unstarted)."""
-    from rlbus.consumers.reward import RewardWorker
+    from rlbus.wiring.reward import reward_worker
 
     with stopping(stop) as stop:
         async with connected(config, region, bus=bus, state=state, store=store) as (bus, state, _, _):
-            worker = RewardWorker(bus=bus, worker_id=worker_id, **reward_args(config))
+            worker = reward_worker(bus=bus, worker_id=worker_id, **reward_args(config))
             log.info("%s: scoring rollouts (%s)", worker_id, config.reward.kind)
             watch = observed(config, state, "reward", worker_id, region, worker.stats)
             async with asyncio.TaskGroup() as tasks:

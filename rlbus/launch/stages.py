@@ -28,10 +28,8 @@ def prepare_dpo(config: RunConfig, source: Any) -> tuple[list[Any], list[Any], A
     """The DPO stage's inputs from the run config: (training pairs, held-out pairs, `DPOConfig`, gate)."""
     from rlbus.training.offline import stage_pairs
 
-    data = dpo_data_args(config)
-    gate = data.pop("gate_accuracy")
-    pairs, held_out = stage_pairs(source.chat, **data)
-    return pairs, held_out, dpo_config(config, pad_id=source.pad_id), gate
+    pairs, held_out = stage_pairs(source.chat, **dpo_data_args(config))
+    return pairs, held_out, dpo_config(config, pad_id=source.pad_id), config.dpo.gate_accuracy
 
 
 def run_dpo(

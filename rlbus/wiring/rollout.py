@@ -2,7 +2,8 @@
 
 Every rollout worker of every entry point is built here: a bf16 copy of the run's model (the in-house
 policy or an HF model, `rlbus.models.sources.ModelSource`), the torch engine over
-it (behind the batching engine that merges the episodes' decode calls), the `WeightSync` that follows
+it (behind the batching engine that merges the episodes' decode calls; the chain is
+`rlbus.engines.torch_stack`'s, which the judge and the evaluation share), the `WeightSync` that follows
 the trainer's versions and swaps them in between decode steps, and the `RolloutWorker` on the bus. The
 stack's one notion of "the version this engine serves" is set inside the swap, so the engine stamps
 tokens with the version they were sampled from.
@@ -86,20 +87,14 @@ def rollout_stack(
         from rlbus.errors import ConfigError
 
         raise ConfigError("rollout.engine", f"{engine!r} is neither torch nor vllm")
-    import torch
-
     from rlbus.consumers.rollout import RolloutWorker
-    from rlbus.engines.batching import BatchingEngine
-    from rlbus.engines.torch_engine import TorchEngine
+    from rlbus.engines.torch_stack import torch_stack
     from rlbus.schemas import SamplingInfo
     from rlbus.weights.sync import WeightSync, bind_module, live_state
 
-    weights = model.build(torch.bfloat16).eval()
-    if initial is not None:
-        weights.load_state_dict({name: t.to(torch.bfloat16) for name, t in initial.items()})
-    chat = model.chat
-    torch_engine = TorchEngine(weights, tokenizer=chat, seed=seed, pad_id=model.pad_id, policy_version=0,
-                               max_batch=max_batch, prefix_cache_tokens=prefix_cache_tokens)
+    served = torch_stack(model, initial=initial, seed=seed, max_batch=max_batch,
+                         prefix_cache_tokens=prefix_cache_tokens, batch_window_s=batch_window_s)
+    weights, torch_engine, batching, chat = served.weights, served.engine, served.batching, model.chat
 
     def swapped(version: int) -> None:  # inside the swap: the engine now serves ``version``
         torch_engine.policy_version = version
@@ -110,7 +105,6 @@ def rollout_stack(
     if store is not None:
         sync = WeightSync(bus=bus, store=store, state=live_state(weights), bind=bind_module(weights),
                           swap=torch_engine.swap_point.apply, on_swap=swapped, model_id=model_id, worker_id=worker_id)
-    batching = BatchingEngine(torch_engine, max_batch=max_batch, window_s=batch_window_s)
     worker = RolloutWorker(
         bus=bus, engine=batching, chat=chat, worker_id=worker_id, region=region, model_id=model_id,
         sampling=SamplingInfo(temperature=temperature), prompts_in_flight=prompts_in_flight, on_policy=on_policy,
@@ -127,10 +121,9 @@ def _vllm_stack(
 ) -> RolloutStack:
     """`rollout_stack` on vLLM: the bf16 mirror in trainer names, vLLM over the model's directory, and the
     `VLLMWeightSync` that stages against the mirror and pushes each version's changes into vLLM."""
-    import torch
-
     from rlbus.consumers.rollout import RolloutWorker
     from rlbus.engines.batching import BatchingEngine
+    from rlbus.engines.torch_stack import inference_copy
     from rlbus.engines.vllm_engine import VLLMEngine
     from rlbus.engines.vllm_sync import VLLMWeightSync, push_staged
     from rlbus.errors import ConfigError
@@ -139,9 +132,7 @@ def _vllm_stack(
 
     if model.directory is None:
         raise ConfigError("rollout.engine", "engine = \"vllm\" needs a Hugging Face model ([model] name, path or gguf)")
-    weights = model.build(torch.bfloat16).eval()
-    if initial is not None:
-        weights.load_state_dict({name: t.to(torch.bfloat16) for name, t in initial.items()})
+    weights = inference_copy(model, initial=initial)
     chat = model.chat
     engine = VLLMEngine(model.directory, seed=seed, max_batch=max_batch, **dict(vllm_kwargs or {}))
     # vLLM loaded the directory itself; hand it the mirror once, so both hold the same bits from the start

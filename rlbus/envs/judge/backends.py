@@ -91,15 +91,11 @@ def engine_judge(
     """A judge on a bf16 copy of ``source`` (SmolLM2, any HF model, the policy) in the torch engine, behind
     the batching engine so the concurrent calls of several dimensions and rollouts share decode steps.
     Imports torch: only reward workers configured with an engine judge load it."""
-    import torch
+    from rlbus.engines.torch_stack import torch_stack
 
-    from rlbus.engines.batching import BatchingEngine
-    from rlbus.engines.torch_engine import TorchEngine
-
-    weights = source.build(torch.bfloat16).eval()
-    engine = TorchEngine(weights, tokenizer=source.chat, seed=seed, pad_id=source.pad_id, max_batch=max_batch)
-    return EngineJudge(BatchingEngine(engine, max_batch=max_batch), source.chat, max_new_tokens=max_new_tokens,
-                       temperature=temperature, prefill=prefill)  # fmt: skip
+    served = torch_stack(source, seed=seed, max_batch=max_batch)
+    return EngineJudge(served.batching, source.chat, max_new_tokens=max_new_tokens, temperature=temperature,
+                       prefill=prefill)
 
 
 class OpenAIJudge:

@@ -25,6 +25,7 @@ from rlbus.training.config import GRPOConfig
 from rlbus.weights.sync import live_state
 from rlbus.wiring.infra import open_bus, open_state, open_store
 from rlbus.wiring.producer import prompt_producer
+from rlbus.wiring.reward import reward_worker
 from rlbus.wiring.rollout import rollout_stack
 from rlbus.wiring.trainer import trainer_stack
 
@@ -96,9 +97,27 @@ async def test_the_producer_numbers_prompts_from_where_the_run_left_off() -> Non
     await bus.close()
 
 
+async def test_a_reward_worker_scores_with_the_run_configs_settings() -> None:
+    from rlbus.envs.agent import reference_episode
+    from rlbus.envs.base import env_for
+    from rlbus.envs.chat import ChatFormat
+    from rlbus.envs.episode import episode_to_rollout
+    from rlbus.envs.tasks import generate_prompts
+    from rlbus.launch.arguments import reward_args
+    from rlbus.launch.config import config_from_dict
+
+    args = reward_args(config_from_dict({"reward": {"concurrency": 3}}, {}))
+    worker = reward_worker(bus=MemoryBus(), worker_id="reward-a", **args)
+    assert (worker.kind, worker.group, worker.worker_id, worker._concurrency) == (
+        "verifier", "reward-verifier", "reward-a", 3)
+    prompt = generate_prompts("arith", seed=0, n=1, config={"digits": 1})[0]
+    episode = await reference_episode(env_for(prompt), prompt, chat=ChatFormat.for_byte_tokenizer())  # type: ignore[arg-type]
+    assert (await worker.score(episode_to_rollout(episode, prompt=prompt, group_index=0))).value == 1.0
+
+
 #: Classes only the builders construct: an entry point that builds one by hand is a second wiring.
 BUILT = {"RolloutWorker", "TrainerWorker", "Trainer", "WeightSync", "WeightPublisher", "PromptProducer",
-         "TorchEngine", "BatchingEngine", "JoinBuffer", "OrderedJoin"}
+         "RewardWorker", "TorchEngine", "BatchingEngine", "JoinBuffer", "OrderedJoin"}
 
 
 @pytest.mark.parametrize("module", ["rlbus/demo.py", "rlbus/launch/roles.py", "rlbus/chaos/pipeline.py"])
@@ -107,6 +126,23 @@ def test_the_entry_points_wire_through_the_builders(module: str) -> None:
     by_hand = sorted({node.func.id for node in ast.walk(tree)
                       if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in BUILT})
     assert by_hand == [], f"{module} constructs {by_hand} itself: use rlbus.wiring"
+
+
+#: Where each engine class may be constructed: the torch chain's one builder (and the vLLM rollout stack's
+#: batching engine, over vLLM).
+ENGINE_BUILDERS = {"TorchEngine": {"rlbus/engines/torch_stack.py"},
+                   "BatchingEngine": {"rlbus/engines/torch_stack.py", "rlbus/wiring/rollout.py"}}
+
+
+def test_the_torch_chain_is_built_in_one_place() -> None:
+    """Rollout workers, the engine judge, the evaluation, ``rlbus generate`` and the benchmarks all serve a
+    model through `rlbus.engines.torch_stack`."""
+    found: dict[str, set[str]] = {name: set() for name in ENGINE_BUILDERS}
+    for path in sorted((ROOT / "rlbus").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in found:
+                found[node.func.id].add(str(path.relative_to(ROOT)))
+    assert found == ENGINE_BUILDERS
 
 
 def test_a_rollout_stack_takes_the_run_configs_prefix_cache(tmp_path: Path) -> None:

@@ -1,0 +1,31 @@
+"""The reward worker: the task's verifier, an LM judge, or both, scoring rollouts on the bus.
+
+The judge (with ``kind`` judge or both) comes in built: `rlbus.launch.arguments.judge_for` builds it from
+``[reward.judge]``, a local engine or an OpenAI-compatible endpoint. Nothing here imports torch, so a reward
+worker with the verifier or an HTTP judge never loads it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from rlbus.bus.base import Bus
+from rlbus.consumers.reward import RewardWorker
+from rlbus.envs.judge import Judge
+from rlbus.schemas import Reward, Rollout
+
+
+def reward_worker(
+    *,
+    bus: Bus,
+    kind: str = "verifier",
+    judge: Judge | None = None,
+    concurrency: int = 4,
+    worker_id: str = "reward-0",
+    max_batch: int = 64,
+    on_reward: Callable[[Reward, Rollout], None] | None = None,
+) -> RewardWorker:
+    """A reward worker of ``kind`` (``verifier``, ``judge`` or ``both``; the judge kinds need ``judge``) in the
+    consumer group ``reward-<kind>``, scoring up to ``concurrency`` rollouts at once."""
+    return RewardWorker(bus=bus, kind=kind, judge=judge, worker_id=worker_id, concurrency=concurrency,
+                        max_batch=max_batch, on_reward=on_reward)
