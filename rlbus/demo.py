@@ -38,6 +38,7 @@ SFT data from a teacher with a consistent flaw. ``rlbus demo --teacher-error 0``
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import logging
 import os
@@ -50,6 +51,7 @@ from typing import TYPE_CHECKING, Any, Literal
 import msgspec
 import torch
 
+from rlbus.aio import until
 from rlbus.bus.base import Bus
 from rlbus.consumers.rollout import RolloutWorker, episode_threads
 from rlbus.envs.evaluate import evaluate as run_evaluation
@@ -301,7 +303,9 @@ class Demo:
                 await asyncio.sleep(0.25)
                 self._update()
             self.rl_wall_s = time.monotonic() - rl_started
-            if not trainer.worker.finished:
+            if trainer.worker.finished:  # let every worker swap the last version in (the figures include it)
+                await self._workers_at(trainer.trainer.version, timeout_s=10.0)
+            else:
                 self.stalled = await self.stall_report()
                 log.warning("RL ended on its %.0f s time budget: %s", c.time_budget_s, self.stalled)
             stop.set()
@@ -314,6 +318,12 @@ class Demo:
         result = await self._result()
         self._write_run_log(result)
         return result
+
+    async def _workers_at(self, version: int, *, timeout_s: float) -> None:
+        """Wait (at most ``timeout_s``) until every worker serves ``version``; a laggard is left behind."""
+        with contextlib.suppress(TimeoutError):
+            await until(lambda: all(s.version == version for s in self.syncs), f"every worker at v{version}",
+                        timeout_s=timeout_s, every_s=0.05)
 
     async def stall_report(self) -> str:
         """What a run that ran out of time was waiting for: steps, versions, admission and outcomes."""

@@ -4,6 +4,7 @@ trained rollout is accounted for exactly once."""
 from __future__ import annotations
 
 import dataclasses
+import re
 from pathlib import Path
 
 import pytest
@@ -104,7 +105,9 @@ async def test_a_demo_that_runs_out_of_time_says_what_it_was_waiting_for(tmp_pat
     )
     result = await Demo(config, tmp_path).run()
     assert not result.completed and result.steps < 10_000
-    assert result.stalled is not None and f"{result.steps} of 10000 steps" in result.stalled
+    assert result.stalled is not None
+    done = re.search(r"(\d+) of 10000 steps", result.stalled)  # the trainer may finish one more step after it
+    assert done is not None and int(done.group(1)) <= result.steps
     assert "prompts admitted" in result.stalled and "trainer v" in result.stalled
     assert result.figures()["completed"] is False
 
