@@ -147,6 +147,10 @@ class Environment(abc.ABC, Generic[C]):
             return None
         return describe_actions(world.tools, native_tools=native_tools)
 
+    def validate_prompt(self, prompt: Prompt) -> None:
+        """Check a prompt this environment will score (a prompt file line: its ``reference``); raises
+        ConfigError naming the field. The default accepts every prompt."""
+
     @abc.abstractmethod
     async def score(self, episode: Episode, prompt: Prompt) -> Reward:
         """The reward of a finished episode; raises only when scoring itself is impossible (no sandbox)."""

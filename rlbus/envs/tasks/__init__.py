@@ -1,4 +1,5 @@
-"""Built-in tasks, registered on import: ``arith``, ``strings``, ``kv`` (tools), ``python_fn`` (sandbox).
+"""Built-in tasks, registered on import: ``arith``, ``strings``, ``kv`` (tools), ``python_fn`` (sandbox), and
+``answer`` (a user's own problems from a prompt file, scored against their reference: no generator).
 
 `generate_prompts` draws a seeded prompt set from any registered `Task`; `rlbus.envs.tasks.jsonl` reads
 and writes prompt sets as JSONL files.
@@ -10,11 +11,11 @@ from collections.abc import Mapping
 from typing import Any
 
 from rlbus.envs.base import Task, make_env
-from rlbus.envs.tasks import arith, kv, python_fn, strings
+from rlbus.envs.tasks import answer, arith, kv, python_fn, strings
 from rlbus.errors import ConfigError
 from rlbus.schemas import Prompt
 
-__all__ = ["arith", "generate_prompts", "kv", "python_fn", "strings"]
+__all__ = ["answer", "arith", "generate_prompts", "kv", "python_fn", "strings"]
 
 
 def generate_prompts(env: str, *, seed: int, n: int, config: Mapping[str, Any] | None = None) -> list[Prompt]:

@@ -28,7 +28,7 @@ def test_the_built_in_tasks_are_registered_when_only_envs_base_is_imported() -> 
     script = "from rlbus.envs.base import make_env, registered_envs; make_env('arith'); print(registered_envs())"
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60, check=False)
     assert done.returncode == 0, done.stderr
-    assert done.stdout.split() == ["['arith',", "'kv',", "'python_fn',", "'strings',", "'swe']"]
+    assert done.stdout.split() == ["['answer',", "'arith',", "'kv',", "'python_fn',", "'strings',", "'swe']"]
 
 
 def answered(prompt: Prompt, answer: str | None, finish: str = "stop") -> Episode:
