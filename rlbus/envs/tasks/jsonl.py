@@ -5,23 +5,33 @@ Format: UTF-8, one JSON object per line; blank lines are skipped. Fields:
     ===========  ========  =====================================================================
     field        required  meaning
     ===========  ========  =====================================================================
-    env          yes       registered environment name (``arith``, ``kv``, ``python_fn`` …)
+    env          yes       registered environment name (``answer``, ``arith``, ``kv``, ``python_fn`` …)
     text         yes       the task statement shown to the model
-    reference    no        reference answer (verifiers, warm start); never shown to the model
-    env_config   no        object: the environment's configuration (limits, hidden tests, tables)
+    reference    no        reference answer (verifiers, warm start); never shown to the model;
+                           required by ``answer``
+    env_config   no        object: the environment's configuration (limits, hidden tests, tables;
+                           ``answer``: ``{"match": "numeric"}`` or ``"exact"``)
     prompt_id    no        unique id; default ``<file stem>-<line number>``
-    group_size   no        rollouts per prompt (GRPO G); default 8
+    group_size   no        rollouts per prompt (GRPO G); default 8 — as a run's ``[task] prompts``
+                           file, the run's ``[task] group_size``
     metadata     no        object of string → string tags
     ===========  ========  =====================================================================
+
+Answers of the ``answer`` environment are checked by its documented rule (`rlbus.envs.tasks.answer`):
+``numeric`` (default) compares numbers after removing commas and spaces — integers exactly, decimals
+within 1e-6 relative; ``exact`` compares whitespace-stripped strings.
 
 Example::
 
     {"env": "arith", "text": "12+34=", "reference": "46"}
+    {"env": "answer", "text": "Ann has 3 boxes of 12 eggs. How many eggs?", "reference": "36"}
     {"env": "kv", "text": "Find the number at the end of the chain from key abc.", "reference": "512",
      "env_config": {"table": {"abc": "512"}, "start": "abc"}}
 
-(the second object is one line in the file). Any problem — bad JSON, an unknown field, a wrong type, an
-unknown environment, an invalid ``env_config`` — raises `PromptFileError` naming the file and line.
+(the last object is one line in the file). Any problem — bad JSON, an unknown field, a wrong type, an
+unknown environment, an invalid ``env_config``, a ``reference`` the environment cannot check — raises
+`PromptFileError` naming the file and line; `validate_prompts` checks a whole file that way (and rejects
+a file without prompts).
 """
 
 from __future__ import annotations
@@ -45,21 +55,44 @@ class _Line(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     reference: str | None = None
     env_config: dict[str, Any] = msgspec.field(default_factory=dict)
     prompt_id: str | None = None
-    group_size: int = 8
+    group_size: int | msgspec.UnsetType = msgspec.UNSET
     metadata: dict[str, str] = msgspec.field(default_factory=dict)
 
 
-def iter_prompts(path: str | os.PathLike[str], *, validate: bool = True) -> Iterator[Prompt]:
-    """Prompts of a JSONL file in order; ``validate`` also builds each line's environment from its config."""
+#: Rollouts per prompt of a line that gives no ``group_size``.
+DEFAULT_GROUP_SIZE = 8
+
+
+def iter_prompts(
+    path: str | os.PathLike[str], *, validate: bool = True, group_size: int = DEFAULT_GROUP_SIZE
+) -> Iterator[Prompt]:
+    """Prompts of a JSONL file in order; ``validate`` also builds each line's environment from its config
+    and lets it check the prompt (`Environment.validate_prompt`). ``group_size``: of lines that give none."""
     stem = Path(path).stem
     with open(path, encoding="utf-8") as f:
         for number, line in enumerate(f, start=1):
             if line.strip():
-                yield _parse_line(path, number, line, stem, validate)
+                yield _parse_line(path, number, line, stem, validate, group_size)
 
 
-def load_prompts(path: str | os.PathLike[str], *, validate: bool = True) -> list[Prompt]:
-    return list(iter_prompts(path, validate=validate))
+def load_prompts(
+    path: str | os.PathLike[str], *, validate: bool = True, group_size: int = DEFAULT_GROUP_SIZE
+) -> list[Prompt]:
+    return list(iter_prompts(path, validate=validate, group_size=group_size))
+
+
+def validate_prompts(path: str | os.PathLike[str]) -> int:
+    """Parse and validate every line of a prompt file; returns how many prompts it holds. The first bad line
+    raises `PromptFileError` (file and line); an unreadable file or one without prompts raises it for line 0."""
+    try:
+        count = sum(1 for _ in iter_prompts(path))
+    except OSError as exc:
+        raise PromptFileError(path, 0, f"cannot read the prompt file: {exc.strerror or exc}") from None
+    except UnicodeDecodeError as exc:
+        raise PromptFileError(path, 0, f"not UTF-8 text: {exc}") from None
+    if count == 0:
+        raise PromptFileError(path, 0, "the file holds no prompts")
+    return count
 
 
 def dump_prompts(prompts: Iterable[Prompt], path: str | os.PathLike[str]) -> int:
@@ -74,7 +107,9 @@ def dump_prompts(prompts: Iterable[Prompt], path: str | os.PathLike[str]) -> int
     return count
 
 
-def _parse_line(path: str | os.PathLike[str], number: int, line: str, stem: str, validate: bool) -> Prompt:
+def _parse_line(
+    path: str | os.PathLike[str], number: int, line: str, stem: str, validate: bool, group_size: int
+) -> Prompt:
     try:
         data = json.loads(line)
     except ValueError as exc:
@@ -83,17 +118,18 @@ def _parse_line(path: str | os.PathLike[str], number: int, line: str, stem: str,
         row = msgspec.convert(data, _Line)
     except msgspec.ValidationError as exc:
         raise PromptFileError(path, number, str(exc)) from None
-    if validate:
-        try:
-            make_env(row.env, row.env_config)
-        except ConfigError as exc:
-            raise PromptFileError(path, number, str(exc)) from None
-    return Prompt(
+    prompt = Prompt(
         prompt_id=row.prompt_id or f"{stem}-{number}",
         env=row.env,
         text=row.text,
         reference=row.reference,
         env_config=row.env_config,
-        group_size=row.group_size,
+        group_size=group_size if row.group_size is msgspec.UNSET else row.group_size,
         metadata=row.metadata,
     )
+    if validate:
+        try:
+            make_env(row.env, row.env_config).validate_prompt(prompt)
+        except ConfigError as exc:
+            raise PromptFileError(path, number, str(exc)) from None
+    return prompt
