@@ -146,6 +146,7 @@ class ProducerArgs(TypedDict):
 
     env: str
     env_config: dict[str, Any] | None
+    prompts: str | None
     seed: int
     group_size: int
     max_staleness: int
@@ -156,7 +157,7 @@ class ProducerArgs(TypedDict):
 def producer_args(config: RunConfig) -> ProducerArgs:
     task, t = config.task, config.trainer
     return ProducerArgs(
-        env=task.env, env_config=task.env_config, seed=task.seed, group_size=task.group_size,
+        env=task.env, env_config=task.env_config, prompts=task.prompts, seed=task.seed, group_size=task.group_size,
         max_staleness=t.grpo.max_staleness, groups_per_version=t.groups_per_step * t.publish_every,
         admission_slack=t.admission_slack,
     )

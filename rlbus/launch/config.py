@@ -6,7 +6,7 @@ Tables (each optional; defaults equal ``rlbus demo``'s, so a file with only ``[b
     [bus]      Kafka connection (rlbus.config.KafkaBusConfig: bootstrap, SASL/TLS, compression …)
     [state]    url = "redis://host:6379/0" (or "memory://" for a single process), key_prefix
     [store]    dir = "/shared/blobs"  or  url = "http://blobs:8470" (+ the HMAC secret, see below)
-    [task]     env, env_config, group_size, seed
+    [task]     env, env_config, group_size, seed, prompts (a JSONL prompt file instead of the task's generator)
     [model]    kind = "policy" (PolicyConfig fields over the demo's shape) or "hf" (name | path | gguf), device,
                or checkpoint = "DIR" written by `rlbus pretrain` / the trainer
     [trainer]  lr, groups_per_step, admission, publish_every, checkpoint_dir, checkpoint_every,
@@ -95,20 +95,34 @@ class StoreSection(msgspec.Struct, **_STRUCT):
 
 
 class TaskSection(msgspec.Struct, **_STRUCT):
-    """The built-in task prompts are drawn from."""
+    """The prompts RL trains on: a built-in task's generator (``env``), or a JSONL file (``prompts``).
+
+    With ``prompts`` the producer publishes the file's lines in order, cycling (each line names its environment,
+    e.g. ``answer``: `rlbus.envs.tasks.answer`); ``env`` and ``env_config`` then only drive what still needs a
+    generator — the warm start, the held-out evaluation and the DPO stage's task pairs."""
 
     #: Registered environment (``arith``, ``strings``, ``kv``, ``python_fn``).
     env: str = "arith"
     #: The environment's configuration (validated by the environment when prompts are generated).
     env_config: dict[str, Any] = msgspec.field(default_factory=lambda: {"digits": 1})
-    #: GRPO group size G: rollouts per prompt.
+    #: GRPO group size G: rollouts per prompt (with ``prompts``: of lines that give no group_size).
     group_size: int = 8
-    #: Seeds the prompt stream (seed + 1000), the warm start and the policy's initial weights.
+    #: Seeds the prompt stream (seed + 1000; a prompt file keeps its order), the warm start and the policy's
+    #: initial weights.
     seed: int = 0
+    #: A JSONL prompt file (`rlbus.envs.tasks.jsonl`; a relative path is from the working directory, like every
+    #: path of the config). It must exist when the config is loaded; every line is parsed and validated when the
+    #: producer starts (or by `rlbus.envs.tasks.jsonl.validate_prompts`), errors naming the file and line.
+    prompts: str | None = None
 
     def __post_init__(self) -> None:
         if self.group_size < 2:
             raise ValueError("group_size must be ≥ 2: GRPO compares rollouts within a group")
+        if self.prompts is not None and not Path(self.prompts).is_file():
+            path = Path(self.prompts)
+            what = "is not a file" if path.exists() else "does not exist"
+            where = "" if path.is_absolute() else f" (relative to the working directory {Path.cwd()})"
+            raise ValueError(f"prompts file {self.prompts!r} {what}{where}")
 
 
 class ModelSection(msgspec.Struct, **_STRUCT):

@@ -141,7 +141,8 @@ async def prompts_main(
                 served_by="rollout" if config.trainer.admission == "served" else None,
                 first_version=1,  # trainer_main publishes its initial weights as v1 before its first step
             )
-            log.info("%s: producing %s prompts (G=%d) from seq %d", worker_id, task.env, task.group_size, start)
+            source = f"the file {task.prompts}" if task.prompts is not None else f"{task.env} prompts"
+            log.info("%s: producing %s (G=%d) from seq %d", worker_id, source, task.group_size, start)
             done = asyncio.Event()
 
             async def produce() -> None:

@@ -166,14 +166,18 @@ def task_prompts(env: str, *, seed: int, group_size: int, config: dict[str, Any]
             yield replace(prompt, group_size=group_size)
 
 
-def file_prompts(path: Path, *, repeat: bool = True) -> Iterator[Prompt]:
-    """Prompts from a JSONL file (format in :mod:`rlbus.envs.tasks.jsonl`), cycled when ``repeat``."""
-    from rlbus.envs.tasks.jsonl import iter_prompts
+def file_prompts(path: str | Path, *, repeat: bool = True, group_size: int | None = None) -> Iterator[Prompt]:
+    """Prompts from a JSONL file (format in :mod:`rlbus.envs.tasks.jsonl`) in the file's order, cycled when
+    ``repeat`` (epoch k > 0 suffixes each prompt id with ``-e<k>``); ``group_size`` is that of lines giving
+    none (None: the format's default). A file without prompts ends the stream instead of cycling forever."""
+    from rlbus.envs.tasks.jsonl import DEFAULT_GROUP_SIZE, iter_prompts
 
     for epoch in itertools.count():
-        for prompt in iter_prompts(path):
+        empty = True
+        for prompt in iter_prompts(path, group_size=group_size or DEFAULT_GROUP_SIZE):
+            empty = False
             yield replace(prompt, prompt_id=f"{prompt.prompt_id}-e{epoch}") if epoch else prompt
-        if not repeat:
+        if empty or not repeat:
             return
 
 
