@@ -98,3 +98,16 @@ def test_a_bad_line_fails_when_the_producer_is_built_naming_file_and_line(
         validate_prompts(path)
     assert str(again.value) == str(info.value)
 
+
+
+def test_the_readme_example_file_and_config_load_and_validate(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    readme = (Path(__file__).resolve().parents[3] / "README.md").read_text()
+    section = readme.split("## Your own task", 1)[1].split("\n## ", 1)[0]
+    example = section.split("```json\n", 1)[1].split("```", 1)[0]
+    toml = section.split("```toml\n", 1)[1].split("```", 1)[0]
+    (tmp_path / "problems.jsonl").write_text(example)
+    (tmp_path / "run.toml").write_text(toml)
+    monkeypatch.chdir(tmp_path)
+    assert validate_prompts("problems.jsonl") == 3
+    config = load_config(Path("run.toml"), environ={})
+    assert config.task.prompts == "problems.jsonl" and config.trainer.warm_steps == 0
