@@ -78,3 +78,19 @@ def test_prompts_are_validated_against_the_rule() -> None:
         make_env("answer").validate_prompt(prompt("blue", "numeric"))
     with pytest.raises(ConfigError, match="needs a reference"):
         make_env("answer").validate_prompt(Prompt(prompt_id="p", env="answer", text="x"))
+
+
+async def test_an_episode_through_the_harness_asks_for_the_tag_and_scores_the_answer_in_it() -> None:
+    from rlbus.envs.agent import run_episode
+    from rlbus.envs.chat import ChatFormat
+    from rlbus.envs.scripted import ScriptedEngine
+
+    chat = ChatFormat.for_byte_tokenizer()
+    p = prompt("1234", "numeric")
+    env = make_env("answer", p.env_config)
+    for reply, value in (("Three boxes... <answer>1,234</answer>", 1.0), ("1234", 0.0)):
+        engine = ScriptedEngine([reply], tokenizer=chat.tokenizer)
+        episode = await run_episode(env, p, engine=engine, chat=chat)
+        assert (await env.score(episode, p)).value == value
+        system = chat.tokenizer.decode(engine.requests[0].prompt_ids)
+        assert "<answer>ANSWER</answer>" in system
