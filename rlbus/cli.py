@@ -25,31 +25,39 @@ from rlbus.errors import RlbusError
 if TYPE_CHECKING:
     from rlbus.bus.base import Bus
 
-app = typer.Typer(help="rlbus: asynchronous, disaggregated RL for LLM agents on Apache Kafka.", no_args_is_help=True)
-kafka_app = typer.Typer(help="Run a local Apache Kafka (KRaft) without Docker.", no_args_is_help=True)
-topics_app = typer.Typer(help="Create and inspect rlbus topics (rlbus/bus/topics.py).", no_args_is_help=True)
-dlq_app = typer.Typer(help="Inspect and redrive dead letters.", no_args_is_help=True)
+def _typer(**options: Any) -> typer.Typer:
+    """A typer app whose help is plain text: rich markup would eat ``[trainer]``, ``[dpo]`` … from every help
+    text that names a config table."""
+    return typer.Typer(rich_markup_mode=None, **options)
+
+
+app = _typer(help="rlbus: asynchronous, disaggregated RL for LLM agents on Apache Kafka.", no_args_is_help=True)
+kafka_app = _typer(help="Run a local Apache Kafka (KRaft) without Docker.", no_args_is_help=True)
+topics_app = _typer(help="Create and inspect rlbus topics (rlbus/bus/topics.py).", no_args_is_help=True)
+dlq_app = _typer(help="Inspect and redrive dead letters.", no_args_is_help=True)
 app.add_typer(kafka_app, name="kafka")
 app.add_typer(topics_app, name="topics")
-blobs_app = typer.Typer(help="Serve weight chunks over HTTP (origin or regional relay).", no_args_is_help=True)
+blobs_app = _typer(help="Serve weight chunks over HTTP (origin or regional relay).", no_args_is_help=True)
 app.add_typer(dlq_app, name="dlq")
 app.add_typer(blobs_app, name="blobs")
-sandbox_app = typer.Typer(help="Run untrusted programs as verifiers do (bubblewrap + rlimits).", no_args_is_help=True)
+sandbox_app = _typer(help="Run untrusted programs as verifiers do (bubblewrap + rlimits).", no_args_is_help=True)
 app.add_typer(sandbox_app, name="sandbox")
-feedback_app = typer.Typer(help="Live user feedback on served rollouts → rewards.", no_args_is_help=True)
+feedback_app = _typer(help="Live user feedback on served rollouts → rewards.", no_args_is_help=True)
 app.add_typer(feedback_app, name="feedback")
-models_app = typer.Typer(help="Models rlbus ships, GGUF conversion and the model cache.", no_args_is_help=True)
+models_app = _typer(help="Models rlbus ships, GGUF conversion and the model cache.", no_args_is_help=True)
 app.add_typer(models_app, name="models")
-codec_app = typer.Typer(help="The weight codec's compiled kernels.", no_args_is_help=True)
+codec_app = _typer(help="The weight codec's compiled kernels.", no_args_is_help=True)
 app.add_typer(codec_app, name="codec")
-train_app = typer.Typer(help="Offline stages before RL (SFT → DPO → quality gate).", no_args_is_help=True)
+train_app = _typer(help="Offline stages before RL (SFT → DPO → quality gate).", no_args_is_help=True)
 app.add_typer(train_app, name="train")
-offline_app = typer.Typer(help="Offline data from a run's log (DPO preference pairs).", no_args_is_help=True)
+offline_app = _typer(help="Offline data from a run's log (DPO preference pairs).", no_args_is_help=True)
 app.add_typer(offline_app, name="offline")
-env_app = typer.Typer(
+env_app = _typer(
     help="Coding-agent task corpora (env swe): generate, check, write expert trajectories.", no_args_is_help=True
 )
 app.add_typer(env_app, name="env")
+config_app = _typer(help="Run configs: check one before it runs.", no_args_is_help=True)
+app.add_typer(config_app, name="config")
 
 console = Console()
 err = Console(stderr=True)
@@ -301,7 +309,13 @@ def models_list() -> None:
 
     from rlbus.models.sources import SHIPPED, converted_dir, shipped_gguf
 
-    table = Table("name", "package", "installed", "cached directory", "description")
+    # names and packages are what a user types: never cut; the long columns fold instead of ending in "…"
+    table = Table()
+    table.add_column("name", no_wrap=True)
+    table.add_column("package", no_wrap=True)
+    table.add_column("installed", no_wrap=True)
+    table.add_column("cached directory", overflow="fold")
+    table.add_column("description", overflow="fold")
     for name, shipped in SHIPPED.items():
         try:
             version = importlib.metadata.version(shipped.distribution)
@@ -734,7 +748,10 @@ def serve(
     device: Annotated[str, typer.Option(help="auto, cpu, cuda … (without --config).")] = "auto",
 ) -> None:
     """An OpenAI-compatible gateway (/v1/chat/completions, /v1/models, /rl/sessions/{id}/reward) on the rollout
-    engine; every completion is recorded token-exact on rl.served.v1 (buffered while Kafka is down)."""
+    engine; every completion is recorded token-exact on rl.served.v1 (buffered while Kafka is down).
+
+    Example: rlbus serve --model smollm2-135m-instruct --port 8000
+    """
     from rlbus.launch.signals import GracefulStop
 
     if config is not None:
@@ -791,7 +808,10 @@ def train_dpo(
 ) -> None:
     """The offline stages of a run config: warm start (SFT), DPO, the quality gate; writes the checkpoint RL
     starts from. Without a config it trains the in-house policy on the demo's task (seconds). Exits 1 when
-    the gate ([dpo] gate_accuracy) is missed."""
+    the gate ([dpo] gate_accuracy) is missed.
+
+    Example: rlbus train dpo --config run.toml --out runs/dpo
+    """
     import msgspec
     from rich.progress import Progress
 
@@ -831,6 +851,36 @@ def train_dpo(
         raise typer.Exit(1)
 
 
+@config_app.command("check")
+def config_check(
+    file: Annotated[Path, typer.Argument(help="The run config (TOML) to check.")],
+    as_json: Annotated[bool, typer.Option("--json", help="Print the resolved config as JSON, not TOML.")] = False,
+) -> None:
+    """Check a run config without starting anything, then print it resolved (every table, defaults filled).
+
+    Loads the file as every role does (environment overrides applied), builds the task's environment from
+    env_config and draws prompts, resolves the model source without loading weights, and parses a judge's
+    rubric. The first problem is printed naming its field (with the closest valid name for a misspelling)
+    and exits 1.
+
+    Example: rlbus config check infra/rlbus/run.toml
+    """
+    from rlbus.launch.check import check_config, render_toml, resolved_tables
+
+    try:
+        checked = check_config(file)
+    except RlbusError as exc:
+        err.print(f"error: {exc}", markup=False, highlight=False, soft_wrap=True)
+        raise typer.Exit(1) from None
+    tables = resolved_tables(checked.config)
+    if as_json:
+        for note in checked.notes:
+            err.print(f"ok: {note}", markup=False, highlight=False, soft_wrap=True)
+        typer.echo(json.dumps(tables, indent=2))
+    else:
+        typer.echo("".join(f"# ok: {note}\n" for note in checked.notes) + "\n" + render_toml(tables), nl=False)
+
+
 @app.command()
 def worker(
     role: Annotated[str, typer.Argument(help="prompts, rollout, reward, trainer or serve (the gateway).")],
@@ -841,7 +891,10 @@ def worker(
     worker_id: Annotated[str | None, typer.Option(envvar="RLBUS_WORKER_ID", help="Default: role-host-pid.")] = None,
 ) -> None:
     """Run one role of a distributed run against Kafka and Redis. SIGTERM/Ctrl-C drains in-flight work,
-    commits and exits 0; a second one exits at once (130/143)."""
+    commits and exits 0; a second one exits at once (130/143).
+
+    Example: rlbus worker rollout --config run.toml --region eu-west
+    """
     from rlbus.launch.config import load_config
     from rlbus.launch.roles import ROLES, run_role
 
@@ -867,7 +920,14 @@ def up(
                      ] = False,
 ) -> None:
     """A local distributed run: Kafka and Redis (started if missing), topics, a blob server, the trainer,
-    a reward worker, rollout workers and the prompt producer as processes. Ctrl-C stops them gracefully."""
+    a reward worker, rollout workers and the prompt producer as processes. Ctrl-C stops them gracefully.
+
+    The config's tables set each role: [task] the prompts, [model] the model, [trainer] the trainer,
+    [rollout] the rollout workers, [reward] the reward worker, [serve] the gateway. Check it first with
+    rlbus config check.
+
+    Example: rlbus up --config run.toml --rollout-workers 4 --steps 100
+    """
     from rlbus.launch.up import up as run_up
 
     raise typer.Exit(_run(lambda: run_up(config, rollout_workers=rollout_workers, steps=steps, namespace=namespace,

@@ -6,9 +6,10 @@ picks the pluggable part; builders turn config into constructor arguments so cla
 
 from __future__ import annotations
 
+import difflib
 import os
 import re
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any, Literal
 
@@ -131,7 +132,15 @@ def parse(config_type: Any, data: Any, *, prefix: str) -> Any:
             unknown = re.search(r"unknown field `([^`]*)`", text)
             if unknown:
                 field = ".".join(p for p in (field, unknown.group(1)) if p)
+                known = getattr(_struct_at(config_type, path), "__struct_fields__", ())
+                problem = f"unknown field `{unknown.group(1)}`{did_you_mean(unknown.group(1), known)}"
         raise ConfigError(field or prefix, problem) from None
+
+
+def did_you_mean(name: str, choices: Iterable[str]) -> str:
+    """``"; did you mean `x`?"`` with the choice closest to a misspelt ``name``, or "" when none is close."""
+    close = difflib.get_close_matches(name, list(choices), n=1)
+    return f"; did you mean `{close[0]}`?" if close else ""
 
 
 def _struct_at(config_type: Any, path: str) -> Any:

@@ -5,7 +5,8 @@ one reader of its fields, turning them into the arguments of the config-free bui
 ``roles`` holds one ``async`` main per role (``rlbus worker prompts|rollout|reward|trainer``), each taking
 its bus, state store and blob store as arguments or building them from the config; ``signals`` the
 graceful-stop helper every role uses; ``recording`` what the trainer and the workers write into the run
-log; ``up`` the local process set. The bus wrapper that gives a run its own topics and consumer groups is
-:mod:`rlbus.bus.namespace`; the trainer's in-order join, which makes a replay reproduce a run's inputs,
-lives with the other joins in :mod:`rlbus.state.ordered`.
+log; ``up`` the local process set; ``check`` what ``rlbus config check`` verifies before a run starts (it
+reads fields only to check them and builds nothing). The bus wrapper that gives a run its own topics and
+consumer groups is :mod:`rlbus.bus.namespace`; the trainer's in-order join, which makes a replay reproduce a
+run's inputs, lives with the other joins in :mod:`rlbus.state.ordered`.
 """

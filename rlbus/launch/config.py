@@ -47,7 +47,7 @@ from typing import Any, Literal
 
 import msgspec
 
-from rlbus.config import KafkaBusConfig, parse, secret_from
+from rlbus.config import KafkaBusConfig, did_you_mean, parse, secret_from
 from rlbus.errors import ConfigError
 from rlbus.models.config import DEMO_SHAPE, PolicyConfig
 from rlbus.training.config import DPOConfig, GRPOConfig, OnlineConfig
@@ -535,7 +535,7 @@ def config_from_dict(raw: Mapping[str, Any], environ: Mapping[str, str]) -> RunC
     """Validate a parsed TOML document table by table (so errors name ``table.field``)."""
     for name, value in raw.items():
         if name not in SECTIONS:
-            raise ConfigError(name, f"unknown table; expected one of {', '.join(SECTIONS)}")
+            raise ConfigError(name, f"unknown table{did_you_mean(name, SECTIONS)} (the tables: {', '.join(SECTIONS)})")
         if not isinstance(value, dict):
             raise ConfigError(name, "must be a table ([name] with fields)")
     tables = {name: dict(raw.get(name, {})) for name in SECTIONS}
@@ -572,14 +572,15 @@ def _model_section(table: dict[str, Any]) -> ModelSection:
     if table.get("kind", "policy") == "hf" or "checkpoint" in table:
         for name in table:
             if name not in _HF_FIELDS:
-                raise ConfigError(f"model.{name}", f"unknown field; with kind = \"hf\" or a checkpoint the fields "
-                                  f"are {', '.join(_HF_FIELDS)}")
+                raise ConfigError(f"model.{name}", f"unknown field{did_you_mean(name, _HF_FIELDS)} (with kind = "
+                                  f"\"hf\" or a checkpoint the fields are {', '.join(_HF_FIELDS)})")
         return parse(ModelSection, table, prefix="model")
     common = {k: table.pop(k) for k in ("kind", "device") if k in table}
     known = {f.name for f in dataclasses.fields(PolicyConfig)}
     for name in table:
         if name not in known:
-            raise ConfigError(f"model.{name}", f"unknown field; the shape fields are {', '.join(sorted(known))}")
+            raise ConfigError(f"model.{name}", f"unknown field{did_you_mean(name, [*known, *_HF_FIELDS])} (the "
+                              f"shape fields are {', '.join(sorted(known))})")
     try:
         shape = msgspec.convert({**dataclasses.asdict(DEMO_SHAPE), **table}, PolicyConfig)
     except msgspec.ValidationError as exc:

@@ -1,0 +1,225 @@
+"""``rlbus config check FILE``: everything a run config names, checked before any process starts.
+
+`check_config` loads the file as every role does (`rlbus.launch.config.load_config`, the environment
+overrides applied), then checks what loading alone does not reach:
+
+* ``[task]``: the environment exists (an unknown name suggests the closest registered one), is built from
+  ``env_config`` (a misspelt field names ``task.env_config.<field>`` and the closest valid one) and draws a
+  few prompts from ``seed`` as the prompt producer would;
+* ``[model]``: the source resolves without loading weights: ``path`` is a model directory, ``gguf`` a file,
+  ``name`` a shipped model that is installed, ``checkpoint`` exists; ``device`` is one torch knows;
+* ``[reward]``: with a judge, the rubric file parses (`rlbus.envs.judge.load_rubric`) and an ``engine``
+  backend's model resolves as ``rlbus generate --model`` would (no backend is built);
+* ``[dpo]``: the preference files named exist.
+
+The first problem raises a `ConfigError` naming the field. `render_toml` prints the resolved config, every
+table with its defaults filled (secrets masked), as TOML that loads back into the same config.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from rlbus.config import SECRET_MASK, did_you_mean
+from rlbus.errors import ConfigError
+from rlbus.launch.config import (
+    SECTIONS,
+    DPOSection,
+    ModelSection,
+    RewardSection,
+    RunConfig,
+    TaskSection,
+    load_config,
+    to_tables,
+)
+
+#: Prompts drawn from the task to check that its config generates.
+SAMPLE_PROMPTS = 2
+
+
+@dataclass(frozen=True)
+class Checked:
+    """A config that passed, and one line for each thing checked beyond loading it."""
+
+    config: RunConfig
+    notes: list[str] = field(default_factory=list)
+
+
+def check_config(path: Path, environ: Any = None) -> Checked:
+    """Load ``path`` and check what it names; the first problem raises a ConfigError naming the field."""
+    config = load_config(path, environ)
+    notes = [check_task(config.task), check_model(config.model)]
+    notes += check_reward(config.reward)
+    notes += check_dpo(config.dpo)
+    return Checked(config, notes)
+
+
+def check_task(task: TaskSection) -> str:
+    """``[task]``: the environment is registered, its ``env_config`` builds it, and it draws prompts."""
+    from rlbus.envs import make_env, registered_envs
+    from rlbus.envs.base import Task
+
+    known = registered_envs()
+    if task.env not in known and ":" not in task.env:
+        raise ConfigError("task.env", f"unknown environment {task.env!r}{did_you_mean(task.env, known)} "
+                          f"(registered: {', '.join(known)})")
+    try:
+        env = make_env(task.env, task.env_config)
+    except ConfigError as exc:
+        raise ConfigError(f"task.{exc.field}", exc.problem) from None
+    except (ValueError, TypeError) as exc:
+        raise ConfigError("task.env_config", str(exc)) from None
+    if not isinstance(env, Task):
+        raise ConfigError("task.env", f"environment {task.env!r} does not generate prompts (it is not a Task)")
+    try:
+        prompts = env.generate(task.seed + 1000, SAMPLE_PROMPTS)
+    except ConfigError as exc:
+        raise ConfigError(f"task.env_config ({exc.field})", exc.problem) from None
+    except (ValueError, TypeError, OSError) as exc:
+        raise ConfigError("task.env_config", f"the environment cannot generate prompts: {exc}") from None
+    return f"task: {task.env!r} builds from env_config and generates prompts ({len(prompts)} drawn)"
+
+
+def check_model(model: ModelSection) -> str:
+    """``[model]``: the source resolves (directory, file, shipped model, checkpoint) without loading weights."""
+    from rlbus.models.sources import SHIPPED, model_dir, resolve_device, shipped_gguf
+
+    if model.device != "auto":
+        try:
+            resolve_device(model.device)
+        except (RuntimeError, ValueError) as exc:
+            raise ConfigError("model.device", f"{model.device!r} is not a device: {exc}") from None
+    if model.checkpoint is not None:
+        if not Path(model.checkpoint).expanduser().exists():
+            raise ConfigError("model.checkpoint", f"no such file or directory: {model.checkpoint}")
+        return f"model: checkpoint {model.checkpoint} exists"
+    if model.kind == "policy":
+        return f"model: the in-house policy (d_model {model.policy.d_model}, {model.policy.n_layer} layers)"
+    if model.name is not None:
+        if model.name not in SHIPPED:
+            raise ConfigError("model.name", f"unknown model {model.name!r}{did_you_mean(model.name, SHIPPED)} "
+                              f"(shipped models: {', '.join(SHIPPED)})")
+        return f"model: shipped model {model.name}, installed at {shipped_gguf(model.name)}"
+    if model.path is not None:
+        return f"model: model directory {model_dir(path=model.path)}"
+    assert model.gguf is not None
+    if not Path(model.gguf).expanduser().is_file():
+        raise ConfigError("model.gguf", f"no such file: {model.gguf}")
+    return f"model: GGUF file {model.gguf} (converted once on first use)"
+
+
+def check_reward(reward: RewardSection) -> list[str]:
+    """``[reward]``: a judge's rubric parses and an engine backend's model resolves; no backend is built."""
+    if reward.kind == "verifier":
+        return []
+    from rlbus.envs.judge import load_rubric
+
+    judge = reward.judge
+    try:
+        rubric = load_rubric(judge.rubric)
+    except ConfigError as exc:
+        raise ConfigError("reward.judge.rubric", f"{exc.field}: {exc.problem}") from None
+    notes = [f"reward: rubric {judge.rubric} parses ({len(rubric.dimensions)} dimensions)"]
+    if judge.backend == "engine":
+        notes.append(f"reward: judge model {_judge_model(judge.model)}")
+    return notes
+
+
+def _judge_model(text: str) -> str:
+    """How ``[reward.judge] model`` resolves for the engine backend (`rlbus.models.sources.parse_model`'s
+    rules, without loading or converting anything)."""
+    from rlbus.models.sources import SHIPPED, model_dir, shipped_gguf
+
+    presets = ("tiny", "bench", "demo")
+    if text in presets:
+        return f"{text} (an in-house policy preset)"
+    if text in SHIPPED:
+        try:
+            return f"{text} (shipped, installed at {shipped_gguf(text)})"
+        except ConfigError as exc:
+            raise ConfigError("reward.judge.model", exc.problem) from None
+    if text.endswith(".gguf"):
+        if not Path(text).expanduser().is_file():
+            raise ConfigError("reward.judge.model", f"no such file: {text}")
+        return f"{text} (a GGUF file)"
+    if Path(text).expanduser().is_dir():
+        try:
+            return f"{model_dir(path=text)} (a model directory)"
+        except ConfigError as exc:
+            raise ConfigError("reward.judge.model", exc.problem) from None
+    names = [*presets, *SHIPPED]
+    raise ConfigError("reward.judge.model", f"{text!r}{did_you_mean(text, names)} is none of: {', '.join(names)}, "
+                      "a model directory, a .gguf file")
+
+
+def check_dpo(dpo: DPOSection) -> list[str]:
+    """``[dpo]``: the preference files it names exist."""
+    notes = []
+    for name in ("data", "eval_data"):
+        file = getattr(dpo, name)
+        if file is not None:
+            if not Path(file).expanduser().is_file():
+                raise ConfigError(f"dpo.{name}", f"no such file: {file}")
+            notes.append(f"dpo: {name} {file} exists")
+    return notes
+
+
+def resolved_tables(config: RunConfig) -> dict[str, Any]:
+    """Every table of ``config`` with its defaults filled (`to_tables`), secrets masked."""
+    tables = to_tables(config)
+    tables = {name: tables[name] for name in SECTIONS if name in tables}
+    if tables["bus"].get("sasl_password") is not None:
+        tables["bus"]["sasl_password"] = SECRET_MASK
+    return tables
+
+
+def render_toml(tables: dict[str, Any]) -> str:
+    """``tables`` as TOML: a nested table as ``[a.b]``, an unset (None) field as a comment."""
+    lines: list[str] = []
+
+    def table(name: str, data: dict[str, Any]) -> None:
+        if lines:
+            lines.append("")
+        lines.append(f"[{name}]")
+        nested = []
+        for key, value in data.items():
+            if isinstance(value, dict) and value:
+                nested.append((f"{name}.{_key(key)}", value))
+            elif value is None:
+                lines.append(f"# {_key(key)} is unset")
+            else:
+                lines.append(f"{_key(key)} = {_value(value)}")
+        for sub, value in nested:
+            table(sub, value)
+
+    for name, data in tables.items():
+        table(name, data)
+    return "\n".join(lines) + "\n"
+
+
+def _key(key: str) -> str:
+    return key if key.replace("_", "").replace("-", "").isalnum() else json.dumps(key)
+
+
+def _value(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, float):
+        if math.isnan(value):
+            return "nan"
+        if math.isinf(value):
+            return "inf" if value > 0 else "-inf"
+        return repr(value)
+    if isinstance(value, int):
+        return str(value)
+    if isinstance(value, str):
+        return json.dumps(value, ensure_ascii=False)
+    if isinstance(value, (list, tuple)):
+        return "[" + ", ".join(_value(v) for v in value) + "]"
+    if isinstance(value, dict):
+        return "{" + ", ".join(f"{_key(k)} = {_value(v)}" for k, v in value.items() if v is not None) + "}"
+    raise TypeError(f"cannot write {type(value).__name__} as TOML")
