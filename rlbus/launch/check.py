@@ -52,10 +52,20 @@ class Checked:
 def check_config(path: Path, environ: Any = None) -> Checked:
     """Load ``path`` and check what it names; the first problem raises a ConfigError naming the field."""
     config = load_config(path, environ)
-    notes = [check_task(config.task), check_model(config.model)]
+    notes = [check_task(config.task), *check_prompts(config.task), check_model(config.model)]
     notes += check_reward(config.reward)
     notes += check_dpo(config.dpo)
     return Checked(config, notes)
+
+
+def check_prompts(task: TaskSection) -> list[str]:
+    """``[task] prompts``: every line of the file parses and its environment accepts it (file and line named)."""
+    if task.prompts is None:
+        return []
+    from rlbus.envs.tasks.jsonl import validate_prompts
+
+    count = validate_prompts(task.prompts)
+    return [f"task.prompts: {task.prompts} holds {count} valid prompt(s)"]
 
 
 def check_task(task: TaskSection) -> str:

@@ -91,3 +91,17 @@ def test_the_cli_prints_the_resolved_config_or_the_error(tmp_path: Path) -> None
     bad = runner.invoke(app, ["config", "check", str(write(tmp_path, "[trainer]\ngroups_per_stp = 4\n"))])
     assert bad.exit_code == 1
     assert "trainer.groups_per_stp" in bad.output and "did you mean `groups_per_step`?" in bad.output
+
+
+def test_a_prompt_file_is_checked_line_by_line(tmp_path: Path) -> None:
+    from rlbus.errors import PromptFileError
+    from rlbus.launch.check import check_config
+
+    problems = tmp_path / "problems.jsonl"
+    problems.write_text('{"env": "answer", "text": "2+2?", "reference": "4"}\n')
+    config = tmp_path / "run.toml"
+    config.write_text(f'[task]\nprompts = "{problems}"\n')
+    assert any("1 valid prompt" in note for note in check_config(config, environ={}).notes)
+    problems.write_text('{"env": "answer", "text": "2+2?", "reference": "4"}\n{"env": "answer", "txt": "x"}\n')
+    with pytest.raises(PromptFileError, match=r"problems\.jsonl.*2"):
+        check_config(config, environ={})
