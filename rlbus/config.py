@@ -7,6 +7,7 @@ picks the pluggable part; builders turn config into constructor arguments so cla
 from __future__ import annotations
 
 import difflib
+import importlib
 import os
 import re
 from collections.abc import Iterable, Mapping
@@ -135,6 +136,40 @@ def parse(config_type: Any, data: Any, *, prefix: str) -> Any:
                 known = getattr(_struct_at(config_type, path), "__struct_fields__", ())
                 problem = f"unknown field `{unknown.group(1)}`{did_you_mean(unknown.group(1), known)}"
         raise ConfigError(field or prefix, problem) from None
+
+
+def is_import_path(name: str) -> bool:
+    """Whether ``name`` is a ``module:attr`` import path (``mypkg.tasks:WordProblems``) rather than a name."""
+    module, sep, attr = name.partition(":")
+    return bool(sep and module and attr)
+
+
+def import_object(path: str, *, field: str) -> Any:
+    """The object a ``module:attr`` import path names (``attr`` may be dotted: ``mod:Class.method``).
+
+    A user's plugins (an environment, a reward function) are named this way in the run config; every process
+    resolves the path itself, so the package must be importable there: installed in the environment the
+    process runs in, or on ``PYTHONPATH``. Errors are ConfigErrors naming ``field`` and what failed."""
+    module_name, sep, attr = path.partition(":")
+    if not (sep and module_name and attr):
+        raise ConfigError(field, f"{path!r} is not an import path of the form 'package.module:name'")
+    try:
+        module = importlib.import_module(module_name)
+    except ModuleNotFoundError as exc:
+        missing = exc.name or module_name
+        raise ConfigError(field, f"cannot import module {module_name!r} (no module named {missing!r}): install "
+                          f"its package in this Python environment (pip install …) or add its directory to "
+                          f"PYTHONPATH") from None
+    except Exception as exc:  # the user's module raised while it was imported
+        raise ConfigError(field, f"importing module {module_name!r} failed: {type(exc).__name__}: {exc}") from None
+    obj: Any = module
+    for part in attr.split("."):
+        try:
+            obj = getattr(obj, part)
+        except AttributeError:
+            raise ConfigError(field, f"module {module_name!r} has no attribute {attr!r}"
+                              f"{did_you_mean(part, dir(obj))}") from None
+    return obj
 
 
 def did_you_mean(name: str, choices: Iterable[str]) -> str:

@@ -17,14 +17,16 @@ from __future__ import annotations
 
 import abc
 import contextlib
+import inspect
 from collections.abc import Awaitable, Callable, Mapping
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
+from importlib.metadata import EntryPoint, entry_points
 from typing import TYPE_CHECKING, Any, ClassVar, Generic, TypeVar
 
 import msgspec
 
-from rlbus.config import parse
+from rlbus.config import did_you_mean, import_object, is_import_path, parse
 from rlbus.envs.chat import format_answer, format_tool_call
 from rlbus.errors import ConfigError
 from rlbus.schemas import Prompt, Reward
@@ -188,6 +190,11 @@ def describe_actions(tools: Mapping[str, Tool], *, native_tools: bool = False) -
 #: Filled by `register_env`; the built-in tasks register when `rlbus.envs` is imported, which Python does
 #: before this module, so they are always here.
 _REGISTRY: dict[str, type[Environment[Any]]] = {}
+#: Environments a user's package provides, resolved on first use: import paths and entry point names.
+_LOADED: dict[str, type[Environment[Any]]] = {}
+
+#: The package entry point group an installed package registers its environments in (``name = "pkg.mod:Class"``).
+ENTRY_POINT_GROUP = "rlbus.envs"
 
 
 def register_env(name: str, env_type: type[Environment[Any]]) -> None:
@@ -199,15 +206,54 @@ def register_env(name: str, env_type: type[Environment[Any]]) -> None:
 
 
 def registered_envs() -> list[str]:
-    return sorted(_REGISTRY)
+    """The names `make_env` knows: the built-in ones and those of installed packages' ``rlbus.envs`` entry
+    points (not loaded here). Any ``module:Class`` import path works too."""
+    return sorted(set(_REGISTRY) | set(_entry_points()))
+
+
+def _entry_points() -> dict[str, EntryPoint]:
+    return {ep.name: ep for ep in entry_points(group=ENTRY_POINT_GROUP)}
+
+
+def env_type(name: str) -> type[Environment[Any]]:
+    """The environment class ``name`` stands for: a registered name (built in), an import path
+    (``mypkg.tasks:WordProblems``, imported here) or the name of an ``rlbus.envs`` entry point of an installed
+    package (loaded here). Every process makes its environments through this, so a user's environment needs
+    no wiring beyond being importable. ConfigError names ``env`` and says what failed."""
+    found = _REGISTRY.get(name) or _LOADED.get(name)
+    if found is not None:
+        return found
+    if is_import_path(name):
+        obj = import_object(name, field="env")
+        where = f"{name!r}"
+    else:
+        entry = _entry_points().get(name)
+        if entry is None:
+            known = registered_envs()
+            raise ConfigError("env", f"unknown environment {name!r}{did_you_mean(name, known)}; registered: "
+                              f"{', '.join(known)} (a user's environment: 'package.module:Class', or an "
+                              f"{ENTRY_POINT_GROUP!r} entry point)")
+        where = f"entry point {name!r} ({entry.value}, group {ENTRY_POINT_GROUP!r})"
+        try:
+            obj = entry.load()
+        except Exception as exc:  # the user's package raised while it was imported
+            raise ConfigError("env", f"{where} failed to load: {type(exc).__name__}: {exc}") from None
+    if not (isinstance(obj, type) and issubclass(obj, Environment)):
+        what = f"a {type(obj).__name__}" if not isinstance(obj, type) else f"the class {obj.__qualname__}"
+        raise ConfigError("env", f"{where} is {what}, not an environment class (a subclass of "
+                          "rlbus.envs.Environment, or rlbus.envs.Task to generate prompts)")
+    if inspect.isabstract(obj):
+        missing = ", ".join(sorted(getattr(obj, "__abstractmethods__", ())))
+        raise ConfigError("env", f"{where} is abstract: it does not implement {missing}")
+    _LOADED[name] = obj
+    return obj
 
 
 def make_env(name: str, config: Mapping[str, Any] | None = None) -> Environment[Any]:
-    """The environment ``name`` configured by ``config``; ConfigError names an unknown env or bad field."""
-    env_type = _REGISTRY.get(name)
-    if env_type is None:
-        raise ConfigError("env", f"unknown environment {name!r}; registered: {', '.join(sorted(_REGISTRY))}")
-    return env_type(parse(env_type.config_type, dict(config or {}), prefix="env_config"))
+    """The environment ``name`` (see `env_type`) configured by ``config``; ConfigError names an unknown or
+    unloadable env or a bad field."""
+    found = env_type(name)
+    return found(parse(found.config_type, dict(config or {}), prefix="env_config"))
 
 
 def env_for(prompt: Prompt) -> Environment[Any]:

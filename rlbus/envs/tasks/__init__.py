@@ -10,6 +10,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+import msgspec
+
 from rlbus.envs.base import Task, make_env
 from rlbus.envs.tasks import answer, arith, kv, python_fn, strings
 from rlbus.errors import ConfigError
@@ -19,8 +21,12 @@ __all__ = ["answer", "arith", "generate_prompts", "kv", "python_fn", "strings"]
 
 
 def generate_prompts(env: str, *, seed: int, n: int, config: Mapping[str, Any] | None = None) -> list[Prompt]:
-    """``n`` prompts of task ``env``, identical for identical ``seed`` and ``config``."""
+    """``n`` prompts of task ``env``, identical for identical ``seed`` and ``config``.
+
+    Each prompt names the environment as ``env`` does (``prompt.env``): a user's task made from an import path
+    (``mypkg.tasks:WordProblems``) or an entry point need not know the name it was configured under, and the
+    rollout and reward workers that receive its prompts make the same environment from that name."""
     task = make_env(env, config)
     if not isinstance(task, Task):
         raise ConfigError("env", f"environment {env!r} does not generate prompts (it is not a Task)")
-    return task.generate(seed, n)
+    return [p if p.env == env else msgspec.structs.replace(p, env=env) for p in task.generate(seed, n)]
