@@ -29,6 +29,7 @@ rlbus, so callers handle one hierarchy. Each class says whether retrying the sam
     ├── BlobStoreError               a blob store read or write failed (network, disk)  (retriable)
     ├── BlobAuthError                the HTTP blob server refused the request's signature
     ├── SandboxError                 the sandbox could not be set up (not: the program failed)
+    ├── RewardFunctionError          a user's reward function raised or returned no finite number (→ DLQ)
     ├── JudgeError                   an LM judge endpoint refused or answered garbage
     │   └── JudgeUnavailable         it could not be reached or kept failing       (retriable)
     ├── FeedbackError                the feedback API refused a user signal or could not be reached
@@ -171,6 +172,11 @@ class TaskFormatError(ConfigError):
     def __init__(self, where: str, problem: str) -> None:
         super().__init__(where, problem)
         self.args = (f"{where}: {problem}",)
+
+
+class RewardFunctionError(RlbusError):
+    """A user's reward function (``[reward] function``) raised or returned something other than a finite
+    number; the rollout goes to the dead-letter topic with this reason."""
 
 
 class JudgeError(RlbusError):

@@ -7,7 +7,9 @@ prompt's environment (exact match, hidden unit tests in the sandbox, tool-task a
 kind asks an LM judge with a rubric, and ``both`` publishes both rewards of each rollout (one group,
 ``reward-both``; the trainer's ``reward_sources`` say which it waits for). The reward's ``source`` is
 what the environment or judge says (``verifier`` for exact answers, ``sandbox`` for hidden unit tests,
-``judge``). Rewards go to
+``judge``). A user's reward function (``[reward] function``, `rlbus.envs.rewards.RewardFunction`) takes the
+environment's place as the verifier (source ``verifier``); when it raises or returns no finite number the
+rollout is dead-lettered with that reason. Rewards go to
 ``rl.rewards.v1`` keyed by rollout id, with the id ``<rollout>:<source>``, so a redelivered rollout
 scored twice changes nothing downstream. Served traffic (``rlbus serve``: ``metadata.origin = "served"``,
 no prompt) is skipped and counted, not dead-lettered: its rewards come from its users (the feedback API,
@@ -35,13 +37,14 @@ from rlbus.bus.dlq import DeadLetters, handle_batch
 from rlbus.bus.topics import REWARDS, ROLLOUTS
 from rlbus.bus.types import Record
 from rlbus.envs.base import env_for
-from rlbus.envs.episode import rollout_to_episode
+from rlbus.envs.episode import Episode, rollout_to_episode
 from rlbus.envs.judge import Judge
+from rlbus.envs.rewards import RewardFunction
 from rlbus.errors import MalformedMessage
 from rlbus.metrics import REWARD, observe_processing
 from rlbus.observe.lag import LagProbe
 from rlbus.observe.logs import record_fields
-from rlbus.schemas import Reward, Rollout
+from rlbus.schemas import Prompt, Reward, Rollout
 from rlbus.state.join import is_served
 
 log = logging.getLogger("rlbus.consumers.reward")
@@ -58,12 +61,14 @@ class RewardWorker:
         concurrency: int = 4,
         max_batch: int = 64,
         on_reward: Callable[[Reward, Rollout], None] | None = None,
+        function: RewardFunction | None = None,
     ) -> None:
         if kind in ("judge", "both") and judge is None:
             raise ValueError(f"a {kind} reward worker needs a Judge")
         self._bus = bus
         self.kind = kind
         self._judge = judge
+        self._function = function
         self.worker_id = worker_id
         self._concurrency = concurrency
         self._max_batch = max_batch
@@ -95,7 +100,7 @@ class RewardWorker:
         if self._judge is not None:
             reward = await self._judge.score(episode, prompt)
         else:
-            reward = await env_for(prompt).score(episode, prompt)
+            reward = await self._verify(episode, prompt)
         return msgspec.structs.replace(reward, rollout_created_at=rollout.created_at)
 
     async def score_both(self, rollout: Rollout) -> list[Reward]:
@@ -104,8 +109,14 @@ class RewardWorker:
         if prompt is None or self._judge is None:
             raise MalformedMessage(f"rollout {rollout.rollout_id} carries no prompt; it cannot be scored")
         episode = rollout_to_episode(rollout)
-        rewards = await asyncio.gather(env_for(prompt).score(episode, prompt), self._judge.score(episode, prompt))
+        rewards = await asyncio.gather(self._verify(episode, prompt), self._judge.score(episode, prompt))
         return [msgspec.structs.replace(r, rollout_created_at=rollout.created_at) for r in rewards]
+
+    async def _verify(self, episode: Episode, prompt: Prompt) -> Reward:
+        """The verifier reward: the user's reward function when there is one, else the prompt's environment."""
+        if self._function is not None:
+            return await self._function.score(episode, prompt)
+        return await env_for(prompt).score(episode, prompt)
 
     async def _handle(self, record: Record[Any]) -> None:
         rollout: Rollout = record.value

@@ -25,6 +25,7 @@ from rlbus.wiring.infra import open_bus, open_state, open_store, with_claims
 
 if TYPE_CHECKING:
     from rlbus.envs.judge import Judge
+    from rlbus.envs.rewards import RewardFunction
     from rlbus.models.sources import Model, ModelSource
     from rlbus.training.config import DPOConfig, GRPOConfig, OnlineConfig
 
@@ -170,10 +171,15 @@ class RewardArgs(TypedDict):
     kind: str
     concurrency: int
     judge: Judge | None
+    function: RewardFunction | None
 
 
 def reward_args(config: RunConfig) -> RewardArgs:
-    return RewardArgs(kind=config.reward.kind, concurrency=config.reward.concurrency, judge=judge_for(config))
+    from rlbus.envs.rewards import RewardFunction
+
+    function = RewardFunction.load(config.reward.function) if config.reward.function is not None else None
+    return RewardArgs(kind=config.reward.kind, concurrency=config.reward.concurrency, judge=judge_for(config),
+                      function=function)
 
 
 def judge_for(config: RunConfig, environ: Mapping[str, str] | None = None) -> Judge | None:

@@ -8,8 +8,9 @@ overrides applied), then checks what loading alone does not reach:
   few prompts from ``seed`` as the prompt producer would;
 * ``[model]``: the source resolves without loading weights: ``path`` is a model directory, ``gguf`` a file,
   ``name`` a shipped model that is installed, ``checkpoint`` exists; ``device`` is one torch knows;
-* ``[reward]``: with a judge, the rubric file parses (`rlbus.envs.judge.load_rubric`) and an ``engine``
-  backend's model resolves as ``rlbus generate --model`` would (no backend is built);
+* ``[reward]``: a ``function`` resolves to a callable (when the config loads); with a judge, the rubric file
+  parses (`rlbus.envs.judge.load_rubric`) and an ``engine`` backend's model resolves as
+  ``rlbus generate --model`` would (no backend is built);
 * ``[dpo]``: the preference files named exist.
 
 The first problem raises a `ConfigError` naming the field. `render_toml` prints the resolved config, every
@@ -123,9 +124,12 @@ def check_model(model: ModelSection) -> str:
 
 
 def check_reward(reward: RewardSection) -> list[str]:
-    """``[reward]``: a judge's rubric parses and an engine backend's model resolves; no backend is built."""
+    """``[reward]``: the reward function (imported when the config loaded) is named; a judge's rubric parses and
+    an engine backend's model resolves; no backend is built."""
+    functions = [f"reward: function {reward.function} is callable as score(prompt, completion, reference)"] \
+        if reward.function is not None else []
     if reward.kind == "verifier":
-        return []
+        return functions
     from rlbus.envs.judge import load_rubric
 
     judge = reward.judge
@@ -133,7 +137,7 @@ def check_reward(reward: RewardSection) -> list[str]:
         rubric = load_rubric(judge.rubric)
     except ConfigError as exc:
         raise ConfigError("reward.judge.rubric", f"{exc.field}: {exc.problem}") from None
-    notes = [f"reward: rubric {judge.rubric} parses ({len(rubric.dimensions)} dimensions)"]
+    notes = [*functions, f"reward: rubric {judge.rubric} parses ({len(rubric.dimensions)} dimensions)"]
     if judge.backend == "engine":
         notes.append(f"reward: judge model {_judge_model(judge.model)}")
     return notes

@@ -6,7 +6,8 @@ Tables (each optional; defaults equal ``rlbus demo``'s, so a file with only ``[b
     [bus]      Kafka connection (rlbus.config.KafkaBusConfig: bootstrap, SASL/TLS, compression …)
     [state]    url = "redis://host:6379/0" (or "memory://" for a single process), key_prefix
     [store]    dir = "/shared/blobs"  or  url = "http://blobs:8470" (+ the HMAC secret, see below)
-    [task]     env, env_config, group_size, seed, prompts (a JSONL prompt file instead of the task's generator)
+    [task]     env (a built-in name, an ``rlbus.envs`` entry point or ``"mypkg.tasks:Class"``), env_config,
+               group_size, seed, prompts (a JSONL prompt file instead of the task's generator)
     [model]    kind = "policy" (PolicyConfig fields over the demo's shape) or "hf" (name | path | gguf), device,
                or checkpoint = "DIR" written by `rlbus pretrain` / the trainer
     [trainer]  lr, groups_per_step, admission, publish_every, checkpoint_dir, checkpoint_every,
@@ -20,7 +21,8 @@ Tables (each optional; defaults equal ``rlbus demo``'s, so a file with only ``[b
     [dpo.train]  how it trains: steps (0: no stage), beta, loss, lr, batch_size …
                (rlbus.training.config.DPOConfig)
     [rollout]  temperature, prompts_in_flight, max_batch …
-    [reward]   kind = "verifier" | "judge" | "both", concurrency; [reward.judge] the LM judge (rubric, backend …)
+    [reward]   kind = "verifier" | "judge" | "both", concurrency, function (a user's reward function by import
+               path, in the verifier's place); [reward.judge] the LM judge (rubric, backend …)
     [run]      run_dir (the run log), namespace (prefix of topics, groups and Redis keys), metrics_port,
                heartbeat_s, claim_threshold_bytes
 
@@ -101,7 +103,9 @@ class TaskSection(msgspec.Struct, **_STRUCT):
     e.g. ``answer``: `rlbus.envs.tasks.answer`); ``env`` and ``env_config`` then only drive what still needs a
     generator — the warm start, the held-out evaluation and the DPO stage's task pairs."""
 
-    #: Registered environment (``arith``, ``strings``, ``kv``, ``python_fn``).
+    #: Environment: a built-in name (``arith``, ``strings``, ``kv``, ``python_fn``), the name of an installed package's
+    #: ``rlbus.envs`` entry point, or a user's class by import path (``"mypkg.tasks:WordProblems"``), resolved by
+    #: `rlbus.envs.make_env` in every process that makes it.
     env: str = "arith"
     #: The environment's configuration (validated by the environment when prompts are generated).
     env_config: dict[str, Any] = msgspec.field(default_factory=lambda: {"digits": 1})
@@ -364,10 +368,21 @@ class RewardSection(msgspec.Struct, **_STRUCT):
     concurrency: int = 8
     #: The LM judge (kind = "judge" or "both").
     judge: JudgeSection = msgspec.field(default_factory=JudgeSection)
+    #: A user's reward function by import path, ``"mypkg.rewards:score"``: ``score(prompt, completion,
+    #: reference) -> float`` (or async), scoring in the environment's place (kind = "verifier" or "both"; the
+    #: reward's source stays ``verifier``). Imported when the config is loaded, so every process needs the
+    #: package (installed, or on PYTHONPATH): `rlbus.envs.rewards.RewardFunction`.
+    function: str | None = None
 
     def __post_init__(self) -> None:
         if self.kind != "verifier" and not self.judge.rubric:
             raise ConfigError("reward.judge.rubric", f'kind = "{self.kind}" needs a rubric file')
+        if self.function is not None:
+            if self.kind == "judge":
+                raise ConfigError("reward.function", 'replaces the verifier: only with kind = "verifier" or "both"')
+            from rlbus.envs.rewards import RewardFunction
+
+            RewardFunction.load(self.function)
 
 
 class ServeSection(msgspec.Struct, **_STRUCT):

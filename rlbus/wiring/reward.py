@@ -1,4 +1,5 @@
-"""The reward worker: the task's verifier, an LM judge, or both, scoring rollouts on the bus.
+"""The reward worker: the task's verifier (or a user's reward function), an LM judge, or both, scoring rollouts
+on the bus.
 
 The judge (with ``kind`` judge or both) comes in built: `rlbus.launch.arguments.judge_for` builds it from
 ``[reward.judge]``, a local engine or an OpenAI-compatible endpoint. Nothing here imports torch, so a reward
@@ -12,6 +13,7 @@ from collections.abc import Callable
 from rlbus.bus.base import Bus
 from rlbus.consumers.reward import RewardWorker
 from rlbus.envs.judge import Judge
+from rlbus.envs.rewards import RewardFunction
 from rlbus.schemas import Reward, Rollout
 
 
@@ -24,8 +26,10 @@ def reward_worker(
     worker_id: str = "reward-0",
     max_batch: int = 64,
     on_reward: Callable[[Reward, Rollout], None] | None = None,
+    function: RewardFunction | None = None,
 ) -> RewardWorker:
     """A reward worker of ``kind`` (``verifier``, ``judge`` or ``both``; the judge kinds need ``judge``) in the
-    consumer group ``reward-<kind>``, scoring up to ``concurrency`` rollouts at once."""
+    consumer group ``reward-<kind>``, scoring up to ``concurrency`` rollouts at once. ``function`` (a user's
+    ``[reward] function``) replaces the environment's verifier."""
     return RewardWorker(bus=bus, kind=kind, judge=judge, worker_id=worker_id, concurrency=concurrency,
-                        max_batch=max_batch, on_reward=on_reward)
+                        max_batch=max_batch, on_reward=on_reward, function=function)
