@@ -59,6 +59,7 @@ from rlbus.consumers.rollout import RolloutWorker, episode_threads
 from rlbus.envs.evaluate import evaluate as run_evaluation
 from rlbus.envs.evaluate import held_out_prompts
 from rlbus.launch.arguments import (
+    initial_model,
     model_source,
     producer_args,
     reward_args,
@@ -259,7 +260,8 @@ class Demo:
         warm_start(model, chat=self.chat, **warm_start_args(self.config.run))
 
     async def run(self, model: Model | None = None) -> DemoResult:
-        """Warm start (unless ``model`` is given: RL starts from it), async RL, evaluation."""
+        """Warm start (unless ``model`` is given or ``[model] checkpoint`` names one: RL starts from it), async RL,
+        evaluation."""
         c, run = self.config, self.config.run
         torch.manual_seed(c.seed)
         # One job at a time: the warm start and the evaluations of a real model use every core. The in-house
@@ -268,6 +270,8 @@ class Demo:
         torch.set_num_threads(cores)
         episode_threads(run.rollout.episode_threads)
         eval_prompts = self.eval_prompts()
+        if model is None and run.model.checkpoint is not None:  # as the trainer role: no warm start on top
+            model = await asyncio.to_thread(initial_model, run)
         if model is None:
             model = self.source.build(seed=c.seed)
             if run.trainer.warm_steps:

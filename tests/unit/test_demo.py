@@ -217,3 +217,27 @@ async def test_demo_config_with_a_prompt_file_and_no_warm_start(tmp_path: Path, 
     assert result.steps == 2 and result.accuracy_base is None  # no warm start: nothing before it to measure
     assert published and all(pid.startswith("mine-") for pid in published)
 
+
+async def test_demo_config_with_a_checkpoint_starts_rl_from_it(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+                                                                ) -> None:
+    """``[model] checkpoint``: RL starts from the checkpoint's weights, as the trainer role does (no warm start
+    on top of them, though ``warm_steps`` is set)."""
+    from rlbus import demo as demo_module
+    from rlbus.launch.config import load_config
+    from rlbus.training.checkpoint import TrainerState, save_checkpoint
+
+    base = Demo(DemoConfig(), tmp_path / "base").source.build(seed=7)
+    save_checkpoint(tmp_path / "ckpt", TrainerState(step=0, version=0, model=base.state_dict(),
+                                                    model_description=base.describe()))
+    (tmp_path / "run.toml").write_text(f'[model]\ncheckpoint = "{tmp_path / "ckpt"}"\n[task]\ngroup_size = 4\n'
+                                       '[trainer]\nwarm_steps = 10\ngroups_per_step = 2\n')
+    loaded: list[object] = []
+    initial_model = demo_module.initial_model
+    monkeypatch.setattr(demo_module, "initial_model", lambda run: loaded.append(initial_model(run)) or loaded[-1])
+    monkeypatch.setattr(Demo, "warm_start", lambda self, model: pytest.fail("warm start on a checkpoint"))
+    config = dataclasses.replace(DemoConfig.from_run(load_config(tmp_path / "run.toml")), workers=1, rl_steps=1,
+                                 time_budget_s=60, eval_size=4)
+    demo = Demo(config, tmp_path / "demo")
+    result = await demo.run()
+    assert result.steps == 1 and result.accuracy_base is None
+    assert demo.trainer is not None and loaded == [demo.trainer.model]
