@@ -125,7 +125,7 @@ def demo(
                                         "ending on it instead of the step count exits 1.")
     ] = None,
     workers: Annotated[int | None, typer.Option(help="Rollout workers (default 3, or 2 with --quick).")] = None,
-    seed: int = 0,
+    seed: Annotated[int | None, typer.Option(help="[task] seed (default 0, or the --config file's).")] = None,
     teacher_error: Annotated[
         float | None,
         typer.Option(help="Share of warm-start answers the sloppy teacher gets off by one (default 0.55; 0 = clean)."),
@@ -141,9 +141,18 @@ def demo(
         str, typer.Option(help="Rollout engine: torch, or vllm (an HF --model; the demo then runs under the vLLM "
                                "environment's python, `make vllm-env`, with one rollout worker by default).")
     ] = "torch",
+    config_file: Annotated[
+        Path | None, typer.Option("--config", help="Run this run config (TOML, as `rlbus worker` takes) instead of "
+                                                   "the demo's: its [task], [model], [trainer], [rollout], [reward] "
+                                                   "on the embedded bus ([bus], [state], [store] not used). Not with "
+                                                   "--model or --quick.")
+    ] = None,
 ) -> None:
     """Async RL end to end in one process: warm start, then prompts → rollout workers → rewards →
-    GRPO trainer, weights flowing back as lossless deltas. Embedded bus, CPU, a few minutes."""
+    GRPO trainer, weights flowing back as lossless deltas. Embedded bus, CPU, a few minutes.
+
+    Example: rlbus demo --config run.toml --steps 20 (your run config, no Kafka or Redis)
+    """
     import dataclasses
 
     import msgspec
@@ -151,12 +160,27 @@ def demo(
 
     if engine not in ("torch", "vllm"):
         raise typer.BadParameter("--engine is torch or vllm")
+    if config_file is not None and (model is not None or quick):
+        raise typer.BadParameter("--config runs the file's [model] and the demo's default steps: it does not combine "
+                                 "with --model or --quick (set [model] in the file, --steps for fewer steps)",
+                                 param_hint="--config")
     if engine == "vllm":
         _in_vllm_env()
-    from rlbus.demo import Demo, DemoConfig
+    from rlbus.demo import Demo, DemoConfig, embedded_note
     from rlbus.demo_view import live_table, plot, summary_table
 
-    config = DemoConfig.for_model(model) if model else DemoConfig.quick() if quick else DemoConfig()
+    if config_file is not None:
+        from rlbus.launch.config import load_config
+
+        try:
+            user_run = load_config(config_file)
+            config = DemoConfig.from_run(user_run)
+        except (RlbusError, ValueError) as exc:
+            err.print(f"error: {exc}", markup=False, highlight=False)
+            raise typer.Exit(1) from None
+        console.print(f"--config {config_file}: {embedded_note(user_run, run_dir)}", markup=False, highlight=False)
+    else:
+        config = DemoConfig.for_model(model) if model else DemoConfig.quick() if quick else DemoConfig()
     if engine == "vllm":
         if workers is None:
             workers = 1  # one vLLM per process on 2 cores
@@ -166,10 +190,14 @@ def demo(
         rl_steps=config.rl_steps if steps is None else steps,
         time_budget_s=config.time_budget_s if time_budget is None else time_budget,
         workers=config.workers if workers is None else workers,
-    ).tuned(task={"seed": seed}, trainer={} if teacher_error is None else {"teacher_error": teacher_error})
+    ).tuned(task={} if seed is None else {"seed": seed},
+            trainer={} if teacher_error is None else {"teacher_error": teacher_error})
     run_dir.mkdir(parents=True, exist_ok=True)
     task, trainer = config.run.task, config.run.trainer
-    console.print(f"[bold]rlbus demo[/bold]: {task.env} {task.env_config}, {config.workers} rollout workers, "
+    what = f"{task.env} {task.env_config}"
+    if task.prompts is not None:
+        what = f"prompts from {task.prompts} (evaluated on {what})"
+    console.print(f"[bold]rlbus demo[/bold]: {what}, {config.workers} rollout workers, "
                   f"G={task.group_size}, {trainer.groups_per_step} groups/step, run dir {run_dir}")
     with Live(console=console, refresh_per_second=4) as live:
         if console.is_terminal:

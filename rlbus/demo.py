@@ -19,6 +19,8 @@ against Kafka, Redis and the HTTP blob store:
 
 Every part is built by the builders of `rlbus.wiring` from the demo's run config (through
 `rlbus.launch.arguments`, as ``rlbus worker`` builds each role), so the demo runs what a distributed run runs.
+``rlbus demo --config run.toml`` runs a user's run config the same way (`DemoConfig.from_run`: the file's
+task, model, trainer, rollout and reward; always the embedded bus, in-memory state and local blobs).
 
 A live view shows reward, versions per worker, staleness, delta bytes and swap pauses; at the end the demo
 evaluates the policy again, prints a summary, writes ``summary.json`` and ``demo.png`` into the run
@@ -57,6 +59,7 @@ from rlbus.consumers.rollout import RolloutWorker, episode_threads
 from rlbus.envs.evaluate import evaluate as run_evaluation
 from rlbus.envs.evaluate import held_out_prompts
 from rlbus.launch.arguments import (
+    initial_model,
     model_source,
     producer_args,
     reward_args,
@@ -144,6 +147,13 @@ class DemoConfig:
             tables["model"] = {"kind": "hf", key: model}
         return cls(workers=2, rl_steps=60, time_budget_s=1500.0, eval_size=100).tuned(**tables)
 
+    @classmethod
+    def from_run(cls, run: RunConfig) -> DemoConfig:
+        """A user's run config (``rlbus demo --config``) on the embedded bus: ``[state]`` becomes ``memory://``;
+        ``[bus]`` and ``[store]`` are not used (the bus is in memory, blobs go under the run directory). The
+        demo's own settings (workers, steps, time budget, evaluation size) keep their defaults."""
+        return cls(run=run.tuned(state={"url": "memory://"}))
+
     def tuned(self, **tables: dict[str, Any]) -> DemoConfig:
         """A copy whose run config has these fields changed, table by table
         (``tuned(task={"group_size": 4}, trainer={"warm_steps": 10})``): `RunConfig.tuned`."""
@@ -193,6 +203,18 @@ class DemoResult:
         return {k: getattr(self, k) for k in keys} | {"outcomes": self.outcomes}
 
 
+def embedded_note(run: RunConfig, run_dir: Path) -> str:
+    """The line ``rlbus demo --config`` prints: what of the file the embedded run does not use."""
+    store = run.store.url or run.store.dir
+    parts = [f"[bus] bootstrap {run.bus.bootstrap}", f"[state] url {run.state.url}"]
+    parts.append(f"[store] {store}" if store else "[store]")
+    note = (f"embedded: in-memory bus and state store, blobs under {run_dir / 'blobs'}; not used from the file: "
+            f"{', '.join(parts)}")
+    if run.dpo.train.steps:
+        note += "; [dpo] (the demo runs no DPO stage: `rlbus train dpo --config`, then [model] checkpoint)"
+    return note
+
+
 def evaluate(model: Model, prompts: list[Prompt], source: ModelSource) -> float:
     """Greedy held-out accuracy of the bf16 cast of ``model`` (what the workers serve), through the harness."""
     return run_evaluation(model, prompts, source.chat, pad_id=source.pad_id).accuracy
@@ -238,7 +260,8 @@ class Demo:
         warm_start(model, chat=self.chat, **warm_start_args(self.config.run))
 
     async def run(self, model: Model | None = None) -> DemoResult:
-        """Warm start (unless ``model`` is given: RL starts from it), async RL, evaluation."""
+        """Warm start (unless ``model`` is given or ``[model] checkpoint`` names one: RL starts from it), async RL,
+        evaluation."""
         c, run = self.config, self.config.run
         torch.manual_seed(c.seed)
         # One job at a time: the warm start and the evaluations of a real model use every core. The in-house
@@ -247,6 +270,8 @@ class Demo:
         torch.set_num_threads(cores)
         episode_threads(run.rollout.episode_threads)
         eval_prompts = self.eval_prompts()
+        if model is None and run.model.checkpoint is not None:  # as the trainer role: no warm start on top
+            model = await asyncio.to_thread(initial_model, run)
         if model is None:
             model = self.source.build(seed=c.seed)
             if run.trainer.warm_steps:

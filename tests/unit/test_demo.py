@@ -129,3 +129,115 @@ def test_the_cli_exits_1_when_the_demo_ends_on_its_time_budget(tmp_path: Path, m
     assert out.exit_code == 1, out.output
     text = " ".join(out.output.split())  # the console wraps at its width
     assert "did not do its job" in text and "3 of 60 RL steps" in text and "workers eu-west v1" in text
+
+
+#: The shape of the quick tests' demo (`DemoConfig.quick().tuned(...)`) as a user's run config, naming a Kafka
+#: cluster, Redis and a blob server the embedded demo must not reach.
+RUN_TOML = """
+[bus]
+bootstrap = "kafka.invalid:9092"
+[state]
+url = "redis://redis.invalid:6379/0"
+[store]
+url = "http://blobs.invalid:8470"
+[task]
+group_size = 4
+[trainer]
+warm_steps = 10
+groups_per_step = 2
+teacher_error = 0.55
+"""
+
+
+def test_demo_config_runs_a_users_run_config_embedded(tmp_path: Path) -> None:
+    """`rlbus demo --config`: the file's run on the in-memory bus and state store, blobs in the run directory —
+    the [bus], [state] and [store] it names (hosts that do not resolve) are never reached."""
+    from typer.testing import CliRunner
+
+    from rlbus import cli
+
+    (tmp_path / "run.toml").write_text(RUN_TOML)
+    run_dir = tmp_path / "demo"
+    out = CliRunner().invoke(cli.app, ["demo", "--config", str(tmp_path / "run.toml"), "--steps", "2", "--workers",
+                                       "1", "--time-budget", "60", "--run-dir", str(run_dir),
+                                       "--json", str(tmp_path / "f.json")])
+    assert out.exit_code == 0, out.output
+    text = " ".join(out.output.split())
+    assert "embedded: in-memory bus and state store" in text and "redis://redis.invalid:6379/0" in text
+    import json
+
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["steps"] == 2 and summary["completed"] is True and summary["accuracy_base"] is not None
+    assert (run_dir / "blobs").is_dir()
+
+
+def test_demo_config_rejects_model_and_quick_and_names_a_bad_field(tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from rlbus import cli
+
+    (tmp_path / "run.toml").write_text(RUN_TOML)
+    for extra in (["--quick"], ["--model", "smollm2-135m-instruct"]):
+        out = CliRunner().invoke(cli.app, ["demo", "--config", str(tmp_path / "run.toml"), *extra])
+        assert out.exit_code == 2 and "does not combine" in " ".join(out.output.split()), out.output
+    (tmp_path / "bad.toml").write_text("[trainer]\ngroups_per_stp = 2\n")
+    out = CliRunner().invoke(cli.app, ["demo", "--config", str(tmp_path / "bad.toml")])
+    assert out.exit_code == 1 and "groups_per_stp" in out.output and "groups_per_step" in out.output, out.output
+
+
+async def test_demo_config_with_a_prompt_file_and_no_warm_start(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+                                                                ) -> None:
+    """``[trainer] warm_steps = 0`` starts RL from the initial weights; ``[task] prompts`` trains on the file
+    while the evaluation draws from ``[task] env``; the join in prompt order (a run config's default) works."""
+    from rlbus.launch.config import load_config
+    from rlbus.wiring import producer
+
+    lines = [f'{{"env": "arith", "text": "{a}+{b}=", "reference": "{a + b}", "prompt_id": "mine-{a}{b}"}}'
+             for a, b in ((1, 2), (3, 4), (5, 2))]
+    (tmp_path / "mine.jsonl").write_text("\n".join(lines) + "\n")
+    (tmp_path / "run.toml").write_text(
+        f'[task]\ngroup_size = 4\nprompts = "{tmp_path / "mine.jsonl"}"\n'
+        '[trainer]\nwarm_steps = 0\ngroups_per_step = 2\n[state]\nurl = "redis://redis.invalid:6379/0"\n')
+    published: list[str] = []
+    file_prompts = producer.file_prompts
+
+    def recorded(*args: object, **kwargs: object):  # type: ignore[no-untyped-def]
+        for prompt in file_prompts(*args, **kwargs):  # type: ignore[arg-type]
+            published.append(prompt.prompt_id)
+            yield prompt
+
+    monkeypatch.setattr(producer, "file_prompts", recorded)
+    run = load_config(tmp_path / "run.toml")
+    config = dataclasses.replace(DemoConfig.from_run(run), workers=1, rl_steps=2, time_budget_s=60, eval_size=4)
+    assert config.run.state.url == "memory://" and config.run.trainer.ordered
+    demo = Demo(config, tmp_path / "demo")
+    assert [p.env for p in demo.eval_prompts()] == ["arith"] * 4 and all(
+        not p.prompt_id.startswith("mine-") for p in demo.eval_prompts())
+    result = await demo.run()
+    assert result.steps == 2 and result.accuracy_base is None  # no warm start: nothing before it to measure
+    assert published and all(pid.startswith("mine-") for pid in published)
+
+
+async def test_demo_config_with_a_checkpoint_starts_rl_from_it(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+                                                                ) -> None:
+    """``[model] checkpoint``: RL starts from the checkpoint's weights, as the trainer role does (no warm start
+    on top of them, though ``warm_steps`` is set)."""
+    from rlbus import demo as demo_module
+    from rlbus.launch.config import load_config
+    from rlbus.training.checkpoint import TrainerState, save_checkpoint
+
+    base = Demo(DemoConfig(), tmp_path / "base").source.build(seed=7)
+    save_checkpoint(tmp_path / "ckpt", TrainerState(step=0, version=0, model=base.state_dict(),
+                                                    model_description=base.describe()))
+    (tmp_path / "run.toml").write_text(f'[model]\ncheckpoint = "{tmp_path / "ckpt"}"\n[task]\ngroup_size = 4\n'
+                                       '[trainer]\nwarm_steps = 10\ngroups_per_step = 2\n')
+    loaded: list[object] = []
+    initial_model = demo_module.initial_model
+    monkeypatch.setattr(demo_module, "initial_model", lambda run: loaded.append(initial_model(run)) or loaded[-1])
+    monkeypatch.setattr(Demo, "warm_start", lambda self, model: pytest.fail("warm start on a checkpoint"))
+    config = dataclasses.replace(DemoConfig.from_run(load_config(tmp_path / "run.toml")), workers=1, rl_steps=1,
+                                 time_budget_s=60, eval_size=4)
+    demo = Demo(config, tmp_path / "demo")
+    result = await demo.run()
+    assert result.steps == 1 and result.accuracy_base is None
+    assert demo.trainer is not None and loaded == [demo.trainer.model]
