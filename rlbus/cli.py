@@ -249,19 +249,20 @@ def _status_logger(every_s: float = 10.0, quiet_s: float = 60.0) -> Callable[[An
 
     from rlbus.demo_view import status_line
 
-    last: dict[str, Any] = {"t": 0.0, "phase": "", "line": "", "changed": time.monotonic()}
+    #: t / phase / printed: the last line printed; seen / changed: the last line built and when it changed.
+    last: dict[str, Any] = {"t": 0.0, "phase": "", "printed": "", "seen": "", "changed": time.monotonic()}
 
     def log(demo: Any) -> None:
         now, line = time.monotonic(), status_line(demo)
-        if line != last["line"] and last["line"]:
-            last["changed"] = now
-        if demo.phase != last["phase"] or (line != last["line"] and now - last["t"] >= every_s):
+        if line != last["seen"]:
+            last.update(seen=line, changed=now)
+        if demo.phase != last["phase"] or (line != last["printed"] and now - last["t"] >= every_s):
             console.print(line, markup=False, highlight=False)
-        elif line == last["line"] and now - last["t"] >= quiet_s:
+        elif line == last["printed"] and now - last["t"] >= quiet_s:
             console.print(f"{line}  (no change for {now - last['changed']:.0f} s)", markup=False, highlight=False)
         else:
             return
-        last.update(t=now, phase=demo.phase, line=line)
+        last.update(t=now, phase=demo.phase, printed=line)
 
     return log
 

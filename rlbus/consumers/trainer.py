@@ -242,9 +242,11 @@ class TrainerWorker:
         await self._state.incr(GROUPS_DONE_COUNTER, len(scored))
         if self.trainer.step == step_before:  # no step: these groups did not move the trainer towards a version
             await self._state.incr(GROUPS_FREED_COUNTER, len(scored))
+            total = sum(len(g.rollouts) for g in scored)
             log.warning(
-                "no step on %d group(s): every rollout dropped (stale: more than %d versions behind v%d); their "
-                "admission slots are freed", len(scored), limit, self.trainer.version,
+                "no step on %d group(s): %d of %d rollouts dropped (stale: more than %d versions behind v%d, or "
+                "an invalid judgement), the rest gave no update; their admission slots are freed",
+                len(scored), total - len(trained), total, limit, self.trainer.version,
                 extra={"version": self.trainer.version, "prompt_id": scored[0].prompt_id if scored else None},
             )
         return metrics

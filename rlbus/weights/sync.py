@@ -54,7 +54,6 @@ from rlbus.models.base import weight_tensors
 from rlbus.schemas import WeightVersion, decode
 from rlbus.weights.apply import apply_update_
 from rlbus.weights.codec import StagedUpdate, decode_chunk
-from rlbus.weights.codec.warm import DTYPES as CODEC_DTYPES
 from rlbus.weights.codec.warm import warm_kernels
 from rlbus.weights.digest import state_digest
 from rlbus.weights.layout import manifest_key
@@ -141,7 +140,7 @@ class WeightSync:
         """Catch up from the latest manifest, then follow ``rl.weights.v1`` until ``stop`` is set."""
         ends = await self._bus.end_offsets(WEIGHTS.name)  # snapshot first: nothing published after it is lost
         if self.version is None:  # compile the codec before the first version: no JIT pause in a later sync
-            dtypes = {t.dtype for t in self.state.values()} & set(CODEC_DTYPES)
+            dtypes = {t.dtype for t in self.state.values()}
             took = await asyncio.to_thread(warm_kernels, dtypes)
             if took > 1.0:
                 log.info("codec kernels ready in %.1f s (%s)", took, ", ".join(sorted(map(str, dtypes))),

@@ -241,3 +241,23 @@ async def test_demo_config_with_a_checkpoint_starts_rl_from_it(tmp_path: Path, m
     result = await demo.run()
     assert result.steps == 1 and result.accuracy_base is None
     assert demo.trainer is not None and loaded == [demo.trainer.model]
+
+
+def test_without_a_terminal_a_stall_is_one_line_a_minute(monkeypatch: pytest.MonkeyPatch) -> None:
+    from types import SimpleNamespace
+
+    from rlbus import cli
+
+    printed: list[str] = []
+    clock = [0.0]
+    monkeypatch.setattr(cli.console, "print", lambda line, **_: printed.append(line))
+    monkeypatch.setattr("rlbus.demo_view.status_line", lambda demo: demo.line)
+    monkeypatch.setattr("time.monotonic", lambda: clock[0])
+    log = cli._status_logger()
+    demo = SimpleNamespace(phase="async RL", line="step 3 v4")
+    for t in range(200):  # the view updates 4 times a second; one tick a second is enough here
+        clock[0] = float(t)
+        demo.line = "step 3 v4" if t < 150 else "step 4 v5"
+        log(demo)
+    assert printed == ["step 3 v4", "step 3 v4  (no change for 60 s)", "step 3 v4  (no change for 120 s)",
+                       "step 4 v5"]

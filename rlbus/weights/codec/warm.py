@@ -20,9 +20,11 @@ next to the source, or, where that directory is not writable (an installed packa
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 from collections.abc import Iterable
+from pathlib import Path
 
 import torch
 
@@ -77,11 +79,12 @@ def _exercise(dtype: torch.dtype) -> None:
 
 def warm_kernels(dtypes: Iterable[torch.dtype] = DTYPES) -> float:
     """Compile (or load from the cache) every kernel for ``dtypes``; returns the seconds it took. Once per
-    process and dtype: later calls return at once. Thread-safe (publishers and syncs warm from threads)."""
+    process and dtype: later calls return at once; dtypes the codec has no float kernels for (integer
+    buffers) are skipped. Thread-safe (publishers and syncs warm from threads)."""
     started = time.perf_counter()
     with _lock:
         for dtype in dtypes:
-            if dtype not in _warmed:
+            if dtype in DTYPES and dtype not in _warmed:
                 _exercise(dtype)
                 _warmed.add(dtype)
     return time.perf_counter() - started
@@ -89,9 +92,6 @@ def warm_kernels(dtypes: Iterable[torch.dtype] = DTYPES) -> float:
 
 def cache_location() -> str:
     """Where this process's numba writes and reads the kernels' cache (see the module docstring)."""
-    import os
-    from pathlib import Path
-
     if os.environ.get("NUMBA_CACHE_DIR"):
         return os.environ["NUMBA_CACHE_DIR"]
     in_tree = Path(__file__).parent / "__pycache__"
