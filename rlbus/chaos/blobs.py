@@ -11,6 +11,9 @@ every prompt the run started with). Every swap records the digest of the weights
 the scenario compares it with the trainer's digest for that version: ``corrupt_applied`` counts
 mismatches.
 
+*A stalling store* (:class:`StallingStore`) holds every read until it is let through: the ``worker_lag``
+scenario (:mod:`rlbus.chaos.processes`) reads one worker's weights through it.
+
 *Blob store down.* The HTTP blob server stops right after the trainer announced a version and stays
 down for a while. The trainer keeps training (publishes are deferred to the next step); the workers'
 fetches fail after the client's retries with backoff, they stay on the version they hold, report how
@@ -108,6 +111,31 @@ class FaultyStore(BlobStore):
 
     async def close(self) -> None:
         await self.inner.close()
+
+
+class StallingStore(LocalStore):
+    """The run's blob directory, read through a gate: while ``open`` is clear every read waits (a store
+    that stalls: a congested link, a hung relay), so a worker reading through it keeps the weights it
+    holds and keeps generating on them."""
+
+    def __init__(self, root: Path) -> None:
+        super().__init__(root)
+        self.open = asyncio.Event()
+        self.open.set()
+        self.stalled_reads = 0
+
+    async def _gate(self) -> None:
+        if not self.open.is_set():
+            self.stalled_reads += 1
+            await self.open.wait()
+
+    async def get(self, key: str) -> bytes:
+        await self._gate()
+        return await super().get(key)
+
+    async def get_range(self, key: str, start: int, stop: int) -> bytes:
+        await self._gate()
+        return await super().get_range(key, start, stop)
 
 
 def chunk_key(model_id: str, version: int, index: int = 0) -> str:

@@ -44,10 +44,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from rlbus.aio import until
-from rlbus.blobs.local import LocalStore
 from rlbus.bus.kafka import KafkaBus
 from rlbus.bus.namespace import NamespacedBus, namespaced
 from rlbus.bus.topics import PROMPTS, ROLLOUTS, topic_specs
+from rlbus.chaos.blobs import StallingStore
 from rlbus.chaos.harness import Progress
 from rlbus.chaos.ledger import ScenarioReport, audit, fill, read_topic
 from rlbus.chaos.rig import PARTITIONS, ChaosRig
@@ -378,31 +378,6 @@ async def trainer_kill(rig: ChaosRig, *, seed: int = 0, quick: bool = False) -> 
     # 400 s when quick: the test allows 480 (the restarted trainer's graceful stop and the audit come after)
     return await _scenario(rig, "trainer_kill", seed=seed, prompts=16 if quick else 32, body=body,
                            budget_s=400.0 if quick else 900.0)
-
-
-class StallingStore(LocalStore):
-    """The run's blob directory, read through a gate: while ``open`` is clear every read waits (a store
-    that stalls: a congested link, a hung relay), so a worker reading through it keeps the weights it
-    holds and keeps generating on them."""
-
-    def __init__(self, root: Path) -> None:
-        super().__init__(root)
-        self.open = asyncio.Event()
-        self.open.set()
-        self.stalled_reads = 0
-
-    async def _gate(self) -> None:
-        if not self.open.is_set():
-            self.stalled_reads += 1
-            await self.open.wait()
-
-    async def get(self, key: str) -> bytes:
-        await self._gate()
-        return await super().get(key)
-
-    async def get_range(self, key: str, start: int, stop: int) -> bytes:
-        await self._gate()
-        return await super().get_range(key, start, stop)
 
 
 async def worker_lag(rig: ChaosRig, *, seed: int = 0, quick: bool = False) -> ScenarioReport:
