@@ -178,7 +178,8 @@ def demo(
         except (RlbusError, ValueError) as exc:
             err.print(f"error: {exc}", markup=False, highlight=False)
             raise typer.Exit(1) from None
-        console.print(f"--config {config_file}: {embedded_note(user_run, run_dir)}", markup=False, highlight=False)
+        console.print(f"--config {config_file}: {embedded_note(user_run, run_dir)}", markup=False, highlight=False,
+                      soft_wrap=True)  # one line, whatever the width: the URLs stay whole (copyable)
     else:
         config = DemoConfig.for_model(model) if model else DemoConfig.quick() if quick else DemoConfig()
     if engine == "vllm":

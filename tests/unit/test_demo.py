@@ -149,13 +149,15 @@ teacher_error = 0.55
 """
 
 
-def test_demo_config_runs_a_users_run_config_embedded(tmp_path: Path) -> None:
+def test_demo_config_runs_a_users_run_config_embedded(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """`rlbus demo --config`: the file's run on the in-memory bus and state store, blobs in the run directory —
     the [bus], [state] and [store] it names (hosts that do not resolve) are never reached."""
     from typer.testing import CliRunner
 
     from rlbus import cli
 
+    for name in ("RLBUS_KAFKA_BOOTSTRAP", "RLBUS_REDIS_URL", "RLBUS_BLOB_URL"):  # CI's services would override
+        monkeypatch.delenv(name, raising=False)  # the file's hosts (the environment wins over a config file)
     (tmp_path / "run.toml").write_text(RUN_TOML)
     run_dir = tmp_path / "demo"
     out = CliRunner().invoke(cli.app, ["demo", "--config", str(tmp_path / "run.toml"), "--steps", "2", "--workers",
