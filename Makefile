@@ -20,7 +20,7 @@ KAFKA_PORT := $(lastword $(subst :, ,$(KAFKA_FIRST)))
 $(BIN)/rlbus: pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q -U pip
-	$(BIN)/pip install -q -e '.[dev]'
+	$(BIN)/pip install -q -e '.[dev,envs]'
 	$(BIN)/rlbus models install smollm2-135m-instruct
 	$(BIN)/rlbus codec warm
 	touch $@

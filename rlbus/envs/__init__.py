@@ -12,7 +12,8 @@
     rewards.py    exact-match verification and the Reward builder
     sandbox.py    bubblewrap sandbox for untrusted code (``rlbus sandbox run``)
     judge.py      LM judges: rubric dimensions, local engine or OpenAI-compatible HTTP backend
-    tasks/        built-in tasks (arith, strings, kv, python_fn) and JSONL prompt files
+    tasks/        built-in tasks (arith, strings, kv, python_fn, answer) and JSONL prompt files
+    adapters/     other libraries' environments: reasoning-gym (``reasoning_gym:NAME``), verifiers
     swe/          the coding-agent environment (repositories in the sandbox, hidden tests): ``swe``
 
 Importing this package (which Python does before any module in it) registers the built-in tasks, so
@@ -20,6 +21,7 @@ Importing this package (which Python does before any module in it) registers the
 prompt producer use it without the engine; the rollout worker imports `rlbus.envs.agent` itself.
 """
 
+import rlbus.envs.adapters  # other libraries' environments (reasoning_gym:…), their libraries imported on use
 import rlbus.envs.swe  # the coding environment registers ``swe`` as it is imported
 import rlbus.envs.tasks  # noqa: F401  (each built-in task module calls register_env as it is imported)
 from rlbus.envs.base import (

@@ -129,6 +129,10 @@ class Environment(abc.ABC, Generic[C]):
     """Harness limits and instructions, per-episode world, reward. One instance per prompt config."""
 
     config_type: ClassVar[type[Any]] = HarnessConfig
+    #: Set by an adapter for another library's environments (`rlbus.envs.adapters`): the config field that
+    #: names one of them, so ``env = "<registered name>:<item>"`` (``reasoning_gym:basic_arithmetic``) makes
+    #: this class with ``{name_field: item}`` added to its config.
+    name_field: ClassVar[str | None] = None
 
     def __init__(self, config: C) -> None:
         self.config = config
@@ -223,6 +227,9 @@ def env_type(name: str) -> type[Environment[Any]]:
     found = _REGISTRY.get(name) or _LOADED.get(name)
     if found is not None:
         return found
+    adapter = _adapter(name)
+    if adapter is not None:
+        return adapter[0]
     if is_import_path(name):
         obj = import_object(name, field="env")
         where = f"{name!r}"
@@ -253,7 +260,26 @@ def make_env(name: str, config: Mapping[str, Any] | None = None) -> Environment[
     """The environment ``name`` (see `env_type`) configured by ``config``; ConfigError names an unknown or
     unloadable env or a bad field."""
     found = env_type(name)
-    return found(parse(found.config_type, dict(config or {}), prefix="env_config"))
+    data = dict(config or {})
+    adapter = _adapter(name)
+    if adapter is not None and adapter[0].name_field is not None:
+        field_name, item = adapter[0].name_field, adapter[1]
+        if data.setdefault(field_name, item) != item:
+            raise ConfigError(f"env_config.{field_name}", f"{data[field_name]!r} contradicts the environment's "
+                              f"name {name!r}; give it once")
+    return found(parse(found.config_type, data, prefix="env_config"))
+
+
+def _adapter(name: str) -> tuple[type[Environment[Any]], str] | None:
+    """``(class, item)`` when ``name`` is ``"<adapter>:<item>"`` for a registered adapter (a class with a
+    ``name_field``), else None: an import path's module is never a registered name."""
+    prefix, sep, item = name.partition(":")
+    found = _REGISTRY.get(prefix) if sep else None
+    if found is None or found.name_field is None:
+        return None
+    if not item:
+        raise ConfigError("env", f"{name!r} names no {found.name_field} after the colon")
+    return found, item
 
 
 def env_for(prompt: Prompt) -> Environment[Any]:
