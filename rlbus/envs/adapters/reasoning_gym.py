@@ -95,7 +95,7 @@ class ReasoningGymTask(Task[ReasoningGymConfig]):
             raise ConfigError(f"env_config.config.{sorted(reserved)[0]}", "is set by rlbus (the run's seed and "
                               "the number of prompts drawn); leave it out")
         config_type: Any = _library().factory.DATASETS[config.dataset][1]
-        if dataclasses.is_dataclass(config_type):
+        if isinstance(config_type, type) and dataclasses.is_dataclass(config_type):
             fields = [f.name for f in dataclasses.fields(config_type) if f.name not in ("seed", "size")]
             for name in config.config:
                 if name not in fields:
