@@ -54,6 +54,7 @@ def check_config(path: Path, environ: Any = None) -> Checked:
     """Load ``path`` and check what it names; the first problem raises a ConfigError naming the field."""
     config = load_config(path, environ)
     notes = [check_task(config.task), *check_prompts(config.task), check_model(config.model)]
+    notes += check_fit(config)
     notes += check_reward(config.reward)
     notes += check_dpo(config.dpo)
     return Checked(config, notes)
@@ -93,6 +94,42 @@ def check_task(task: TaskSection) -> str:
     except (ValueError, TypeError, OSError) as exc:
         raise ConfigError("task.env_config", f"the environment cannot generate prompts: {exc}") from None
     return f"task: {task.env!r} builds from env_config and generates prompts ({len(prompts)} drawn)"
+
+
+def check_fit(config: RunConfig) -> list[str]:
+    """The in-house policy (byte tokens, so lengths are known without a tokenizer download): each prompt of the
+    file, or a few drawn ones, opens its episode (BOS, system message, task, the model's header) and still
+    leaves one turn's ``max_new_tokens`` inside ``[model] max_seq``. A prompt that does not fit would be
+    dead-lettered by every rollout worker, and the run would make no step."""
+    if config.model.kind != "policy" or config.model.checkpoint is not None:
+        return []
+    from rlbus.envs import World, env_for
+    from rlbus.envs.chat import ChatFormat
+    from rlbus.envs.tasks import generate_prompts
+
+    task = config.task
+    if task.prompts is not None:
+        from rlbus.envs.tasks.jsonl import load_prompts
+
+        prompts, where = load_prompts(task.prompts), f"task.prompts ({task.prompts} line {{}})"
+    else:
+        prompts = generate_prompts(task.env, seed=task.seed + 1000, n=SAMPLE_PROMPTS, config=task.env_config)
+        where = f"task.env ({task.env!r}, drawn prompt {{}})"
+    chat, max_seq, longest = ChatFormat.for_byte_tokenizer(), config.model.policy.max_seq, 0
+    for n, prompt in enumerate(prompts, start=1):
+        env = env_for(prompt)
+        system = env.instructions(World())
+        messages = [{"role": "system", "content": system}] if system is not None else []
+        opening = len(chat.render_messages([*messages, {"role": "user", "content": prompt.text}])[0])
+        need = opening + len(chat.model_header) + env.limits().max_new_tokens
+        longest = max(longest, need)
+        if need > max_seq:
+            raise ConfigError("model.max_seq", f"{where.format(n)} opens at {opening + len(chat.model_header)} "
+                              f"tokens and a turn may sample env_config.max_new_tokens = "
+                              f"{env.limits().max_new_tokens}: {need} > max_seq {max_seq}; raise [model] max_seq "
+                              f"(a longer context) or shorten the prompt or its instructions")
+    return [f"model: every checked prompt and one turn fit max_seq {max_seq} (the longest needs {longest})"] \
+        if prompts else []
 
 
 def check_model(model: ModelSection) -> str:

@@ -65,3 +65,72 @@ async def test_rlbus_up_from_a_fresh_directory_starts_redis_and_trains(
     assert (run_dir / "redis" / "redis.log").is_file()
     assert [s["step"] for s in read(run_dir, STEPS)][:1] == [1]
     assert "the trainer reached step 1; stopping" in out
+
+
+USERS_RUN = """
+[task]
+prompts = "problems.jsonl"
+group_size = 4
+[reward]
+function = "myreward:score"
+[model]
+max_seq = 256  # the prompts are ~95 byte tokens with the answer format's system message
+d_model = 64
+n_layer = 2
+d_ff = 64
+[trainer]
+groups_per_step = 1
+warm_steps = 0
+[rollout]
+episode_threads = 8
+"""
+USERS_PROBLEMS = [
+    '{"env": "answer", "text": "Ann has 3 boxes of 12 eggs. How many eggs?", "reference": "36"}',
+    '{"env": "answer", "text": "Tom had 20 marbles and lost 8. How many are left?", "reference": "12"}',
+]
+#: The user's reward function: it appends one line per call to the file RLBUS_TEST_CALLS names, so the test can
+#: see that the reward worker ``rlbus up`` started (another process) imported it from PYTHONPATH and called it.
+USERS_REWARD = """
+import os
+
+def score(prompt, completion, reference):
+    with open(os.environ["RLBUS_TEST_CALLS"], "a") as calls:
+        calls.write(f"{reference}\\n")
+    return float(reference is not None and reference in completion)
+"""
+
+
+async def test_rlbus_up_trains_a_users_prompt_file_with_their_reward_function(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The newcomer's path under ``rlbus up``: their JSONL file (the ``answer`` environment) and their reward
+    function in a module of their own, found by every process ``rlbus up`` starts through PYTHONPATH."""
+    await (await kafka_bus()).close()
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "run.toml").write_text(USERS_RUN)
+    (tmp_path / "problems.jsonl").write_text("\n".join(USERS_PROBLEMS) + "\n")
+    package = tmp_path / "mycode"
+    package.mkdir()
+    (package / "myreward.py").write_text(USERS_REWARD)
+    calls = tmp_path / "calls.txt"
+    namespace = f"it-up-user-{uuid.uuid4().hex[:8]}"
+    env = {k: v for k, v in os.environ.items() if k not in (ENV_RUN_DIR, ENV_NAMESPACE, ENV_BLOB_URL, "RLBUS_CONFIG")}
+    env |= {ENV_BOOTSTRAP: KAFKA_BOOTSTRAP, ENV_REDIS: f"redis://127.0.0.1:{free_port()}/0", "PYTHONUNBUFFERED": "1",
+            "PYTHONPATH": str(package), "RLBUS_TEST_CALLS": str(calls)}
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    argv = [*rlbus_command(), "up", "--config", "run.toml", "--rollout-workers", "1", "--steps", "1",
+            "--namespace", namespace, "--grace", "20"]
+    up = Proc("up", argv, env, logs)
+    try:
+        async def exited() -> bool:
+            return up.popen.poll() is not None
+
+        await eventually(exited, "rlbus up to reach step 1 and stop", UP_DEADLINE_S, [up])
+    finally:
+        await up.stopped()
+    out = up.text()
+    assert up.popen.returncode == 0, out[-4000:]
+    assert [s["step"] for s in read(tmp_path / "runs" / "distributed" / namespace, STEPS)][:1] == [1]
+    scored = calls.read_text().split()
+    assert len(scored) >= 4 and set(scored) <= {"36", "12"}, scored  # a group of 4, from the user's file

@@ -50,6 +50,17 @@ async def score(answer: str | None, reference: str, match: str) -> float:
         ("36 eggs", "36", "numeric", 0.0),
         ("nan", "1", "numeric", 0.0),
         ("1_000", "1000", "numeric", 0.0),
+        # math: symbolic equality by math-verify, the documented examples
+        ("0.5", r"\frac{1}{2}", "math", 1.0),
+        (r"\frac12", "1/2", "math", 1.0),
+        ("2^{1/2}", r"\sqrt{2}", "math", 1.0),
+        ("1+x", "x+1", "math", 1.0),
+        ("1234", "1,234", "math", 1.0),
+        ("0.333", r"\frac{1}{3}", "math", 0.0),  # decimals rounded to 6 places
+        ("4", "3", "math", 0.0),
+        (r"\boxed{7}", "7", "math", 1.0),
+        (None, "7", "math", 0.0),
+        ("1" * 1001, "1" * 1001, "math", 0.0),  # past MATH_MAX_CHARS: not parsed
     ],
 )
 async def test_the_documented_rule(answer: str | None, reference: str, match: str, value: float) -> None:
@@ -78,6 +89,16 @@ def test_prompts_are_validated_against_the_rule() -> None:
         make_env("answer").validate_prompt(prompt("blue", "numeric"))
     with pytest.raises(ConfigError, match="needs a reference"):
         make_env("answer").validate_prompt(Prompt(prompt_id="p", env="answer", text="x"))
+    make_env("answer", {"match": "math"}).validate_prompt(prompt(r"\frac{1}{2}", "math"))
+    with pytest.raises(ConfigError, match="math-verify cannot parse"):
+        make_env("answer", {"match": "math"}).validate_prompt(prompt("}{", "math"))
+
+
+async def test_math_scores_off_the_main_thread() -> None:
+    """The reward worker scores in threads; math-verify's own timeouts (SIGALRM) would fail there."""
+    import asyncio
+
+    assert await asyncio.to_thread(lambda: asyncio.run(score("0.5", "1/2", "math"))) == 1.0
 
 
 async def test_an_episode_through_the_harness_asks_for_the_tag_and_scores_the_answer_in_it() -> None:

@@ -100,8 +100,25 @@ def test_a_prompt_file_is_checked_line_by_line(tmp_path: Path) -> None:
     problems = tmp_path / "problems.jsonl"
     problems.write_text('{"env": "answer", "text": "2+2?", "reference": "4"}\n')
     config = tmp_path / "run.toml"
-    config.write_text(f'[task]\nprompts = "{problems}"\n')
+    config.write_text(f'[task]\nprompts = "{problems}"\n[model]\nmax_seq = 256\n')
     assert any("1 valid prompt" in note for note in check_config(config, environ={}).notes)
     problems.write_text('{"env": "answer", "text": "2+2?", "reference": "4"}\n{"env": "answer", "txt": "x"}\n')
     with pytest.raises(PromptFileError, match=r"problems\.jsonl.*2"):
         check_config(config, environ={})
+
+
+def test_a_prompt_that_cannot_fit_the_policy_names_model_max_seq_and_the_line(tmp_path: Path) -> None:
+    """The newcomer's first JSONL run: the demo policy's 64-token context cannot hold a word problem with the
+    answer format's instructions; every rollout worker would dead-letter every prompt. The check says so."""
+    problems = tmp_path / "problems.jsonl"
+    problems.write_text('{"env": "answer", "text": "1+1?", "reference": "2"}\n'
+                        '{"env": "answer", "text": "Ann has 3 boxes of 12 eggs. How many eggs?", "reference": "36"}\n')
+    error = failure(tmp_path, f'[task]\nprompts = "{problems}"\n')
+    assert error.field == "model.max_seq"
+    assert "line 1" in error.problem and "> max_seq 64" in error.problem and "raise [model] max_seq" in error.problem
+    notes = check_config(write(tmp_path, f'[task]\nprompts = "{problems}"\n[model]\nmax_seq = 160\n'), {}).notes
+    assert "model: every checked prompt and one turn fit max_seq 160 (the longest needs 159)" in notes
+    error = failure(tmp_path, f'[task]\nprompts = "{problems}"\n[model]\nmax_seq = 158\n')
+    assert "line 2" in error.problem and "159 > max_seq 158" in error.problem
+    # a generated task's drawn prompts are checked too: the demo's arith fits its own policy
+    assert any("fit max_seq 64" in note for note in check_config(write(tmp_path, "[task]\n"), {}).notes)
