@@ -126,7 +126,10 @@ class ReasoningGymTask(Task[ReasoningGymConfig]):
         return prompts
 
     def reference_turns(self, prompt: Prompt) -> list[str]:
-        return [format_answer(str(self.entry_of(prompt)["answer"]))]
+        """The prompt's ``reference`` as the answer (what every task's warm start answers, so a warm start that
+        alters references, the sloppy teacher's ``n + 1``, alters this one too); the entry's without one."""
+        answer = prompt.reference if prompt.reference is not None else str(self.entry_of(prompt)["answer"])
+        return [format_answer(answer)]
 
     def entry_of(self, prompt: Prompt) -> dict[str, Any]:
         """The dataset entry ``prompt`` was drawn from; ValueError when its metadata does not locate one whose
