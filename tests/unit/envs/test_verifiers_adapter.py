@@ -17,15 +17,15 @@ from typing import Any
 import msgspec
 import pytest
 
-from rlbus.envs.adapters.verifiers import IDX_KEY, SYSTEM_KEY, TASK_KEY, VerifiersTask
+from rlbus.envs.adapters.verifiers import IDX_KEY, SYSTEM_KEY, TASK_KEY, VerifiersTask, _trace
 from rlbus.envs.agent import run_episode
 from rlbus.envs.base import env_for, make_env
 from rlbus.envs.chat import ChatFormat, format_answer
-from rlbus.envs.episode import episode_to_rollout, rollout_to_episode
+from rlbus.envs.episode import Episode, episode_to_rollout, rollout_to_episode
 from rlbus.envs.scripted import ScriptedEngine
 from rlbus.envs.tasks import generate_prompts
 from rlbus.errors import ConfigError, RewardFunctionError
-from rlbus.schemas import Prompt, Reward, Rollout
+from rlbus.schemas import Prompt, Reward, Rollout, Turn
 from rlbus.schemas.base import decode, encode
 
 FIXTURES = "tests.fixtures.verifiers_tasksets"
@@ -125,6 +125,32 @@ async def test_a_reward_that_raises_fails_scoring_with_the_reason() -> None:
         await scored(prompt, format_answer("1"))
 
 
+def test_the_trace_holds_the_tasks_prompt_and_what_the_model_wrote() -> None:
+    """A summarized episode as verifiers sees it: the task's own prompt messages, every model turn (raw), what
+    the harness said in between; each new context's reopening (system, task, summary) is left out."""
+    (prompt,) = generate_prompts(f"verifiers:{FIXTURES}:ChatTaskset", seed=0, n=1)
+    env = env_for(prompt)
+    assert isinstance(env, VerifiersTask)
+    task = env.task_of(prompt)
+    said = [("system", "rules", 0), ("user", prompt.text, 0), ("assistant", "<tool>", 0), ("tool", "malformed", 0),
+            ("user", "Summarize.", 0), ("assistant", "<summary>5?</summary>", 0), ("system", "rules", 1),
+            ("user", prompt.text, 1), ("summary", "5?", 1), ("assistant", "so <answer> 5 </answer>", 1)]
+    turns = [Turn(role=role, text=text, start=i, end=i + 1, segment=segment) for i, (role, text, segment) in
+             enumerate(said)]
+    episode = Episode(episode_id="ep", token_ids=[], loss_mask=[], logprobs=[], token_versions=[], turns=turns,
+                      finish_reason="stop", answer=" 5 ")
+    trace = _trace(task, episode)
+    assert [(m.role, m.content) for m in trace.messages] == [
+        ("system", "You add numbers."), ("system", "Answer with the number only."), ("user", "1+1="),
+        ("assistant", "2"), ("user", "2+3="), ("assistant", "<tool>"), ("user", "malformed"),
+        ("user", "Summarize."), ("assistant", "<summary>5?</summary>"), ("assistant", "so <answer> 5 </answer>"),
+    ]
+    assert trace.num_turns == 3 and trace.last_reply == "5" and trace.stop_condition == "agent_completed"
+    cut = _trace(task, Episode(episode_id="ep", token_ids=[], loss_mask=[], logprobs=[], token_versions=[],
+                               turns=turns[:3], finish_reason="length"))
+    assert cut.last_reply == "" and cut.is_truncated
+
+
 async def test_a_message_prompt_is_flattened_and_its_system_prompt_opens_the_episode() -> None:
     env = f"verifiers:{FIXTURES}:ChatTaskset"
     (prompt,) = generate_prompts(env, seed=0, n=1)
@@ -164,7 +190,9 @@ async def test_a_prompt_that_does_not_match_its_regenerated_task_raises() -> Non
 
 def config_error(env: str, config: dict[str, Any] | None = None) -> ConfigError:
     with pytest.raises(ConfigError) as err:
-        make_env(env, config).generate(0, 1)  # type: ignore[attr-defined]
+        task = make_env(env, config)
+        assert isinstance(task, VerifiersTask)
+        task.generate(0, 1)
     return err.value
 
 
