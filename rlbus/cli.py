@@ -171,10 +171,12 @@ def demo(
     from rlbus.demo_view import live_table, plot, summary_table
 
     if config_file is not None:
+        from rlbus.launch.check import check_before_run
         from rlbus.launch.config import load_config
 
         try:
             user_run = load_config(config_file)
+            check_before_run(user_run)
             config = DemoConfig.from_run(user_run)
         except (RlbusError, ValueError) as exc:
             err.print(f"error: {exc}", markup=False, highlight=False)

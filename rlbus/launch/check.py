@@ -60,6 +60,15 @@ def check_config(path: Path, environ: Any = None) -> Checked:
     return Checked(config, notes)
 
 
+def check_before_run(config: RunConfig) -> None:
+    """What ``rlbus up`` and ``rlbus demo --config`` check before anything starts: the task builds and draws
+    prompts, the prompt file is valid, and its prompts fit the in-house policy (`check_fit`). Without this a
+    prompt that cannot fit would be dead-lettered by every rollout worker and the run would make no step."""
+    check_task(config.task)
+    check_prompts(config.task)
+    check_fit(config)
+
+
 def check_prompts(task: TaskSection) -> list[str]:
     """``[task] prompts``: every line of the file parses and its environment accepts it (file and line named)."""
     if task.prompts is None:

@@ -283,11 +283,9 @@ async def up(
     config = load_config(config_path, {**os.environ, **env})
     if steps is not None and config.run_dir is None:
         raise ConfigError("run.run_dir", "--steps follows the trainer's run log: give the run a run_dir")
-    # What `rlbus config check` checks of the task, before any process starts: a prompt that cannot fit the
-    # model would otherwise be dead-lettered by every rollout worker and the run would make no step.
-    from rlbus.launch.check import check_fit, check_prompts, check_task
+    from rlbus.launch.check import check_before_run
 
-    check_task(config.task), check_prompts(config.task), check_fit(config)
+    check_before_run(config)  # the task, its prompts and their fit, before any process starts
     run_dir = config.run_dir or Path("runs") / name
     supervisor = Supervisor(console=console, grace_s=grace_s)
 

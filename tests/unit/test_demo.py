@@ -185,6 +185,13 @@ def test_demo_config_rejects_model_and_quick_and_names_a_bad_field(tmp_path: Pat
     (tmp_path / "bad.toml").write_text("[trainer]\ngroups_per_stp = 2\n")
     out = CliRunner().invoke(cli.app, ["demo", "--config", str(tmp_path / "bad.toml")])
     assert out.exit_code == 1 and "groups_per_stp" in out.output and "groups_per_step" in out.output, out.output
+    # a prompt the demo's 64-byte policy cannot hold fails at once, not after the time budget with 0 steps
+    (tmp_path / "long.jsonl").write_text('{"env": "answer", "text": "Ann has 3 boxes of 12 eggs. How many eggs?", '
+                                         '"reference": "36"}\n')
+    (tmp_path / "long.toml").write_text(f'[task]\nprompts = "{tmp_path / "long.jsonl"}"\n')
+    out = CliRunner().invoke(cli.app, ["demo", "--config", str(tmp_path / "long.toml")])
+    said = " ".join(out.output.split())
+    assert out.exit_code == 1 and "model.max_seq" in said and "line 1)" in said, out.output
 
 
 async def test_demo_config_with_a_prompt_file_and_no_warm_start(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
