@@ -42,11 +42,13 @@ Contract with the trainer side (online learning: the trainer worker's online lan
   since the id has no ``/<index>``) joins with it. With ``n`` > 1 the choices form one group:
   ``rollout_id`` ``<id>/<i>``, ``group_size`` n, ``prompt_id`` the id (a GRPO group; feedback then
   needs no prompt_id).
-* **The reward of a session** (``POST /rl/sessions/{id}/reward``, body ``{"reward": number, "source"?:
-  str, "components"?: {str: number}, "reason"?: str}``) is one `Reward` on ``rl.rewards.v1``, key
-  ``rollout_id`` = the session id, ``source`` ``"user"`` unless the body says otherwise, ``reward_id``
-  ``<session>:<source>:session``, published after the rollout. A bus that fails answers 503 with
-  Retry-After and keeps the session open, so the client can retry.
+* **The reward of a session** (``POST /rl/sessions/{id}/reward``, body ``{"reward": number in [0, 1],
+  "source"?: str, "components"?: {str: number}, "reason"?: str}``) is one `Reward` on ``rl.rewards.v1``,
+  key ``rollout_id`` = the session id, ``source`` ``"user"`` unless the body says otherwise, ``reward_id``
+  ``<session>:<source>:session``, published after the rollout. A reward outside [0, 1] (NaN, ±inf
+  included), an unknown field or a body that is not a JSON object is a 400 and the session stays open; an
+  unknown, expired, already closed or other tenant's session is a 404, a session without a sampled turn a
+  409. A bus that fails answers 503 with Retry-After and keeps the session open, so the client can retry.
 
 Sessions are marked by ``X-RL-Session: <id>`` (or the ``user`` field, with ``user_sessions`` on). Admission
 control (`rlbus.serve.admission`) may answer them 429 with ``Retry-After``; requests that are neither a
@@ -301,8 +303,8 @@ class Gateway:
                            param="session_id", code="session_closing")
         try:
             body = json.loads(await request.read() or b"{}")
-        except json.JSONDecodeError as exc:
-            raise api.bad(f"the body is not valid JSON: {exc}", code="invalid_json") from None
+        except (ValueError, RecursionError) as exc:  # bad JSON, bytes that are not UTF-8, nesting too deep
+            raise api.bad(f"the body is not valid JSON: {exc}"[:300], code="invalid_json") from None
         if not isinstance(body, dict):
             raise api.bad("the body must be a JSON object with 'reward'")
         now = self._clock()

@@ -62,6 +62,9 @@ class ServedRecorder:
         self._connected = connect is None
         self._buffer: deque[Any] = deque()
         self._sending = 0
+        #: Set while no send is in flight (`flush` waits on it for the drain task's sends).
+        self._settled = asyncio.Event()
+        self._settled.set()
         self._wake = asyncio.Event()
         self.recorded = 0
         self.dropped = 0
@@ -115,10 +118,15 @@ class ServedRecorder:
                             self.unflushed, self._topic.name, self.last_error)
 
     async def flush(self) -> bool:
-        """Try to write everything buffered now; True when the buffer is empty (tests, benchmarks)."""
-        while self._buffer:
-            if not await self._flush_once():
-                return False
+        """Try to write everything buffered now; True once every record is acknowledged — those the drain
+        task (`run`) is sending at the time included (tests, benchmarks)."""
+        while self._buffer or self._sending:
+            if self._buffer:
+                if not await self._flush_once():
+                    return False
+            else:  # the drain task's sends are in flight: wait for them (a failed one comes back to the buffer)
+                self._settled.clear()
+                await self._settled.wait()
         return True
 
     async def _flush_once(self) -> bool:
@@ -132,14 +140,16 @@ class ServedRecorder:
             except (BusError, OSError, TimeoutError) as exc:
                 return self._failed(f"connect: {exc or type(exc).__name__}")
         taken = [self._buffer.popleft() for _ in range(min(self._batch, len(self._buffer)))]
-        self._sending = len(taken)
+        self._sending += len(taken)  # `flush` and the drain task may both be sending
         try:
             results = await asyncio.gather(*(self._send(s) for s in taken), return_exceptions=True)
         except asyncio.CancelledError:
             self._buffer.extendleft(reversed(taken))
             raise
         finally:
-            self._sending = 0
+            self._sending -= len(taken)
+            if not self._sending:
+                self._settled.set()
         failed = [s for s, r in zip(taken, results, strict=True) if isinstance(r, BaseException)]
         sent = len(taken) - len(failed)
         self.recorded += sent

@@ -17,6 +17,7 @@ idle for ``ttl_s`` are forgotten, counted as expired.
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -124,19 +125,28 @@ def _routing(turns: list[SampledTurn], total: int) -> TensorData | None:
     return TensorData.from_numpy(out)
 
 
+#: The range of a session's reward: the scale of every reward source (verifiers score 1 or 0, user thumbs
+#: 1 or 0, judges [0, 1]) and of the online lane's baseline (``baseline_init`` 0.5 is neutral).
+REWARD_RANGE = (0.0, 1.0)
+
+
 def session_reward(session: Session, body: dict[str, Any], *, now: float) -> Reward:
-    """The `Reward` a close request's body becomes (source ``user`` unless it names another)."""
+    """The `Reward` a close request's body becomes (source ``user`` unless it names another). The reward is
+    a finite number in `REWARD_RANGE`: anything else is refused (400) before the session is closed — a
+    NaN or a 1e9 would otherwise reach the trainer (a dead letter there, or an advantage of 1e9)."""
     value = body.get("reward", body.get("value"))
     if isinstance(value, bool) or not isinstance(value, int | float):
         raise ApiError(400, "reward: a number is required", param="reward", code="invalid_value")
+    lo, hi = REWARD_RANGE
+    if not lo <= value <= hi:  # NaN compares false too
+        raise ApiError(400, f"reward: {str(value)[:32]} is not a number in [{lo:g}, {hi:g}] (1 good, 0 bad)",
+                       param="reward", code="invalid_value")
     source = body.get("source", "user")
     if not isinstance(source, str) or not source:
         raise ApiError(400, "source: a non-empty string", param="source", code="invalid_value")
     components = body.get("components", {})
-    if not isinstance(components, dict) or not all(
-        isinstance(v, int | float) and not isinstance(v, bool) for v in components.values()
-    ):
-        raise ApiError(400, "components: an object of numbers", param="components", code="invalid_value")
+    if not isinstance(components, dict) or not all(_finite(v) for v in components.values()):
+        raise ApiError(400, "components: an object of finite numbers", param="components", code="invalid_value")
     reason = body.get("reason", "")
     if not isinstance(reason, str):
         raise ApiError(400, "reason: a string", param="reason", code="invalid_value")
@@ -154,6 +164,16 @@ def session_reward(session: Session, body: dict[str, Any], *, now: float) -> Rew
         created_at=now,
         metadata={"origin": "served", "tenant": session.tenant, "session_id": session.session_id},
     )
+
+
+def _finite(v: Any) -> bool:
+    """A JSON number that is a finite float (not a bool, not NaN or ±inf, not an int beyond a float's range)."""
+    if isinstance(v, bool) or not isinstance(v, int | float):
+        return False
+    try:
+        return math.isfinite(v)
+    except OverflowError:
+        return False
 
 
 class Sessions:

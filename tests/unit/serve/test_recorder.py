@@ -90,3 +90,33 @@ async def test_run_connects_late_and_drains_on_stop() -> None:
         stop.set()
         await task
         assert recorder.unflushed == 1 and recorder.recorded == 3
+
+
+class GatedBus(MemoryBus):
+    """The in-memory bus whose sends wait for ``gate``: a broker slow to acknowledge."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.gate = asyncio.Event()
+
+    async def send_raw(self, topic: str, value: bytes, **kwargs: Any) -> Any:
+        await self.gate.wait()
+        return await super().send_raw(topic, value, **kwargs)
+
+
+async def test_flush_waits_for_the_sends_the_drain_task_has_in_flight() -> None:
+    async with GatedBus(topic_specs()) as bus:
+        recorder = ServedRecorder(bus=bus)
+        stop = asyncio.Event()
+        task = asyncio.create_task(recorder.run(stop))
+        for i in range(3):
+            recorder.record(served(i))
+        await until(lambda: recorder.buffered == 3 and not recorder._buffer, "the drain task sending all three")
+        flushing = asyncio.create_task(recorder.flush())
+        await asyncio.sleep(0.05)
+        assert not flushing.done()  # the buffer is empty, but nothing is acknowledged yet
+        bus.gate.set()
+        assert await asyncio.wait_for(flushing, 5) is True
+        assert recorder.recorded == 3 and sorted(await written(bus)) == [f"chatcmpl-{i}" for i in range(3)]
+        stop.set()
+        await task

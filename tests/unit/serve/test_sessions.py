@@ -118,6 +118,35 @@ async def test_sessions_are_per_tenant_and_bad_closes_are_refused(gateway: Runni
     assert await on(gateway.bus, ROLLOUTS) == []
 
 
+@pytest.mark.parametrize(("body", "param", "code"), [
+    (b'{"reward": 1.5}', "reward", "invalid_value"),
+    (b'{"reward": -0.25}', "reward", "invalid_value"),
+    (b'{"reward": NaN}', "reward", "invalid_value"),  # Python's json reads these; they are not numbers to train on
+    (b'{"reward": Infinity}', "reward", "invalid_value"),
+    (b'{"reward": 1e999}', "reward", "invalid_value"),
+    (b'{"reward": 1' + b"0" * 400 + b"}", "reward", "invalid_value"),
+    (b'{"reward": true}', "reward", "invalid_value"),
+    (b'{"reward": 1, "components": {"steps": NaN}}', "components", "invalid_value"),
+    (b"{}", "reward", "invalid_value"),
+    (b"[1]", None, "invalid_value"),
+    (b"\xff\xfe{", None, "invalid_json"),  # not UTF-8: was a 500
+    (b"[" * 100_000, None, "invalid_json"),  # nested too deep for the parser: was a 500
+])
+async def test_a_bad_reward_is_an_openai_400_and_the_session_stays_open(
+    gateway: Running, body: bytes, param: str | None, code: str
+) -> None:
+    await turn(client(gateway), [{"role": "user", "content": "hi"}], "s-bad")
+    async with aiohttp.ClientSession() as http, http.post(
+        f"{gateway.url}/rl/sessions/s-bad/reward", data=body,
+        headers={"Authorization": f"Bearer {KEY}", "Content-Type": "application/json"},
+    ) as response:
+        status, error = response.status, (await response.json())["error"]
+    assert status == 400 and (error["type"], error["param"], error["code"]) == ("invalid_request_error", param, code)
+    assert await on(gateway.bus, ROLLOUTS) == [] and await on(gateway.bus, REWARDS) == []
+    status, receipt = await close(gateway, "s-bad", {"reward": 1})  # the range's ends are rewards
+    assert status == 202 and receipt["reward"]["value"] == 1.0
+
+
 async def test_admission_refuses_rl_sessions_never_production(gateway: Running) -> None:
     c = client(gateway)
     hi = [{"role": "user", "content": "hi"}]
