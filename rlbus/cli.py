@@ -198,9 +198,12 @@ def demo(
             trainer={} if teacher_error is None else {"teacher_error": teacher_error})
     run_dir.mkdir(parents=True, exist_ok=True)
     task, trainer = config.run.task, config.run.trainer
+    from rlbus.launch.arguments import evaluation_name
+
     what = f"{task.env} {task.env_config}"
     if task.prompts is not None:
-        what = f"prompts from {task.prompts} (evaluated on {what})"
+        what = f"prompts from {task.prompts} (evaluated on {evaluation_name(config.run)}"
+        what += ")" if task.eval_prompts is not None else "; your own held-out file: [task] eval_prompts)"
     console.print(f"[bold]rlbus demo[/bold]: {what}, {config.workers} rollout workers, "
                   f"G={task.group_size}, {trainer.groups_per_step} groups/step, run dir {run_dir}")
     with Live(console=console, refresh_per_second=4) as live:

@@ -57,8 +57,8 @@ from rlbus.aio import until
 from rlbus.bus.base import Bus
 from rlbus.consumers.rollout import RolloutWorker, episode_threads
 from rlbus.envs.evaluate import evaluate as run_evaluation
-from rlbus.envs.evaluate import held_out_prompts
 from rlbus.launch.arguments import (
+    evaluation_prompts,
     initial_model,
     model_source,
     producer_args,
@@ -252,8 +252,7 @@ class Demo:
         self.state: StateStore | None = None
 
     def eval_prompts(self) -> list[Prompt]:
-        task = self.config.run.task
-        return held_out_prompts(task.env, task.env_config, seed=task.seed, n=self.config.eval_size)
+        return evaluation_prompts(self.config.run, self.config.eval_size)
 
     def warm_start(self, model: Model) -> None:
         """The run config's warm start (`rlbus.training.warm`): blocking."""

@@ -27,6 +27,7 @@ if TYPE_CHECKING:
     from rlbus.envs.judge import Judge
     from rlbus.envs.rewards import RewardFunction
     from rlbus.models.sources import Model, ModelSource
+    from rlbus.schemas import Prompt
     from rlbus.training.config import DPOConfig, GRPOConfig, OnlineConfig
 
 
@@ -221,6 +222,25 @@ class WarmStartArgs(TypedDict):
     steps: int
     lr: float
     teacher_error: float
+
+
+def evaluation_prompts(config: RunConfig, n: int) -> list[Prompt]:
+    """The prompts a run's evaluations score: the first ``n`` lines of ``[task] eval_prompts``, else ``n``
+    held-out prompts of ``[task] env`` (`rlbus.envs.evaluate.held_out_prompts`)."""
+    task = config.task
+    if task.eval_prompts is not None:
+        from rlbus.envs.tasks.jsonl import load_prompts
+
+        return load_prompts(task.eval_prompts)[:n]
+    from rlbus.envs.evaluate import held_out_prompts
+
+    return held_out_prompts(task.env, task.env_config, seed=task.seed, n=n)
+
+
+def evaluation_name(config: RunConfig) -> str:
+    """What `evaluation_prompts` draws from, for a human: the file, or the environment and its config."""
+    task = config.task
+    return task.eval_prompts if task.eval_prompts is not None else f"{task.env} {task.env_config}"
 
 
 def warm_start_args(config: RunConfig) -> WarmStartArgs:

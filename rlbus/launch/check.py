@@ -37,6 +37,7 @@ from rlbus.launch.config import (
     load_config,
     to_tables,
 )
+from rlbus.schemas import Prompt
 
 #: Prompts drawn from the task to check that its config generates.
 SAMPLE_PROMPTS = 2
@@ -70,13 +71,13 @@ def check_before_run(config: RunConfig) -> None:
 
 
 def check_prompts(task: TaskSection) -> list[str]:
-    """``[task] prompts``: every line of the file parses and its environment accepts it (file and line named)."""
-    if task.prompts is None:
-        return []
+    """``[task] prompts`` and ``eval_prompts``: every line parses and its environment accepts it (file and line
+    named)."""
     from rlbus.envs.tasks.jsonl import validate_prompts
 
-    count = validate_prompts(task.prompts)
-    return [f"task.prompts: {task.prompts} holds {count} valid prompt(s)"]
+    files = [(name, path) for name, path in (("prompts", task.prompts), ("eval_prompts", task.eval_prompts))
+             if path is not None]
+    return [f"task.{name}: {path} holds {validate_prompts(path)} valid prompt(s)" for name, path in files]
 
 
 def check_task(task: TaskSection) -> str:
@@ -107,25 +108,28 @@ def check_task(task: TaskSection) -> str:
 
 def check_fit(config: RunConfig) -> list[str]:
     """The in-house policy (byte tokens, so lengths are known without a tokenizer download): each prompt of the
-    file, or a few drawn ones, opens its episode (BOS, system message, task, the model's header) and still
-    leaves one turn's ``max_new_tokens`` inside ``[model] max_seq``. A prompt that does not fit would be
-    dead-lettered by every rollout worker, and the run would make no step."""
+    files, and a few drawn from ``env`` when RL or the evaluation draws from it, opens its episode (BOS, system
+    message, task, the model's header) and still leaves one turn's ``max_new_tokens`` inside ``[model]
+    max_seq``. A prompt that does not fit would be dead-lettered by every rollout worker, and the run would
+    make no step."""
     if config.model.kind != "policy" or config.model.checkpoint is not None:
         return []
     from rlbus.envs import World, env_for
     from rlbus.envs.chat import ChatFormat
     from rlbus.envs.tasks import generate_prompts
+    from rlbus.envs.tasks.jsonl import load_prompts
 
     task = config.task
-    if task.prompts is not None:
-        from rlbus.envs.tasks.jsonl import load_prompts
-
-        prompts, where = load_prompts(task.prompts), f"task.prompts ({task.prompts} line {{}})"
-    else:
-        prompts = generate_prompts(task.env, seed=task.seed + 1000, n=SAMPLE_PROMPTS, config=task.env_config)
-        where = f"task.env ({task.env!r}, drawn prompt {{}})"
+    checked: list[tuple[str, list[Prompt]]] = []
+    for name, path in (("prompts", task.prompts), ("eval_prompts", task.eval_prompts)):
+        if path is not None:
+            checked.append((f"task.{name} ({path} line {{}})", load_prompts(path)))
+    if task.prompts is None or task.eval_prompts is None:  # RL's prompts, or the evaluation's, are drawn
+        drawn = generate_prompts(task.env, seed=task.seed + 1000, n=SAMPLE_PROMPTS, config=task.env_config)
+        checked.append((f"task.env ({task.env!r}, drawn prompt {{}})", drawn))
     chat, max_seq, longest = ChatFormat.for_byte_tokenizer(), config.model.policy.max_seq, 0
-    for n, prompt in enumerate(prompts, start=1):
+    every = [(where, n, prompt) for where, prompts in checked for n, prompt in enumerate(prompts, start=1)]
+    for where, n, prompt in every:
         env = env_for(prompt)
         system = env.instructions(World())
         messages = [{"role": "system", "content": system}] if system is not None else []
@@ -138,7 +142,7 @@ def check_fit(config: RunConfig) -> list[str]:
                               f"{env.limits().max_new_tokens}: {need} > max_seq {max_seq}; raise [model] max_seq "
                               f"(a longer context) or shorten the prompt or its instructions")
     return [f"model: every checked prompt and one turn fit max_seq {max_seq} (the longest needs {longest})"] \
-        if prompts else []
+        if every else []
 
 
 def check_model(model: ModelSection) -> str:

@@ -118,15 +118,21 @@ class TaskSection(msgspec.Struct, **_STRUCT):
     #: path of the config). It must exist when the config is loaded; every line is parsed and validated when the
     #: producer starts (or by `rlbus.envs.tasks.jsonl.validate_prompts`), errors naming the file and line.
     prompts: str | None = None
+    #: A JSONL file of held-out prompts (same format) that the evaluations use — the demo's before/after
+    #: accuracy, the DPO stage's task accuracy — instead of ``env``'s generator (seed 10,000 + ``seed``). With
+    #: ``prompts`` and no ``eval_prompts`` they still evaluate on ``env``, which may be another task.
+    eval_prompts: str | None = None
 
     def __post_init__(self) -> None:
         if self.group_size < 2:
             raise ValueError("group_size must be ≥ 2: GRPO compares rollouts within a group")
-        if self.prompts is not None and not Path(self.prompts).is_file():
-            path = Path(self.prompts)
-            what = "is not a file" if path.exists() else "does not exist"
-            where = "" if path.is_absolute() else f" (relative to the working directory {Path.cwd()})"
-            raise ValueError(f"prompts file {self.prompts!r} {what}{where}")
+        for name in ("prompts", "eval_prompts"):
+            value = getattr(self, name)
+            if value is not None and not Path(value).is_file():
+                path = Path(value)
+                what = "is not a file" if path.exists() else "does not exist"
+                where = "" if path.is_absolute() else f" (relative to the working directory {Path.cwd()})"
+                raise ValueError(f"{name} file {value!r} {what}{where}")
 
 
 class ModelSection(msgspec.Struct, **_STRUCT):

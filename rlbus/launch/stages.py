@@ -20,7 +20,14 @@ from typing import Any
 
 import torch
 
-from rlbus.launch.arguments import dpo_config, dpo_data_args, initial_model, model_source, warm_start_args
+from rlbus.launch.arguments import (
+    dpo_config,
+    dpo_data_args,
+    evaluation_prompts,
+    initial_model,
+    model_source,
+    warm_start_args,
+)
 from rlbus.launch.config import RunConfig
 
 
@@ -37,7 +44,7 @@ def run_dpo(
     log: Callable[[str], None] = print, on_step: Callable[[Any], None] | None = None,
 ) -> dict[str, Any]:
     """Warm start (unless ``model.checkpoint``), DPO, gate, checkpoint in ``out``; returns the figures."""
-    from rlbus.envs.evaluate import evaluate, held_out_prompts
+    from rlbus.envs.evaluate import evaluate
     from rlbus.training.checkpoint import TrainerState, save_checkpoint
     from rlbus.training.dpo import evaluate_preferences, reference_logprobs
     from rlbus.training.offline import dpo_stage
@@ -59,8 +66,7 @@ def run_dpo(
     train_pairs, eval_pairs, dpo, gate = prepare_dpo(config, source)
     log(f"{len(train_pairs)} training pairs, {len(eval_pairs)} held out "
         f"({config.dpo.data or 'from the task: reference vs off-by-one answers'})")
-    task = config.task
-    prompts = held_out_prompts(task.env, task.env_config, seed=task.seed, n=eval_size)
+    prompts = evaluation_prompts(config, eval_size)
 
     def task_accuracy(m: Any) -> float:
         return evaluate(m, prompts, chat, pad_id=source.pad_id).accuracy

@@ -270,3 +270,23 @@ def test_without_a_terminal_a_stall_is_one_line_a_minute(monkeypatch: pytest.Mon
         log(demo)
     assert printed == ["step 3 v4", "step 3 v4  (no change for 60 s)", "step 3 v4  (no change for 120 s)",
                        "step 4 v5"]
+
+
+def test_eval_prompts_is_the_held_out_file_the_demo_evaluates_on(tmp_path: Path) -> None:
+    """``[task] eval_prompts``: the user's own held-out file replaces ``[task] env``'s generator in the demo's
+    before/after accuracy (its first ``eval_size`` lines), and a missing file fails when the config loads."""
+    from rlbus.errors import ConfigError
+    from rlbus.launch.config import load_config
+
+    held = [f'{{"env": "answer", "text": "{a} + {a}?", "reference": "{2 * a}", "prompt_id": "held-{a}"}}'
+            for a in range(1, 6)]
+    (tmp_path / "held.jsonl").write_text("\n".join(held) + "\n")
+    (tmp_path / "train.jsonl").write_text('{"env": "answer", "text": "1 + 2?", "reference": "3"}\n')
+    (tmp_path / "run.toml").write_text(f'[task]\nprompts = "{tmp_path / "train.jsonl"}"\n'
+                                       f'eval_prompts = "{tmp_path / "held.jsonl"}"\n')
+    run = load_config(tmp_path / "run.toml")
+    demo = Demo(dataclasses.replace(DemoConfig.from_run(run), eval_size=3), tmp_path / "demo")
+    assert [p.prompt_id for p in demo.eval_prompts()] == ["held-1", "held-2", "held-3"]
+    (tmp_path / "run.toml").write_text('[task]\neval_prompts = "nowhere.jsonl"\n')
+    with pytest.raises(ConfigError, match="eval_prompts file 'nowhere.jsonl' does not exist"):
+        load_config(tmp_path / "run.toml")
