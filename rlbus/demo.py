@@ -56,6 +56,7 @@ import torch
 from rlbus.aio import until
 from rlbus.bus.base import Bus
 from rlbus.consumers.rollout import RolloutWorker, episode_threads
+from rlbus.envs.evaluate import Scorer
 from rlbus.envs.evaluate import evaluate as run_evaluation
 from rlbus.launch.arguments import (
     evaluation_prompts,
@@ -63,6 +64,7 @@ from rlbus.launch.arguments import (
     model_source,
     producer_args,
     reward_args,
+    reward_function,
     rollout_args,
     trainer_args,
     warm_start_args,
@@ -215,9 +217,10 @@ def embedded_note(run: RunConfig, run_dir: Path) -> str:
     return note
 
 
-def evaluate(model: Model, prompts: list[Prompt], source: ModelSource) -> float:
-    """Greedy held-out accuracy of the bf16 cast of ``model`` (what the workers serve), through the harness."""
-    return run_evaluation(model, prompts, source.chat, pad_id=source.pad_id).accuracy
+def evaluate(model: Model, prompts: list[Prompt], source: ModelSource, scorer: Scorer | None = None) -> float:
+    """Greedy held-out accuracy of the bf16 cast of ``model`` (what the workers serve), through the harness,
+    scored by ``scorer`` (the run's reward function) or each prompt's environment."""
+    return run_evaluation(model, prompts, source.chat, pad_id=source.pad_id, scorer=scorer).accuracy
 
 
 class Demo:
@@ -229,6 +232,8 @@ class Demo:
         self.on_update = on_update
         self.source = model_source(config.run, progress=log.info)
         self.chat = self.source.chat
+        #: The run's reward function scores the evaluations as it scores RL (None: each prompt's environment).
+        self.scorer: Scorer | None = reward_function(config.run)
         self.started = time.monotonic()
         self.phase = "warm start"
         self.reward_points: list[tuple[float, float]] = []
@@ -274,10 +279,10 @@ class Demo:
         if model is None:
             model = self.source.build(seed=c.seed)
             if run.trainer.warm_steps:
-                self.accuracy_base = await asyncio.to_thread(evaluate, model, eval_prompts, self.source)
+                self.accuracy_base = await asyncio.to_thread(evaluate, model, eval_prompts, self.source, self.scorer)
                 self._update()
                 await asyncio.to_thread(self.warm_start, model)
-        self.accuracy_start = await asyncio.to_thread(evaluate, model, eval_prompts, self.source)
+        self.accuracy_start = await asyncio.to_thread(evaluate, model, eval_prompts, self.source, self.scorer)
         self.phase = "async RL"
         self._update()
         torch.set_num_threads(1)  # many small matmuls from several roles on 2 cores: threads only contend
@@ -336,7 +341,7 @@ class Demo:
         self.phase = "evaluating"
         self._update()
         torch.set_num_threads(cores)
-        self.accuracy_end = await asyncio.to_thread(evaluate, model, eval_prompts, self.source)
+        self.accuracy_end = await asyncio.to_thread(evaluate, model, eval_prompts, self.source, self.scorer)
         self.phase = "done"
         self._update()
         result = await self._result()

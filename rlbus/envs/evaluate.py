@@ -3,7 +3,8 @@
 The evaluation plays each prompt exactly as a rollout worker would — the same chat format, system
 message, tools, turn limits and stop tokens (`rlbus.envs.agent.run_episode`) — but greedily (temperature
 0), on a bf16 copy of the weights (what the workers serve), and scores it with the environment's own
-reward. Accuracy is the share of prompts whose reward reaches ``threshold`` (1.0: exact match for the
+reward (or the run's ``[reward] function``, which replaces it in the reward worker too). Accuracy is the
+share of prompts whose reward reaches ``threshold`` (1.0: exact match for the
 verifiable tasks). All episodes run concurrently and their decode calls are merged into batches.
 """
 
@@ -12,12 +13,13 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from rlbus.envs.agent import run_episode
 from rlbus.envs.base import env_for
 from rlbus.envs.chat import ChatFormat
-from rlbus.schemas import Prompt, SamplingInfo
+from rlbus.envs.episode import Episode
+from rlbus.schemas import Prompt, Reward, SamplingInfo
 
 if TYPE_CHECKING:
     from rlbus.models.sources import Model
@@ -31,6 +33,12 @@ def held_out_prompts(env: str, env_config: dict[str, Any] | None, *, seed: int, 
     return generate_prompts(env, seed=10_000 + seed, n=n, config=env_config)
 
 
+class Scorer(Protocol):
+    """What scores an episode in place of its environment: `rlbus.envs.rewards.RewardFunction`."""
+
+    async def score(self, episode: Episode, prompt: Prompt) -> Reward: ...
+
+
 @dataclass(frozen=True)
 class Evaluation:
     accuracy: float
@@ -42,10 +50,12 @@ class Evaluation:
 
 def evaluate(
     model: Model, prompts: Sequence[Prompt], chat: ChatFormat, *, pad_id: int = 0, max_batch: int = 64,
-    threshold: float = 1.0,
+    threshold: float = 1.0, scorer: Scorer | None = None,
 ) -> Evaluation:
     """Greedy accuracy of the bf16 cast of ``model`` on ``prompts``: the torch engine's default 32 rows in
-    flight, up to ``max_batch`` calls merged. Blocking (runs its own event loop)."""
+    flight, up to ``max_batch`` calls merged. Blocking (runs its own event loop). ``scorer`` (a run's
+    ``[reward] function``) scores in place of each prompt's environment, as it does in the reward worker,
+    so the accuracy measures what RL optimises."""
     import time
 
     from rlbus.engines.torch_stack import torch_stack
@@ -56,7 +66,7 @@ def evaluate(
     async def one(prompt: Prompt) -> tuple[float, int]:
         env = env_for(prompt)
         episode = await run_episode(env, prompt, engine=engine, chat=chat, sampling=greedy)
-        reward = await env.score(episode, prompt)
+        reward = await (scorer or env).score(episode, prompt)
         return reward.value, sum(episode.loss_mask)
 
     async def all_prompts() -> list[tuple[float, int]]:

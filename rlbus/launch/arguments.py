@@ -176,11 +176,16 @@ class RewardArgs(TypedDict):
 
 
 def reward_args(config: RunConfig) -> RewardArgs:
+    return RewardArgs(kind=config.reward.kind, concurrency=config.reward.concurrency, judge=judge_for(config),
+                      function=reward_function(config))
+
+
+def reward_function(config: RunConfig) -> RewardFunction | None:
+    """``[reward] function`` imported and checked (None without one): the reward worker's verifier, and what
+    the evaluations score with."""
     from rlbus.envs.rewards import RewardFunction
 
-    function = RewardFunction.load(config.reward.function) if config.reward.function is not None else None
-    return RewardArgs(kind=config.reward.kind, concurrency=config.reward.concurrency, judge=judge_for(config),
-                      function=function)
+    return RewardFunction.load(config.reward.function) if config.reward.function is not None else None
 
 
 def judge_for(config: RunConfig, environ: Mapping[str, str] | None = None) -> Judge | None:

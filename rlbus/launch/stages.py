@@ -26,6 +26,7 @@ from rlbus.launch.arguments import (
     evaluation_prompts,
     initial_model,
     model_source,
+    reward_function,
     warm_start_args,
 )
 from rlbus.launch.config import RunConfig
@@ -67,9 +68,10 @@ def run_dpo(
     log(f"{len(train_pairs)} training pairs, {len(eval_pairs)} held out "
         f"({config.dpo.data or 'from the task: reference vs off-by-one answers'})")
     prompts = evaluation_prompts(config, eval_size)
+    scorer = reward_function(config)  # the run's reward function scores as it does in RL
 
     def task_accuracy(m: Any) -> float:
-        return evaluate(m, prompts, chat, pad_id=source.pad_id).accuracy
+        return evaluate(m, prompts, chat, pad_id=source.pad_id, scorer=scorer).accuracy
 
     figures: dict[str, Any] = {"task_accuracy_start": task_accuracy(model)}
     start = copy.deepcopy(model) if baseline_sft else None

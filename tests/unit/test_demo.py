@@ -272,9 +272,11 @@ def test_without_a_terminal_a_stall_is_one_line_a_minute(monkeypatch: pytest.Mon
                        "step 4 v5"]
 
 
-def test_eval_prompts_is_the_held_out_file_the_demo_evaluates_on(tmp_path: Path) -> None:
+def test_eval_prompts_is_the_held_out_file_the_demo_evaluates_on(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+                                                                  ) -> None:
     """``[task] eval_prompts``: the user's own held-out file replaces ``[task] env``'s generator in the demo's
-    before/after accuracy (its first ``eval_size`` lines), and a missing file fails when the config loads."""
+    before/after accuracy (its first ``eval_size`` lines), scored by the run's reward function when it has one
+    (as RL is); a missing file fails when the config loads."""
     from rlbus.errors import ConfigError
     from rlbus.launch.config import load_config
 
@@ -287,6 +289,14 @@ def test_eval_prompts_is_the_held_out_file_the_demo_evaluates_on(tmp_path: Path)
     run = load_config(tmp_path / "run.toml")
     demo = Demo(dataclasses.replace(DemoConfig.from_run(run), eval_size=3), tmp_path / "demo")
     assert [p.prompt_id for p in demo.eval_prompts()] == ["held-1", "held-2", "held-3"]
+    assert demo.scorer is None  # each prompt's environment scores
+    (tmp_path / "lastnumber.py").write_text("def score(prompt, completion, reference):\n"
+                                            "    return float(completion.split()[-1] == reference)\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    (tmp_path / "run.toml").write_text(f'[task]\neval_prompts = "{tmp_path / "held.jsonl"}"\n'
+                                       '[reward]\nfunction = "lastnumber:score"\n')
+    demo = Demo(DemoConfig.from_run(load_config(tmp_path / "run.toml")), tmp_path / "demo")
+    assert demo.scorer is not None and demo.scorer.path == "lastnumber:score"
     (tmp_path / "run.toml").write_text('[task]\neval_prompts = "nowhere.jsonl"\n')
-    with pytest.raises(ConfigError, match="eval_prompts file 'nowhere.jsonl' does not exist"):
+    with pytest.raises(ConfigError, match=r"eval_prompts file 'nowhere\.jsonl' does not exist"):
         load_config(tmp_path / "run.toml")

@@ -3,6 +3,8 @@ within 1e-6 relative) or exact (whitespace-stripped strings); no answer scores 0
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from rlbus.envs.base import make_env
@@ -115,3 +117,27 @@ async def test_an_episode_through_the_harness_asks_for_the_tag_and_scores_the_an
         assert (await env.score(episode, p)).value == value
         system = chat.tokenizer.decode(engine.requests[0].prompt_ids)
         assert "<answer>ANSWER</answer>" in system
+
+
+def test_the_evaluation_scores_with_the_runs_reward_function_when_it_has_one(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`rlbus.envs.evaluate.evaluate` with ``scorer``: the accuracy of what RL optimises. A reply without the
+    ``<answer>`` tag scores 0 by the environment's rule and 1 by a reward function reading the last number."""
+    from types import SimpleNamespace
+
+    import rlbus.engines.torch_stack
+    from rlbus.envs.chat import ChatFormat
+    from rlbus.envs.evaluate import evaluate
+    from rlbus.envs.rewards import RewardFunction
+    from rlbus.envs.scripted import ScriptedEngine
+
+    chat = ChatFormat.for_byte_tokenizer()
+
+    def replying(*args: object, **kwargs: object) -> SimpleNamespace:  # the engine: it says "It is 36."
+        return SimpleNamespace(batching=ScriptedEngine(["It is 36."], tokenizer=chat.tokenizer))
+
+    monkeypatch.setattr(rlbus.engines.torch_stack, "torch_stack", replying)
+    p = prompt("36", "numeric")
+    assert evaluate(None, [p], chat).accuracy == 0.0  # type: ignore[arg-type]
+    monkeypatch.syspath_prepend(str(Path(__file__).parents[3] / "examples" / "wordproblems"))
+    scorer = RewardFunction.load("wordproblems:score")
+    assert evaluate(None, [p], chat, scorer=scorer).accuracy == 1.0  # type: ignore[arg-type]
