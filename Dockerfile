@@ -11,12 +11,12 @@ ENV PYTHONUNBUFFERED=1 \
     PIP_NO_CACHE_DIR=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1
 
-# (The envs extra: the reasoning-gym and verifiers adapters, math-verify; rlbus/envs/adapters.)
 # The sandbox (bubblewrap + prlimit) and git for the coding environment's patches (env "swe").
 RUN apt-get update && apt-get install -y --no-install-recommends bubblewrap util-linux git \
     && rm -rf /var/lib/apt/lists/*
 WORKDIR /app
 COPY pyproject.toml README.md ./
+# Extras: swe (the coding environment's test runtime), envs (the reasoning-gym and verifiers adapters).
 RUN mkdir rlbus && touch rlbus/__init__.py && pip install ".[swe,envs]" && pip uninstall -y rlbus && rm -rf rlbus build rlbus.egg-info
 
 COPY rlbus ./rlbus
