@@ -105,9 +105,18 @@ def test_the_readme_example_file_and_config_load_and_validate(tmp_path: Path, mo
     section = readme.split("## Your own task", 1)[1].split("\n## ", 1)[0]
     example = section.split("```json\n", 1)[1].split("```", 1)[0]
     toml = section.split("```toml\n", 1)[1].split("```", 1)[0]
+    reward = section.split("```python\n", 1)[1].split("```", 1)[0]
     (tmp_path / "problems.jsonl").write_text(example)
+    (tmp_path / "held_out.jsonl").write_text(example)
+    (tmp_path / "myreward.py").write_text(reward)  # the README's reward function, beside the config
     (tmp_path / "run.toml").write_text(toml)
     monkeypatch.chdir(tmp_path)
+    monkeypatch.syspath_prepend(str(tmp_path))  # PYTHONPATH=. in the README's commands
     assert validate_prompts("problems.jsonl") == 3
     config = load_config(Path("run.toml"), environ={})
     assert config.task.prompts == "problems.jsonl" and config.trainer.warm_steps == 0
+    assert config.task.eval_prompts == "held_out.jsonl" and config.reward.function == "myreward:score"
+    from rlbus.envs.rewards import RewardFunction
+
+    score = RewardFunction.load("myreward:score").function
+    assert score("2+2?", "I think it is 31 eggs", "31") == 1.0 and score("2+2?", "<answer>3</answer>", "31") == 0.0
