@@ -9,10 +9,10 @@
 2. a fresh copy of the task's template is made in a new sandbox, the rest is ``git apply``-ed *inside*
    the sandbox (a patch that does not apply scores 0 with git's reason), the hidden test files are
    written over it and the task's ``test_patch`` applied;
-3. the task's pytest command runs under `rlbus.envs.swe.grader_main` — from the read-only runtime, with
-   the runtime before the repository on ``sys.path``, a fingerprint of pytest's internals, a plugin check
-   and verdicts taken from each phase's exception info — which writes an HMAC-signed report (key on
-   stdin) outside the repository;
+3. the task's pytest command runs under `rlbus.envs.swe.grader_main` — mounted in grading sandboxes only
+   (an episode never sees it), with the runtime before the repository on ``sys.path``, a fingerprint of
+   pytest's internals, a plugin check and verdicts taken from each phase's exception info — which writes
+   an HMAC-signed report (key on stdin) outside the repository;
 4. the report must verify, show no tampering, have collected exactly the expected node ids (or their
    parametrisations), and agree with pytest's exit code. Reward 1 only when every FAIL_TO_PASS and every
    PASS_TO_PASS test passed (setup, call and teardown); components are the fractions of each that passed.
@@ -36,7 +36,7 @@ from typing import Any
 
 from rlbus.envs.sandbox import Sandbox, SandboxResult
 from rlbus.envs.swe.patch import filter_patch
-from rlbus.envs.swe.runtime import HYPOTHESIS_PLUGIN, INNER
+from rlbus.envs.swe.runtime import GRADER_INNER, HYPOTHESIS_PLUGIN, INNER
 from rlbus.envs.swe.task import RepoTask
 from rlbus.envs.swe.world import REPO, task_sandbox, template
 
@@ -87,7 +87,7 @@ async def grade(task: RepoTask, patch: str) -> Verdict:
     Raises SandboxError only when the sandbox cannot be built (the worker's failure, not the patch's)."""
     filtered = filter_patch(patch, protected=task.test_paths())
     base = await template(task)
-    async with task_sandbox(task) as box:
+    async with task_sandbox(task, grading=True) as box:
         await box.populate(base, REPO)
         if filtered.patch:
             applied = await _git_apply(box, filtered.patch, "agent.patch")
@@ -113,8 +113,9 @@ def launcher_argv(task: RepoTask) -> list[str]:
     for word in words[3:]:  # after "python -m pytest"
         args += list(task.tests) if word == "{tests}" else [word]
     extra = ":".join(p for p in task.test_env.get("PYTHONPATH", "").split(":") if p)
-    grader = f"{INNER}/grader/grader_main.py"
-    return [f"{INNER}/bin/python", "-I", "-B", grader, f"/sandbox/{_REPORT}", f"/sandbox/{REPO}", extra, "--", *args]
+    grader = f"{GRADER_INNER}/grader_main.py"
+    return [f"{INNER}/bin/python", "-I", "-B", grader, INNER, f"/sandbox/{_REPORT}", f"/sandbox/{REPO}", extra,
+            "--", *args]
 
 
 async def _git_apply(box: Sandbox, patch: str, name: str) -> SandboxResult:

@@ -1,9 +1,10 @@
 """The test launcher that runs *inside* the sandbox (with the runtime's Python, never imported by rlbus).
 
-It is started as ``python -I -B grader_main.py REPORT REPO EXTRA -- PYTEST_ARGS…`` with a one-time key on
-stdin, and is the only trusted code in a process that will import the repository under test. So it does
-everything that matters before that code exists in the process, and checks afterwards that nothing it
-relies on was touched:
+It is started as ``python -I -B grader_main.py RUNTIME REPORT REPO EXTRA -- PYTEST_ARGS…`` with a one-time
+key on stdin (RUNTIME: where the test runtime is mounted; the launcher itself is mounted elsewhere, in
+grading sandboxes only), and is the only trusted code in a process that will import the repository under
+test. So it does everything that matters before that code exists in the process, and checks afterwards that
+nothing it relies on was touched:
 
 1. reads the key from stdin (then closes it), cleans the pytest variables from the environment, and
    builds ``sys.path`` itself (``-I``: no PYTHONPATH, no user site, no script directory games): the runtime
@@ -65,12 +66,11 @@ def _from_runtime(obj: object, site: str) -> bool:
 def main() -> int:
     key = sys.stdin.buffer.read(64)
     sys.stdin.close()
-    report_path, repo, extra = sys.argv[1], sys.argv[2], sys.argv[3]
+    runtime, report_path, repo, extra = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4]
     args = sys.argv[sys.argv.index("--") + 1 :]
     for name in ("PYTEST_ADDOPTS", "PYTEST_PLUGINS", "PYTHONSTARTUP"):
         os.environ.pop(name, None)
     os.environ["PYTEST_DISABLE_PLUGIN_AUTOLOAD"] = "1"
-    runtime = os.path.dirname(os.path.dirname(_SELF))
     site = os.path.join(runtime, "site")
     stdlib = [p for p in sys.path if p and not p.startswith(os.path.dirname(_SELF))]
     sys.path[:] = [site, *stdlib, repo, *(os.path.join(repo, e) for e in extra.split(":") if e)]

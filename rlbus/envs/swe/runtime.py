@@ -6,8 +6,11 @@ installation — CI installs ``.[dev]``, which has both — copied once into a r
 (``<cache>/runtime-<hash>/site``), together with the launcher `rlbus.envs.swe.grader_main` and a ``bin/``
 with ``python`` / ``pytest``. The runtime is mounted read-only at ``/opt/rlbus`` in every episode and
 grading sandbox; ``PATH`` starts with ``/opt/rlbus/bin`` and ``PYTHONPATH`` with ``/opt/rlbus/site``, so the
-agent's ``python -m pytest`` works like the grader's. Only pure-Python distributions are copied, so the
-system interpreter's minor version may differ from the worker's (3.11 here, 3.12 on a fresh Ubuntu).
+agent's ``python -m pytest`` works like the grader's. The launcher is not part of it: it sits in a
+directory of its own (`grader_dir`, ``<cache>/grader-<hash>``) mounted at ``/opt/rlbus-grader`` in grading
+sandboxes only, so an episode cannot read the program its patch will be graded by. Only pure-Python
+distributions are copied, so the system interpreter's minor version may differ from the worker's (3.11
+here, 3.12 on a fresh Ubuntu).
 Nothing is downloaded; a worker without pytest installed gets a `SandboxError` saying so.
 
 The cache (``$RLBUS_SWE_CACHE``, default ``<tmp>/rlbus-swe-<uid>``) also holds the per-task repository
@@ -31,6 +34,8 @@ from rlbus.errors import SandboxError
 
 #: Where the runtime appears inside the sandbox.
 INNER = "/opt/rlbus"
+#: Where the launcher appears inside a grading sandbox (never in an episode's).
+GRADER_INNER = "/opt/rlbus-grader"
 #: Distributions copied into the runtime: pytest and its dependencies, hypothesis and its.
 DISTRIBUTIONS = ("pytest", "pluggy", "iniconfig", "packaging", "hypothesis", "attrs", "sortedcontainers")
 _OPTIONAL = ("exceptiongroup", "tomli")  # pytest's backports on Python < 3.11
@@ -65,8 +70,7 @@ def runtime_dir() -> Path:
                     " (pip install 'rlbus[dev]')"
                 ) from None
     python = find_python()
-    key = hashlib.sha256(_LAUNCHER.read_bytes())
-    key.update(python.encode())
+    key = hashlib.sha256(python.encode())
     for d in dists:
         key.update(f"{d.metadata['Name']}=={d.version}".encode())
     target = cache_root() / f"runtime-{key.hexdigest()[:16]}"
@@ -77,12 +81,32 @@ def runtime_dir() -> Path:
         site = build / "site"
         for dist in dists:
             _copy_distribution(dist, site)
-        (build / "grader").mkdir()
-        shutil.copy2(_LAUNCHER, build / "grader" / "grader_main.py")
         (build / "bin").mkdir()
         os.symlink(python, build / "bin" / "python")
         os.symlink(python, build / "bin" / "python3")
         (build / "bin" / "pytest").write_text(f'#!/bin/sh\nexec {python} -m pytest "$@"\n')
+        (build / "ready").write_text("")
+        _world_readable(build)
+        try:
+            os.rename(build, target)
+        except OSError:  # another process finished first
+            if not (target / "ready").exists():
+                raise
+    finally:
+        shutil.rmtree(build, ignore_errors=True)
+    return target
+
+
+def grader_dir() -> Path:
+    """The launcher's directory (``grader_main.py``), built on first use like the runtime; named by the
+    launcher's hash, so a new launcher gets a new directory."""
+    source = _LAUNCHER.read_bytes()
+    target = cache_root() / f"grader-{hashlib.sha256(source).hexdigest()[:16]}"
+    if (target / "ready").exists():
+        return target
+    build = Path(tempfile.mkdtemp(prefix="grader-build-", dir=cache_root()))
+    try:
+        (build / "grader_main.py").write_bytes(source)
         (build / "ready").write_text("")
         _world_readable(build)
         try:

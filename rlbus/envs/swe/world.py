@@ -31,7 +31,7 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 
 from rlbus.envs.sandbox import Sandbox, SandboxLimits
-from rlbus.envs.swe.runtime import INNER, cache_root, runtime_dir, runtime_env
+from rlbus.envs.swe.runtime import GRADER_INNER, INNER, cache_root, grader_dir, runtime_dir, runtime_env
 from rlbus.envs.swe.task import RepoTask, Source
 from rlbus.errors import SandboxError, TaskFormatError
 
@@ -50,12 +50,16 @@ def sandbox_limits(task: RepoTask, *, wall_s: float | None = None) -> SandboxLim
     )  # fmt: skip
 
 
-def task_sandbox(task: RepoTask, *, wall_s: float | None = None) -> Sandbox:
-    """An unopened sandbox with the test runtime mounted and the task's environment variables."""
+def task_sandbox(task: RepoTask, *, wall_s: float | None = None, grading: bool = False) -> Sandbox:
+    """An unopened sandbox with the test runtime mounted and the task's environment variables; with
+    ``grading`` the launcher too (an episode's sandbox never has it: `rlbus.envs.swe.runtime`)."""
     extra = [f"/sandbox/{REPO}/{p}" for v in task.test_env.get("PYTHONPATH", "").split(":") if (p := v.strip())]
     env = runtime_env(extra)
     env.update({k: v for k, v in task.test_env.items() if k != "PYTHONPATH"})
-    return Sandbox(limits=sandbox_limits(task, wall_s=wall_s), binds=[(str(runtime_dir()), INNER)], env=env)
+    binds = [(str(runtime_dir()), INNER)]
+    if grading:
+        binds.append((str(grader_dir()), GRADER_INNER))
+    return Sandbox(limits=sandbox_limits(task, wall_s=wall_s), binds=binds, env=env)
 
 
 async def template(task: RepoTask) -> Path:

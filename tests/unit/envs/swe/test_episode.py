@@ -214,3 +214,21 @@ def test_turn_budget_is_the_smaller_of_the_harness_and_the_task() -> None:
     assert turns(max_turns=5) == 5
     assert turns(max_turns=30) == 8
     assert _env(max_turns=3).limits().max_turns == 3
+
+
+async def test_the_grader_is_not_in_the_episodes_world(corpus_tasks: dict[str, RepoTask]) -> None:
+    """The launcher that grades the patch is mounted in grading sandboxes only: an agent with ``bash`` finds
+    no copy of it (the runtime and the whole filesystem it sees), while its own ``python -m pytest`` runs;
+    the grading sandbox has it."""
+    from rlbus.envs.swe.runtime import GRADER_INNER, INNER
+    from rlbus.envs.swe.world import task_sandbox
+
+    async with open_world(corpus_tasks["calc-add"], command_timeout_s=10) as world:
+        bash = repo_tools(world, command_timeout_s=10)["bash"]
+        assert "[exit code 0]" in await bash.run(f"test -d {INNER}/site && test -x {INNER}/bin/python")
+        out = await bash.run(f"ls {GRADER_INNER} {INNER}/grader; find / -name 'grader_main*' 2>/dev/null | head")
+        assert "grader_main" not in out and "No such file" in out, out
+        assert "1 passed" in await bash.run('{"command": "python -m pytest -q -p no:cacheprovider tests"}')
+    async with task_sandbox(corpus_tasks["calc-add"], grading=True) as box:
+        listed = await box.run(["/bin/ls", GRADER_INNER])
+        assert listed.ok and "grader_main.py" in listed.stdout, listed
