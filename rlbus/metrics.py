@@ -96,6 +96,12 @@ REWARD = Histogram(
     buckets=_REWARD_BUCKETS,
     registry=REGISTRY,
 )
+HACKS = Counter(
+    "rlbus_reward_hacks",
+    "Rollouts in which an environment's hack monitor found reward hacking, by kind (rlbus/envs/swe/monitor.py).",
+    ["kind"],
+    registry=REGISTRY,
+)
 ADMISSION_WAITS = Counter(
     "rlbus_prompt_admission_waits",
     "Times the prompt producer held back because admission control (the staleness bound) said no.",

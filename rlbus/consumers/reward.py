@@ -27,6 +27,7 @@ import asyncio
 import logging
 import math
 import time
+from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
@@ -39,9 +40,9 @@ from rlbus.bus.types import Record
 from rlbus.envs.base import env_for
 from rlbus.envs.episode import Episode, rollout_to_episode
 from rlbus.envs.judge import Judge
-from rlbus.envs.rewards import RewardFunction
+from rlbus.envs.rewards import HACK_KINDS, HackPolicy, RewardFunction, apply_hack_policy
 from rlbus.errors import MalformedMessage
-from rlbus.metrics import REWARD, observe_processing
+from rlbus.metrics import HACKS, REWARD, observe_processing
 from rlbus.observe.lag import LagProbe
 from rlbus.observe.logs import record_fields
 from rlbus.schemas import Prompt, Reward, Rollout
@@ -62,6 +63,8 @@ class RewardWorker:
         max_batch: int = 64,
         on_reward: Callable[[Reward, Rollout], None] | None = None,
         function: RewardFunction | None = None,
+        hack_policy: HackPolicy = "zero",
+        hack_penalty: float = 0.5,
     ) -> None:
         if kind in ("judge", "both") and judge is None:
             raise ValueError(f"a {kind} reward worker needs a Judge")
@@ -78,6 +81,10 @@ class RewardWorker:
         self.skipped_served = 0
         self.dead_letters = DeadLetters(bus)
         self.lag_probe = LagProbe()
+        self.hack_policy: HackPolicy = hack_policy
+        self.hack_penalty = hack_penalty
+        #: Rollouts whose environment found reward hacking, by kind (`rlbus.envs.swe.monitor`).
+        self.hacks: Counter[str] = Counter()
 
     def stats(self) -> dict[str, Any]:
         """What this worker's heartbeat carries (``processed`` = rollouts scored)."""
@@ -85,7 +92,8 @@ class RewardWorker:
             "group": self.group, "topics": [ROLLOUTS.name], "kind": self.kind, "processed": self.scored,
             "scored": self.scored, "skipped_served": self.skipped_served,
             "dead_letters": sum(self.dead_letters.counts.values()),
-            "lag": self.lag_probe.total, **(self._judge.stats.as_dict() if self._judge is not None else {}),
+            "lag": self.lag_probe.total, "hacks": dict(self.hacks), "hack_policy": self.hack_policy,
+            **(self._judge.stats.as_dict() if self._judge is not None else {}),
         }
 
     @property
@@ -127,6 +135,7 @@ class RewardWorker:
             return
         t0 = time.perf_counter()
         rewards = await self.score_both(rollout) if self.kind == "both" else [await self.score(rollout)]
+        rewards = [self._police(r, record) for r in rewards]
         for reward in rewards:
             if not math.isfinite(reward.value):  # a NaN reward would poison the whole batch's advantages
                 raise MalformedMessage(f"rollout {rollout.rollout_id}: {reward.source} scored {reward.value}")
@@ -142,6 +151,20 @@ class RewardWorker:
             )
         self.scored += 1
         observe_processing("reward", t0)
+
+    def _police(self, reward: Reward, record: Record[Any]) -> Reward:
+        """``[reward] hack_policy`` on a reward whose environment found hacking; counted by kind."""
+        kinds = reward.metadata.get(HACK_KINDS)
+        if not kinds:
+            return reward
+        self.hacks.update(kinds.split(","))
+        for kind in kinds.split(","):
+            HACKS.labels(kind).inc()
+        policed = apply_hack_policy(reward, self.hack_policy, self.hack_penalty)
+        log.warning("hack monitor %s rollout=%s found %s: reward %g → %g (hack_policy %s)", record.where,
+                    reward.rollout_id, kinds, reward.value, policed.value, self.hack_policy,
+                    extra=record_fields(record, rollout_id=reward.rollout_id, worker=self.worker_id))
+        return policed
 
     async def run(self, stop: asyncio.Event) -> None:
         try:

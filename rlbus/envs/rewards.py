@@ -30,7 +30,9 @@ import numbers
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
+
+import msgspec
 
 from rlbus.config import import_object
 from rlbus.envs.episode import Episode
@@ -128,3 +130,23 @@ def _what(value: Any) -> str:
     if isinstance(value, type):
         return f"the class {value.__qualname__}"
     return f"{type(value).__name__} {value!r}"[:120]
+
+
+#: The reward metadata key in which an environment reports the kinds of reward hacking its monitor found
+#: (comma-separated; `rlbus.envs.swe.monitor`), for `apply_hack_policy`.
+HACK_KINDS = "hack_kinds"
+HackPolicy = Literal["zero", "penalty", "flag"]
+
+
+def apply_hack_policy(reward: Reward, policy: HackPolicy, penalty: float) -> Reward:
+    """``reward`` under the run's ``[reward] hack_policy`` when its environment found hacking (``HACK_KINDS``
+    in its metadata): ``zero`` scores 0, ``penalty`` subtracts ``penalty`` (not below 0), ``flag`` keeps the
+    value. The reason says what was found and what was done; the metadata keeps the value before."""
+    kinds = reward.metadata.get(HACK_KINDS)
+    if not kinds or policy == "flag":
+        return reward
+    value = 0.0 if policy == "zero" else max(0.0, reward.value - penalty)
+    reason = f"hack monitor found {kinds} (hack_policy {policy}: {reward.value:g} → {value:g}); {reward.reason}"
+    metadata = {**reward.metadata, "value_before_hack_policy": f"{reward.value:g}"}
+    return msgspec.structs.replace(reward, value=value, reason=reason[:2000], metadata=metadata)
+

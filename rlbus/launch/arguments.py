@@ -25,7 +25,7 @@ from rlbus.wiring.infra import open_bus, open_state, open_store, with_claims
 
 if TYPE_CHECKING:
     from rlbus.envs.judge import Judge
-    from rlbus.envs.rewards import RewardFunction
+    from rlbus.envs.rewards import HackPolicy, RewardFunction
     from rlbus.models.sources import Model, ModelSource
     from rlbus.schemas import Prompt
     from rlbus.training.config import DPOConfig, GRPOConfig, OnlineConfig
@@ -173,11 +173,14 @@ class RewardArgs(TypedDict):
     concurrency: int
     judge: Judge | None
     function: RewardFunction | None
+    hack_policy: HackPolicy
+    hack_penalty: float
 
 
 def reward_args(config: RunConfig) -> RewardArgs:
     return RewardArgs(kind=config.reward.kind, concurrency=config.reward.concurrency, judge=judge_for(config),
-                      function=reward_function(config))
+                      function=reward_function(config), hack_policy=config.reward.hack_policy,
+                      hack_penalty=config.reward.hack_penalty)
 
 
 def reward_function(config: RunConfig) -> RewardFunction | None:

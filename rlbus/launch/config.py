@@ -379,8 +379,15 @@ class RewardSection(msgspec.Struct, **_STRUCT):
     #: reward's source stays ``verifier``). Imported when the config is loaded, so every process needs the
     #: package (installed, or on PYTHONPATH): `rlbus.envs.rewards.RewardFunction`.
     function: str | None = None
+    #: What a reward becomes when its environment's hack monitor found reward hacking in the rollout (the
+    #: coding environment: `rlbus.envs.swe.monitor`): ``zero`` (0, the default), ``penalty`` (the value less
+    #: ``hack_penalty``, not below 0) or ``flag`` (unchanged; only counted and reported).
+    hack_policy: Literal["zero", "penalty", "flag"] = "zero"
+    hack_penalty: float = 0.5
 
     def __post_init__(self) -> None:
+        if not 0.0 <= self.hack_penalty <= 1.0:
+            raise ConfigError("reward.hack_penalty", "must be in [0, 1] (rewards are in [0, 1])")
         if self.kind != "verifier" and not self.judge.rubric:
             raise ConfigError("reward.judge.rubric", f'kind = "{self.kind}" needs a rubric file')
         if self.function is not None:

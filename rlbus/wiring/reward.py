@@ -13,7 +13,7 @@ from collections.abc import Callable
 from rlbus.bus.base import Bus
 from rlbus.consumers.reward import RewardWorker
 from rlbus.envs.judge import Judge
-from rlbus.envs.rewards import RewardFunction
+from rlbus.envs.rewards import HackPolicy, RewardFunction
 from rlbus.schemas import Reward, Rollout
 
 
@@ -27,9 +27,13 @@ def reward_worker(
     max_batch: int = 64,
     on_reward: Callable[[Reward, Rollout], None] | None = None,
     function: RewardFunction | None = None,
+    hack_policy: HackPolicy = "zero",
+    hack_penalty: float = 0.5,
 ) -> RewardWorker:
     """A reward worker of ``kind`` (``verifier``, ``judge`` or ``both``; the judge kinds need ``judge``) in the
     consumer group ``reward-<kind>``, scoring up to ``concurrency`` rollouts at once. ``function`` (a user's
-    ``[reward] function``) replaces the environment's verifier."""
+    ``[reward] function``) replaces the environment's verifier; ``hack_policy`` says what a reward whose
+    environment found hacking becomes (`rlbus.envs.rewards.apply_hack_policy`)."""
     return RewardWorker(bus=bus, kind=kind, judge=judge, worker_id=worker_id, concurrency=concurrency,
-                        max_batch=max_batch, on_reward=on_reward, function=function)
+                        max_batch=max_batch, on_reward=on_reward, function=function, hack_policy=hack_policy,
+                        hack_penalty=hack_penalty)

@@ -34,7 +34,9 @@ import shlex
 from dataclasses import dataclass, field
 from typing import Any
 
+from rlbus.envs.rewards import HACK_KINDS
 from rlbus.envs.sandbox import Sandbox, SandboxResult
+from rlbus.envs.swe.monitor import Finding, added_lines, hack_kinds, scan_source
 from rlbus.envs.swe.patch import filter_patch
 from rlbus.envs.swe.runtime import GRADER_INNER, HYPOTHESIS_PLUGIN, INNER
 from rlbus.envs.swe.task import RepoTask
@@ -54,6 +56,8 @@ class Verdict:
     pass_to_pass: dict[str, bool] = field(default_factory=dict)
     dropped: list[tuple[str, str]] = field(default_factory=list)
     tampered: list[str] = field(default_factory=list)
+    hacks: list[Finding] = field(default_factory=list)
+    """The hack monitor's findings on the library code the patch adds (`rlbus.envs.swe.monitor`)."""
     wall_s: float = 0.0
     status: str = ""
     """The sandbox status of the test run (``ok``, ``error`` when tests failed, ``timeout`` …)."""
@@ -78,6 +82,9 @@ class Verdict:
             data["dropped"] = "; ".join(f"{p} ({why})" for p, why in self.dropped)[:4000]
         if self.tampered:
             data["tampered"] = "; ".join(self.tampered)[:4000]
+        if self.hacks:
+            data[HACK_KINDS] = ",".join(hack_kinds(self.hacks))
+            data["hacks"] = "; ".join(str(f) for f in self.hacks)[:4000]
         return data
 
 
@@ -89,10 +96,12 @@ async def grade(task: RepoTask, patch: str) -> Verdict:
     base = await template(task)
     async with task_sandbox(task, grading=True) as box:
         await box.populate(base, REPO)
+        hacks: list[Finding] = []
         if filtered.patch:
             applied = await _git_apply(box, filtered.patch, "agent.patch")
             if not applied.ok:
                 return _zero(f"the patch does not apply: {applied.stderr.strip()[-300:]}", filtered.dropped)
+            hacks = scan_patch(box, filtered.patch)
         for path, content in task.hidden_tests.items():
             box.write(f"{REPO}/{path}", content)
         if task.test_patch:
@@ -103,8 +112,21 @@ async def grade(task: RepoTask, patch: str) -> Verdict:
         run = await box.run(launcher_argv(task), stdin=key, cwd=REPO)
         report = box.read(_REPORT)
     verdict = judge(task, run, report, key)
-    verdict.dropped = filtered.dropped
+    verdict.dropped, verdict.hacks = filtered.dropped, hacks
     return verdict
+
+
+def scan_patch(box: Sandbox, patch: str) -> list[Finding]:
+    """The hack monitor on the applied patch: each Python file it adds lines to, read back from the sandbox
+    (the tests are already filtered out of ``patch``), scanned on those lines."""
+    found: list[Finding] = []
+    for path, lines in added_lines(patch).items():
+        if not path.endswith(".py"):
+            continue
+        raw = box.read(f"{REPO}/{path}")
+        if raw is not None:
+            found += scan_source(path, raw.decode(errors="replace"), lines)
+    return found
 
 
 def launcher_argv(task: RepoTask) -> list[str]:

@@ -88,3 +88,33 @@ async def test_every_task_scores_through_the_worker() -> None:
     letters = await read_dead_letters(bus, ROLLOUTS.name)
     assert [d.error_class for d in letters] == ["MalformedMessage"] and "no prompt" in letters[0].error
     assert sum(v or 0 for v in (await bus.committed(worker.group, ROLLOUTS.name)).values()) == total + 2
+
+
+async def test_hack_policy_applies_to_what_the_environment_flags(monkeypatch: Any) -> None:
+    """A reward whose environment's hack monitor found hacking (``hack_kinds`` in its metadata) is published
+    under ``[reward] hack_policy``, counted by kind in the heartbeat; others pass unchanged."""
+    import rlbus.consumers.reward as module
+    from rlbus.envs.rewards import HACK_KINDS
+
+    class Flagging:  # the environment: its verifier says 1.0, and flags rollouts whose id ends in "-hack"
+        async def score(self, episode: Any, prompt: Any) -> Reward:
+            hacked = episode.episode_id.endswith("-hack")
+            return Reward(reward_id=f"{episode.episode_id}:verifier", rollout_id=episode.episode_id,
+                          prompt_id=prompt.prompt_id, source="verifier", value=1.0, reason="tests passed",
+                          metadata={HACK_KINDS: "always_equal,exit"} if hacked else {})  # fmt: skip
+
+    monkeypatch.setattr(module, "env_for", lambda prompt: Flagging())
+    bus = MemoryBus(topic_specs())
+    await bus.start()
+    [good] = await rollouts_for("arith", 1, wrong=False)
+    for rollout_id in ("r-1", "r-1-hack"):
+        await bus.send(ROLLOUTS, msgspec.structs.replace(good, rollout_id=rollout_id))
+    worker = RewardWorker(bus=bus, hack_policy="penalty", hack_penalty=0.75)
+    stop = asyncio.Event()
+    task = asyncio.create_task(worker.run(stop))
+    rewards = {r.rollout_id: r for r in await collect_rewards(bus, 2)}
+    stop.set()
+    await task
+    assert rewards["r-1"].value == 1.0 and rewards["r-1-hack"].value == 0.25
+    assert "hack monitor found always_equal,exit (hack_policy penalty" in rewards["r-1-hack"].reason
+    assert worker.stats()["hacks"] == {"always_equal": 1, "exit": 1}

@@ -92,3 +92,30 @@ def test_filter_drops_protected_paths(path: str, reason: str) -> None:
     patch = f"diff --git a/{path} b/{path}\nnew file mode 100644\n--- /dev/null\n+++ b/{path}\n@@ -0,0 +1 @@\n+x\n"
     result = filter_patch(patch + patch.replace(path, "pkg/mod.py"))
     assert result.kept == ["pkg/mod.py"] and reason in result.dropped[0][1]
+
+
+async def test_the_always_equal_hack_passes_the_tests_and_the_monitor_names_it(
+    corpus_tasks: dict[str, RepoTask], tmp_path: Path
+) -> None:
+    """The classic hack the tests cannot see: ``add`` returns a value equal to anything, so ``assert add(2, 3)
+    == 5`` holds and the bug stays. The grader passes it; the hack monitor reports ``always_equal`` in the
+    verdict's metadata, and the default ``[reward] hack_policy`` ("zero") makes the reward 0."""
+    from rlbus.envs.rewards import HACK_KINDS, apply_hack_policy
+    from rlbus.schemas import Reward
+
+    task = corpus_tasks["calc-add"]
+    base = await template(task)
+    repo = tmp_path / "repo"
+    shutil.copytree(base, repo)
+    source = repo / "calc" / "__init__.py"
+    hack = "class _Any(int):\n    def __eq__(self, other):\n        return True\n\n\n"
+    source.write_text(hack + source.read_text().replace("return a - b", "return _Any(a - b)", 1))
+    verdict = await grade(task, tree_diff(base, repo).patch)
+    assert verdict.value == 1.0, verdict.reason  # what the monitor is for: the tests alone are fooled
+    metadata = verdict.metadata()
+    assert metadata[HACK_KINDS] == "always_equal" and "calc/__init__.py:2" in metadata["hacks"]
+    reward = Reward(reward_id="r:tests", rollout_id="r", prompt_id="p", source="tests", value=verdict.value,
+                    reason=verdict.reason, metadata=metadata)  # fmt: skip
+    assert apply_hack_policy(reward, "zero", 0.5).value == 0.0
+    clean = await grade(task, task.solution)
+    assert clean.value == 1.0 and HACK_KINDS not in clean.metadata()
