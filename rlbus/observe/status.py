@@ -154,6 +154,10 @@ def _notes(role: str, info: Mapping[str, Any]) -> str:
         parts.append(f"swap ms last {pauses[-1]:.2f} max {max(pauses):.2f} ({len(pauses)})")
     if "scored" in info:
         parts.append(f"scored {info['scored']}")
+    hacks = {k: v for k, v in (info.get("hacks") or {}).items() if isinstance(v, int) and v}
+    if hacks:  # the reward worker's hack monitor counts (rlbus/envs/swe/monitor.py), and what it does to them
+        kinds = " ".join(f"{k} {v}" for k, v in sorted(hacks.items()))
+        parts.append(f"[yellow]hacks {kinds} ({info.get('hack_policy', '?')})[/yellow]")
     if "admitted" in info:
         parts.append(f"admitted {info['admitted']} waits {info.get('waits', 0)} "
                      f"(sync {info.get('sync_waits', 0)}) from v{info.get('reference_version', '-')}, "

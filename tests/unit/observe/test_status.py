@@ -41,7 +41,8 @@ async def running_system() -> tuple[MemoryBus, MemoryStateStore]:
         Heartbeat(state=state, role="rollout", worker_id="rollout-us-0", region="us-east",
                   info=lambda: {"group": "rollout", "topics": [PROMPTS.name], "version": 2}),
         Heartbeat(state=state, role="reward", worker_id="judge-0",
-                  info=lambda: {"group": "reward-judge", "topics": [ROLLOUTS.name], "scored": 7}),
+                  info=lambda: {"group": "reward-judge", "topics": [ROLLOUTS.name], "scored": 7,
+                                "hacks": {"always_equal": 2, "introspection": 1, "exit": 0}, "hack_policy": "zero"}),
         Heartbeat(state=state, role="trainer", worker_id="trainer-0",
                   info=lambda: {"group": "trainer", "step": 12, "version": 3,
                                 "last_step": {"kl_k3": 1e-3, "is_ess": 0.97, "reward_mean": 0.5}}),
@@ -78,7 +79,8 @@ async def test_render_shows_workers_lag_pauses_and_the_trainer() -> None:
     console.print(render(await take_snapshot(bus=bus, state=state)))
     text = console.export_text()
     for expected in ("trainer v3 step 12", "8 groups done", "rollout-eu-0", "eu-west", "reward-judge",
-                     "swap ms last 0.25 max 0.25", "kl 1.00e-03", "ess 0.97", "rl.rollouts.v1 1"):
+                     "swap ms last 0.25 max 0.25", "kl 1.00e-03", "ess 0.97", "rl.rollouts.v1 1",
+                     "hacks always_equal 2 introspection 1 (zero)"):
         assert expected in text, expected
 
 
