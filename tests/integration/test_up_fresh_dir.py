@@ -37,15 +37,15 @@ episode_threads = 8
 """
 
 
-async def test_rlbus_up_from_a_fresh_directory_starts_redis_and_trains(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+async def up_to_step_1(tmp_path: Path, prefix: str, extra_env: dict[str, str]) -> tuple[str, str]:
+    """``rlbus up --config run.toml --steps 1`` in the working directory, against the suite's Kafka (checked
+    first: ``rlbus up`` would otherwise start a broker of its own) with a Redis of its own; it must stop by
+    itself with status 0. Returns the namespace and the output."""
     await (await kafka_bus()).close()
-    monkeypatch.chdir(tmp_path)
-    (tmp_path / "run.toml").write_text(SMALL_RUN)
-    namespace = f"it-up-{uuid.uuid4().hex[:8]}"
+    namespace = f"{prefix}-{uuid.uuid4().hex[:8]}"
     env = {k: v for k, v in os.environ.items() if k not in (ENV_RUN_DIR, ENV_NAMESPACE, ENV_BLOB_URL, "RLBUS_CONFIG")}
-    env |= {ENV_BOOTSTRAP: KAFKA_BOOTSTRAP, ENV_REDIS: f"redis://127.0.0.1:{free_port()}/0", "PYTHONUNBUFFERED": "1"}
+    env |= {ENV_BOOTSTRAP: KAFKA_BOOTSTRAP, ENV_REDIS: f"redis://127.0.0.1:{free_port()}/0", "PYTHONUNBUFFERED": "1",
+            **extra_env}
     logs = tmp_path / "logs"
     logs.mkdir()
     argv = [*rlbus_command(), "up", "--config", "run.toml", "--rollout-workers", "1", "--steps", "1",
@@ -60,6 +60,15 @@ async def test_rlbus_up_from_a_fresh_directory_starts_redis_and_trains(
         await up.stopped()
     out = up.text()
     assert up.popen.returncode == 0, out[-4000:]
+    return namespace, out
+
+
+async def test_rlbus_up_from_a_fresh_directory_starts_redis_and_trains(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "run.toml").write_text(SMALL_RUN)
+    namespace, out = await up_to_step_1(tmp_path, "it-up", {})
     run_dir = tmp_path / "runs" / "distributed" / namespace
     assert "started redis-server at redis://127.0.0.1:" in out, out[-4000:]
     assert (run_dir / "redis" / "redis.log").is_file()
@@ -105,7 +114,6 @@ async def test_rlbus_up_trains_a_users_prompt_file_with_their_reward_function(
 ) -> None:
     """The newcomer's path under ``rlbus up``: their JSONL file (the ``answer`` environment) and their reward
     function in a module of their own, found by every process ``rlbus up`` starts through PYTHONPATH."""
-    await (await kafka_bus()).close()
     monkeypatch.chdir(tmp_path)
     (tmp_path / "run.toml").write_text(USERS_RUN)
     (tmp_path / "problems.jsonl").write_text("\n".join(USERS_PROBLEMS) + "\n")
@@ -113,24 +121,8 @@ async def test_rlbus_up_trains_a_users_prompt_file_with_their_reward_function(
     package.mkdir()
     (package / "myreward.py").write_text(USERS_REWARD)
     calls = tmp_path / "calls.txt"
-    namespace = f"it-up-user-{uuid.uuid4().hex[:8]}"
-    env = {k: v for k, v in os.environ.items() if k not in (ENV_RUN_DIR, ENV_NAMESPACE, ENV_BLOB_URL, "RLBUS_CONFIG")}
-    env |= {ENV_BOOTSTRAP: KAFKA_BOOTSTRAP, ENV_REDIS: f"redis://127.0.0.1:{free_port()}/0", "PYTHONUNBUFFERED": "1",
-            "PYTHONPATH": str(package), "RLBUS_TEST_CALLS": str(calls)}
-    logs = tmp_path / "logs"
-    logs.mkdir()
-    argv = [*rlbus_command(), "up", "--config", "run.toml", "--rollout-workers", "1", "--steps", "1",
-            "--namespace", namespace, "--grace", "20"]
-    up = Proc("up", argv, env, logs)
-    try:
-        async def exited() -> bool:
-            return up.popen.poll() is not None
-
-        await eventually(exited, "rlbus up to reach step 1 and stop", UP_DEADLINE_S, [up])
-    finally:
-        await up.stopped()
-    out = up.text()
-    assert up.popen.returncode == 0, out[-4000:]
+    namespace, _ = await up_to_step_1(tmp_path, "it-up-user", {"PYTHONPATH": str(package),
+                                                                "RLBUS_TEST_CALLS": str(calls)})
     assert [s["step"] for s in read(tmp_path / "runs" / "distributed" / namespace, STEPS)][:1] == [1]
     scored = calls.read_text().split()
     assert len(scored) >= 4 and set(scored) <= {"36", "12"}, scored  # a group of 4, from the user's file

@@ -26,6 +26,7 @@ import importlib.metadata
 import os
 import shutil
 import tempfile
+from collections.abc import Callable
 from functools import cache
 from pathlib import Path
 
@@ -74,10 +75,8 @@ def runtime_dir() -> Path:
     for d in dists:
         key.update(f"{d.metadata['Name']}=={d.version}".encode())
     target = cache_root() / f"runtime-{key.hexdigest()[:16]}"
-    if (target / "ready").exists():
-        return target
-    build = Path(tempfile.mkdtemp(prefix="runtime-build-", dir=cache_root()))
-    try:
+
+    def fill(build: Path) -> None:
         site = build / "site"
         for dist in dists:
             _copy_distribution(dist, site)
@@ -85,16 +84,8 @@ def runtime_dir() -> Path:
         os.symlink(python, build / "bin" / "python")
         os.symlink(python, build / "bin" / "python3")
         (build / "bin" / "pytest").write_text(f'#!/bin/sh\nexec {python} -m pytest "$@"\n')
-        (build / "ready").write_text("")
-        _world_readable(build)
-        try:
-            os.rename(build, target)
-        except OSError:  # another process finished first
-            if not (target / "ready").exists():
-                raise
-    finally:
-        shutil.rmtree(build, ignore_errors=True)
-    return target
+
+    return _built_once(target, fill)
 
 
 def grader_dir() -> Path:
@@ -102,11 +93,17 @@ def grader_dir() -> Path:
     launcher's hash, so a new launcher gets a new directory."""
     source = _LAUNCHER.read_bytes()
     target = cache_root() / f"grader-{hashlib.sha256(source).hexdigest()[:16]}"
+    return _built_once(target, lambda build: (build / "grader_main.py").write_bytes(source))
+
+
+def _built_once(target: Path, fill: Callable[[Path], object]) -> Path:
+    """``target``, built by ``fill`` on first use: in a directory beside it, made world-readable, marked
+    ``ready`` and renamed into place, so a reader never sees half of it and concurrent builders agree."""
     if (target / "ready").exists():
         return target
-    build = Path(tempfile.mkdtemp(prefix="grader-build-", dir=cache_root()))
+    build = Path(tempfile.mkdtemp(prefix=f"{target.name}-build-", dir=cache_root()))
     try:
-        (build / "grader_main.py").write_bytes(source)
+        fill(build)
         (build / "ready").write_text("")
         _world_readable(build)
         try:
