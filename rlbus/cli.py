@@ -87,12 +87,17 @@ def _bus(bootstrap: str, config: Path | None) -> Bus:
     return build_bus(parse(KafkaBusConfig, data, prefix="bus"))
 
 
+def _error(exc: BaseException, hint: str = "") -> None:
+    """One red ``error:`` line on stderr; the message escaped, so ``[model]`` in it stays (rich markup)."""
+    err.print(f"[red]error:[/red] {escape(str(exc))}{hint}")
+
+
 def _run(make: Callable[[], Awaitable[T]]) -> T:
     """Run a coroutine; rlbus errors become one red line and exit status 1, not a traceback."""
     try:
         return asyncio.run(make())  # type: ignore[arg-type]
     except RlbusError as exc:
-        err.print(f"[red]error:[/red] {escape(str(exc))}")
+        _error(exc)
         raise typer.Exit(1) from None
 
 
@@ -179,7 +184,7 @@ def demo(
             check_before_run(user_run)
             config = DemoConfig.from_run(user_run)
         except (RlbusError, ValueError) as exc:
-            err.print(f"error: {exc}", markup=False, highlight=False)
+            _error(exc)
             raise typer.Exit(1) from None
         console.print(f"--config {config_file}: {embedded_note(user_run, run_dir)}", markup=False, highlight=False,
                       soft_wrap=True)  # one line, whatever the width: the URLs stay whole (copyable)
@@ -242,7 +247,7 @@ def _in_vllm_env() -> None:
     try:
         command = vllm_rlbus_command()
     except RlbusError as exc:
-        err.print(f"[red]error:[/red] {escape(str(exc))}")
+        _error(exc)
         raise typer.Exit(1) from None
     console.print(f"vLLM is not in this environment: running under {command[0]}")
     os.execv(command[0], [*command, *sys.argv[1:]])
@@ -295,7 +300,7 @@ def pretrain(
         losses = sft_main(data, out, model=model, init=init, steps=steps, lr=lr, batch_size=batch_size, seed=seed,
                           log=console.print)
     except (RlbusError, ValueError) as exc:
-        err.print(f"[red]error:[/red] {escape(str(exc))}")
+        _error(exc)
         raise typer.Exit(1) from None
     console.print(f"done: loss {losses[0]:.3f} → {losses[-1]:.3f}; checkpoint in {out}" if losses
                   else f"checkpoint in {out}")
@@ -328,7 +333,7 @@ def generate(
         turn = one_turn(source, prompt, system=system, greedy=greedy, temperature=temperature,
                         max_new_tokens=max_new_tokens, dtype=dtype, seed=seed)  # type: ignore[arg-type]
     except RlbusError as exc:
-        err.print(f"[red]error:[/red] {escape(str(exc))}")
+        _error(exc)
         raise typer.Exit(1) from None
     if as_json:
         sys.stdout.write(json.dumps(turn.as_dict()) + "\n")
@@ -390,7 +395,7 @@ def models_convert(gguf: Annotated[Path, typer.Argument(help="A GGUF file.")]) -
     try:
         console.print(str(model_dir(gguf=gguf, progress=err.print)))
     except RlbusError as exc:
-        err.print(f"[red]error:[/red] {escape(str(exc))}")
+        _error(exc)
         raise typer.Exit(1) from None
 
 
@@ -429,7 +434,7 @@ def kafka_start(
             cluster = kafka.start(brokers=brokers, port=port, fresh=fresh, home=home, sasl_port=sasl_port,
                                   scram_users=users)
     except RlbusError as exc:
-        err.print(f"[red]error:[/red] {escape(str(exc))}")
+        _error(exc)
         raise typer.Exit(1) from None
     console.print(f"Kafka is up: bootstrap [bold]{cluster.bootstrap}[/bold]")
     if cluster.sasl_bootstrap:
@@ -587,7 +592,7 @@ def blobs_serve(
     try:
         secret = secret_from(secret, secret_file, "RLBUS_BLOB_SECRET", field="blobs.secret")
     except RlbusError as exc:
-        err.print(f"[red]error:[/red] {escape(str(exc))}")
+        _error(exc)
         raise typer.Exit(1) from None
     if not secret:
         raise typer.BadParameter("set RLBUS_BLOB_SECRET or RLBUS_BLOB_SECRET_FILE (or --secret-file)")
@@ -662,7 +667,7 @@ def env_check(
     try:
         results, code = check(tasks, as_json=as_json, log=err.print if as_json else console.print)
     except RlbusError as exc:
-        err.print(f"[red]error:[/red] {escape(str(exc))}")
+        _error(exc)
         raise typer.Exit(2) from None
     if not as_json:
         table = Table("task", "solution", "s", "unchanged", "s", "ok")
@@ -702,7 +707,7 @@ def env_trajectories(
             cut = ObservationCut(parse_model(model, progress=err.print).chat, max_observation_tokens)
         summary = trajectories(tasks, out, log=console.print, cut=cut)
     except RlbusError as exc:
-        err.print(f"[red]error:[/red] {escape(str(exc))}")
+        _error(exc)
         raise typer.Exit(2) from None
     console.print(f"wrote {summary['written']} trajectories to {out}")
     raise typer.Exit(1 if summary["failed"] else 0)
@@ -808,7 +813,7 @@ def serve(
         source = parse_model(model or SMOLLM2, device=device, progress=err.print)
     except RlbusError as exc:
         hint = "" if model else " (or serve an in-house policy: --model tiny)"
-        err.print(f"[red]error:[/red] {escape(str(exc))}{hint}")
+        _error(exc, hint)
         raise typer.Exit(1) from None
 
     async def go() -> None:
@@ -874,7 +879,7 @@ def train_dpo(
             figures = run_dpo(run, out=out, baseline_sft=baseline_sft, eval_size=eval_size, log=console.print,
                               on_step=step)
     except (RlbusError, ValueError, FileNotFoundError) as exc:
-        err.print(f"[red]error:[/red] {escape(str(exc))}")
+        _error(exc)
         raise typer.Exit(1) from None
     table = Table("figure", "value", title="rlbus train dpo")
     for key, value in figures.items():
@@ -940,7 +945,7 @@ def worker(
     try:
         run_role(role, load_config(config), region=region, worker_id=worker_id)
     except RlbusError as exc:
-        err.print(f"[red]error:[/red] {escape(str(exc))}")
+        _error(exc)
         raise typer.Exit(1) from None
 
 
@@ -1229,7 +1234,7 @@ def report(
     try:
         written = write_report(run_dir, out)
     except RlbusError as exc:
-        err.print(f"[red]error:[/red] {escape(str(exc))}")
+        _error(exc)
         raise typer.Exit(1) from None
     for path in written:
         console.print(str(path))
@@ -1262,7 +1267,7 @@ def env_generate(
             generate(options, lambda line: err.print(line, markup=False, highlight=False, soft_wrap=True))
         )
     except RlbusError as exc:
-        err.print(f"[red]error:[/red] {escape(str(exc))}")
+        _error(exc)
         raise typer.Exit(1) from None
     table = Table("library", "tests", "mutants", "kept", "rejected")
     for r in results:
@@ -1354,7 +1359,7 @@ def bench(
     try:
         result = module.run(quick=quick, json_path=json_path, **kwargs)
     except RlbusError as exc:
-        err.print(f"[red]error:[/red] {escape(str(exc))}")
+        _error(exc)
         raise typer.Exit(1) from None
     if name == "sandbox" and result["escapes_contained"] < result["escapes_tried"]:
         err.print("[red]an escape attempt was NOT contained[/red]")

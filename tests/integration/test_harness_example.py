@@ -10,19 +10,17 @@ import importlib.util
 import os
 import re
 import sys
-import time
 import uuid
 from pathlib import Path
-from typing import Any
 
 import pytest
 
-from rlbus.bus import Bus, Topic
 from rlbus.bus.namespace import NamespacedBus
 from rlbus.bus.topics import REWARDS, ROLLOUTS, SERVED, topic_specs
 from rlbus.serve.auth import Tenants
 from rlbus.serve.stack import serve_stack
 from tests.conftest import kafka_bus
+from tests.integration.test_serve_kafka import read_all
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "harness_openai.py"
 KEY = "acme-token-0123456789abcdef"
@@ -38,16 +36,6 @@ async def harness(url: str, key: str, *args: str) -> tuple[int, str, str]:
     out, err = await asyncio.wait_for(process.communicate(), 60)
     assert process.returncode is not None
     return process.returncode, out.decode(), err.decode()
-
-
-async def read(bus: Bus, topic: Topic[Any], want: int, timeout_s: float) -> list[Any]:
-    """Up to ``want`` records of ``topic`` from the start, waiting at most ``timeout_s`` for them."""
-    out: list[Any] = []
-    async with bus.consumer([topic], group=None) as consumer:
-        deadline = time.monotonic() + timeout_s
-        while len(out) < want and time.monotonic() < deadline:
-            out += [r.value for r in await consumer.getmany(timeout_s=0.5)]
-    return out
 
 
 def test_the_example_reads_the_number_an_answer_ends_with() -> None:
@@ -86,11 +74,11 @@ async def test_the_example_harness_closes_its_sessions_with_rewards_on_the_bus(t
         assert all(status == "202" for *_, status in lines)
         assert all(float(reward) == pytest.approx(int(right) / int(turns)) for _, right, turns, reward, _ in lines)
 
-        rewards = await read(bus, REWARDS, 3, 30)
+        rewards = await read_all(bus, REWARDS, 3, 30)
         assert {r.rollout_id: r.value for r in rewards} == pytest.approx(sent)
         assert {(r.source, r.prompt_id, r.reward_id) for r in rewards} == {
             ("user", "sums", f"{sid}:user:session") for sid in sent}
-        rollouts = {r.rollout_id: r for r in await read(bus, ROLLOUTS, 3, 30)}
+        rollouts = {r.rollout_id: r for r in await read_all(bus, ROLLOUTS, 3, 30)}
         assert set(rollouts) == set(sent)
         for sid, rollout in rollouts.items():  # what [trainer.online] trains: a served group of one
             assert (rollout.group_size, rollout.prompt_id, rollout.metadata["origin"]) == (1, "sums", "served")
@@ -98,13 +86,13 @@ async def test_the_example_harness_closes_its_sessions_with_rewards_on_the_bus(t
             assert len(rollout.metadata["request_ids"].split(",")) == 2  # both turns, one session
             assert rollout.loss_mask.to_numpy().sum() > 0
         assert await stack.recorder.flush()
-        served = await read(bus, SERVED, 6, 30)
+        served = await read_all(bus, SERVED, 6, 30)
         assert sorted(s.session_id for s in served) == sorted([*sent, *sent])  # the X-RL-Session header arrived
         assert stack.gateway.sessions.closed == 3 and len(stack.gateway.sessions) == 0
 
         code, out, err = await harness(url, "wrong-token-0123456789abcdef", "--sessions", "2", "--model", "tiny")
         assert code != 0 and "401" in err and "invalid_api_key" in err, f"stdout:\n{out}\nstderr:\n{err}"
-        assert len(await read(bus, REWARDS, 4, 3)) == 3  # nothing more published
+        assert len(await read_all(bus, REWARDS, 4, 3)) == 3  # nothing more published
     finally:
         stop.set()
         await serving

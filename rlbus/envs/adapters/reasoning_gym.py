@@ -134,24 +134,28 @@ class ReasoningGymTask(Task[ReasoningGymConfig]):
     def entry_of(self, prompt: Prompt) -> dict[str, Any]:
         """The dataset entry ``prompt`` was drawn from; ValueError when its metadata does not locate one whose
         question is the prompt's text (a prompt not made by `generate`, or another reasoning-gym version)."""
+        return self._located(prompt)[1]
+
+    def _located(self, prompt: Prompt) -> tuple[Any, dict[str, Any]]:
+        """The dataset ``prompt`` was drawn from and its entry (see `entry_of`)."""
         try:
             seed, size, index = (int(prompt.metadata[key]) for key in (SEED_KEY, SIZE_KEY, INDEX_KEY))
         except (KeyError, ValueError):
             raise ValueError(f"prompt {prompt.prompt_id} does not locate its reasoning-gym entry (metadata "
                              f"{SEED_KEY}, {SIZE_KEY}, {INDEX_KEY}); reasoning_gym prompts come from the "
                              "task's generator, not a prompt file") from None
-        entry = self._entry(seed=seed, size=size, index=index)
+        dataset = _dataset(self.config.dataset, self._config_json, seed, size)
+        entry: dict[str, Any] = dataset[index]
         if str(entry["question"]) != prompt.text:
             raise ValueError(f"prompt {prompt.prompt_id}: entry {index} of {self.config.dataset!r} (seed {seed}) "
                              "is another question here; the worker's reasoning-gym version or dataset config "
                              "differs from the producer's")
-        return entry
+        return dataset, entry
 
     async def score(self, episode: Episode, prompt: Prompt) -> Reward:
-        entry = self.entry_of(prompt)
+        dataset, entry = self._located(prompt)
         started = time.perf_counter()
-        value = float(_dataset(self.config.dataset, self._config_json, int(prompt.metadata[SEED_KEY]),
-                               int(prompt.metadata[SIZE_KEY])).score_answer(episode.answer, entry))
+        value = float(dataset.score_answer(episode.answer, entry))
         if episode.answer is None:
             reason = f"no answer (episode ended with {episode.finish_reason!r})"
         else:

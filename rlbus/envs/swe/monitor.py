@@ -10,7 +10,8 @@ counted too:
     reaching the test runner's or the launcher's objects: ``gc.get_objects`` / ``get_referrers`` /
     ``get_referents``, ``sys._getframe``, ``inspect.currentframe`` / ``stack`` / ``getouterframes``, frame
     and traceback attributes (``f_back``, ``f_locals``, ``f_globals``, ``tb_frame``, ``tb_next``), tracing
-    (``sys.settrace`` / ``setprofile``, ``threading.settrace``), ``sys.modules`` lookups of the runner.
+    (``sys.settrace`` / ``setprofile``, ``threading.settrace``), any use of ``sys.modules`` (where the
+    runner's modules are found).
 ``runner``
     importing or naming the test runner in library code (``pytest``, ``_pytest``, ``pluggy``, ``unittest``,
     ``PYTEST_*`` variables, the launcher's name).
@@ -49,7 +50,7 @@ _INTROSPECTION_CALLS = {
     ("gc", "get_objects"), ("gc", "get_referrers"), ("gc", "get_referents"), ("sys", "_getframe"),
     ("sys", "_current_frames"), ("inspect", "currentframe"), ("inspect", "stack"), ("inspect", "getouterframes"),
     ("inspect", "trace"), ("sys", "settrace"), ("sys", "setprofile"), ("threading", "settrace"),
-    ("threading", "setprofile"), ("sys", "exc_info"), ("sys", "exception"),
+    ("threading", "setprofile"),
 }
 _FRAME_ATTRIBUTES = {"f_back", "f_locals", "f_globals", "f_builtins", "f_code", "tb_frame", "tb_next",
                      "gi_frame", "cr_frame", "__traceback__"}
@@ -171,7 +172,7 @@ class _Scanner(ast.NodeVisitor):
         if (isinstance(func, ast.Attribute) and isinstance(func.value, ast.Name)
                 and self.module_of(func.value.id) == "sys" and func.attr == "exit" and self.depth == 0):
             self.add("exit", node, "sys.exit() at import")
-        if name in ("__import__", "importlib") or (isinstance(func, ast.Attribute) and func.attr == "import_module"):
+        if name == "__import__" or (isinstance(func, ast.Attribute) and func.attr == "import_module"):
             for arg in node.args:
                 if isinstance(arg, ast.Constant) and isinstance(arg.value, str):
                     self._module(node, arg.value)
