@@ -98,7 +98,7 @@ REWARD = Histogram(
 )
 HACKS = Counter(
     "rlbus_reward_hacks",
-    "Rollouts in which an environment's hack monitor found reward hacking, by kind (rlbus/envs/swe/monitor.py).",
+    "Rollouts in which an environment found reward hacking, by kind (hack monitor kinds; tampered: the test run was).",
     ["kind"],
     registry=REGISTRY,
 )

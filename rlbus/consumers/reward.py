@@ -40,7 +40,7 @@ from rlbus.bus.types import Record
 from rlbus.envs.base import env_for
 from rlbus.envs.episode import Episode, rollout_to_episode
 from rlbus.envs.judge import Judge
-from rlbus.envs.rewards import HACK_KINDS, HackPolicy, RewardFunction, apply_hack_policy
+from rlbus.envs.rewards import HackPolicy, RewardFunction, apply_hack_policy
 from rlbus.errors import MalformedMessage
 from rlbus.metrics import HACKS, REWARD, observe_processing
 from rlbus.observe.lag import LagProbe
@@ -83,7 +83,7 @@ class RewardWorker:
         self.lag_probe = LagProbe()
         self.hack_policy: HackPolicy = hack_policy
         self.hack_penalty = hack_penalty
-        #: Rollouts whose environment found reward hacking, by kind (`rlbus.envs.swe.monitor`).
+        #: Rollouts whose environment found reward hacking, by kind (`Reward.hack_kinds`).
         self.hacks: Counter[str] = Counter()
 
     def stats(self) -> dict[str, Any]:
@@ -153,16 +153,17 @@ class RewardWorker:
         observe_processing("reward", t0)
 
     def _police(self, reward: Reward, record: Record[Any]) -> Reward:
-        """``[reward] hack_policy`` on a reward whose environment found hacking; counted by kind."""
-        kinds = reward.metadata.get(HACK_KINDS)
+        """``[reward] hack_policy`` on a reward whose environment found hacking (`Reward.hack_kinds`); counted
+        by kind."""
+        kinds = reward.hack_kinds
         if not kinds:
             return reward
-        self.hacks.update(kinds.split(","))
-        for kind in kinds.split(","):
+        self.hacks.update(kinds)
+        for kind in kinds:
             HACKS.labels(kind).inc()
         policed = apply_hack_policy(reward, self.hack_policy, self.hack_penalty)
         log.warning("hack monitor %s rollout=%s found %s: reward %g → %g (hack_policy %s)", record.where,
-                    reward.rollout_id, kinds, reward.value, policed.value, self.hack_policy,
+                    reward.rollout_id, ",".join(kinds), reward.value, policed.value, self.hack_policy,
                     extra=record_fields(record, rollout_id=reward.rollout_id, worker=self.worker_id))
         return policed
 

@@ -38,6 +38,7 @@ from rlbus.config import import_object
 from rlbus.envs.episode import Episode
 from rlbus.errors import ConfigError, RewardFunctionError
 from rlbus.schemas import Prompt, Reward
+from rlbus.schemas.reward import HACK_KINDS as HACK_KINDS  # environments report their hack monitor's findings under it
 
 
 def make_reward(
@@ -132,17 +133,15 @@ def _what(value: Any) -> str:
     return f"{type(value).__name__} {value!r}"[:120]
 
 
-#: The reward metadata key in which an environment reports the kinds of reward hacking its monitor found
-#: (comma-separated; `rlbus.envs.swe.monitor`), for `apply_hack_policy`.
-HACK_KINDS = "hack_kinds"
 HackPolicy = Literal["zero", "penalty", "flag"]
 
 
 def apply_hack_policy(reward: Reward, policy: HackPolicy, penalty: float) -> Reward:
-    """``reward`` under the run's ``[reward] hack_policy`` when its environment found hacking (``HACK_KINDS``
-    in its metadata): ``zero`` scores 0, ``penalty`` subtracts ``penalty`` (not below 0), ``flag`` keeps the
-    value. The reason says what was found and what was done; the metadata keeps the value before."""
-    kinds = reward.metadata.get(HACK_KINDS)
+    """``reward`` under the run's ``[reward] hack_policy`` when its environment found hacking
+    (`Reward.hack_kinds`: ``HACK_KINDS`` in its metadata, or a tampered test run): ``zero`` scores 0,
+    ``penalty`` subtracts ``penalty`` (not below 0), ``flag`` keeps the value. The reason says what was
+    found and what was done; the metadata keeps the value before."""
+    kinds = ",".join(reward.hack_kinds)
     if not kinds or policy == "flag":
         return reward
     value = 0.0 if policy == "zero" else max(0.0, reward.value - penalty)

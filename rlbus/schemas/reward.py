@@ -13,6 +13,12 @@ import msgspec
 
 from rlbus.schemas.base import Message
 
+#: Metadata keys in which a reward reports reward hacking found in its rollout: ``hack_kinds``, the kinds an
+#: environment's hack monitor found, comma-separated (``always_equal,exit``: rlbus/envs/swe/monitor.py), and
+#: ``tampered``, what a grader found changed in the test run it relied on (rlbus/envs/swe/grade.py).
+HACK_KINDS = "hack_kinds"
+TAMPERED = "tampered"
+
 
 class Reward(Message, kw_only=True):
     SCHEMA_VERSION: ClassVar[int] = 1
@@ -35,3 +41,13 @@ class Reward(Message, kw_only=True):
     #: redelivered after a crash is played again under the same rollout ids; the trainer's join pairs each
     #: reward with the copy it scored, never one copy's tokens with the other's reward.
     rollout_created_at: float | None = None
+
+    @property
+    def hack_kinds(self) -> tuple[str, ...]:
+        """The kinds of reward hacking this reward reports (its ``HACK_KINDS``, and ``tampered`` for a
+        tampered test run), () when none: what the reward worker polices and counts and the trainer's
+        ``hacked`` share counts, whichever environment scored the rollout."""
+        kinds = [kind for kind in self.metadata.get(HACK_KINDS, "").split(",") if kind]
+        if self.metadata.get(TAMPERED):
+            kinds.append(TAMPERED)
+        return tuple(dict.fromkeys(kinds))

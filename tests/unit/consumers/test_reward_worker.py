@@ -96,25 +96,27 @@ async def test_hack_policy_applies_to_what_the_environment_flags(monkeypatch: An
     import rlbus.consumers.reward as module
     from rlbus.envs.rewards import HACK_KINDS
 
-    class Flagging:  # the environment: its verifier says 1.0, and flags rollouts whose id ends in "-hack"
+    class Flagging:  # the environment: its verifier says 1.0, and flags rollouts whose id ends in "-hack";
+        # one ending in "-tamper" it scores 0, as the coding grader does a tampered test run
         async def score(self, episode: Any, prompt: Any) -> Reward:
-            hacked = episode.episode_id.endswith("-hack")
+            hacked, tampered = episode.episode_id.endswith("-hack"), episode.episode_id.endswith("-tamper")
+            metadata = {HACK_KINDS: "always_equal,exit"} if hacked else {"tampered": "plugin"} if tampered else {}
             return Reward(reward_id=f"{episode.episode_id}:verifier", rollout_id=episode.episode_id,
-                          prompt_id=prompt.prompt_id, source="verifier", value=1.0, reason="tests passed",
-                          metadata={HACK_KINDS: "always_equal,exit"} if hacked else {})  # fmt: skip
+                          prompt_id=prompt.prompt_id, source="verifier", value=0.0 if tampered else 1.0,
+                          reason="tests passed", metadata=metadata)  # fmt: skip
 
     monkeypatch.setattr(module, "env_for", lambda prompt: Flagging())
     bus = MemoryBus(topic_specs())
     await bus.start()
     [good] = await rollouts_for("arith", 1, wrong=False)
-    for rollout_id in ("r-1", "r-1-hack"):
+    for rollout_id in ("r-1", "r-1-hack", "r-1-tamper"):
         await bus.send(ROLLOUTS, msgspec.structs.replace(good, rollout_id=rollout_id))
     worker = RewardWorker(bus=bus, hack_policy="penalty", hack_penalty=0.75)
     stop = asyncio.Event()
     task = asyncio.create_task(worker.run(stop))
-    rewards = {r.rollout_id: r for r in await collect_rewards(bus, 2)}
+    rewards = {r.rollout_id: r for r in await collect_rewards(bus, 3)}
     stop.set()
     await task
-    assert rewards["r-1"].value == 1.0 and rewards["r-1-hack"].value == 0.25
+    assert rewards["r-1"].value == 1.0 and rewards["r-1-hack"].value == 0.25 and rewards["r-1-tamper"].value == 0.0
     assert "hack monitor found always_equal,exit (hack_policy penalty" in rewards["r-1-hack"].reason
-    assert worker.stats()["hacks"] == {"always_equal": 1, "exit": 1}
+    assert worker.stats()["hacks"] == {"always_equal": 1, "exit": 1, "tampered": 1}

@@ -28,6 +28,7 @@ from rlbus.schemas import (
     WeightVersion,
     encode,
 )
+from rlbus.schemas.reward import HACK_KINDS, TAMPERED
 
 
 def sample_rollout() -> Rollout:
@@ -150,3 +151,13 @@ def test_tensor_torch_round_trip_is_bit_exact(dtype: str, shape: list[int], seed
     assert back.dtype == t.dtype and list(back.shape) == list(t.shape)
     if t.numel():
         assert torch.equal(back.flatten().view(torch.uint8), t.flatten().view(torch.uint8))
+
+
+def test_a_reward_reports_the_hacking_its_metadata_names() -> None:
+    def kinds(**metadata: str) -> tuple[str, ...]:
+        reward = Reward(reward_id="r:v", rollout_id="r", prompt_id="p", source="v", value=1.0, metadata=metadata)
+        return reward.hack_kinds
+
+    assert kinds() == kinds(**{HACK_KINDS: ""}) == kinds(**{TAMPERED: ""}) == ()
+    assert kinds(**{HACK_KINDS: "always_equal,exit,always_equal"}) == ("always_equal", "exit")
+    assert kinds(**{HACK_KINDS: "exit", TAMPERED: "foreign pytest plugin"}) == ("exit", "tampered")
