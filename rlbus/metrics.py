@@ -184,6 +184,7 @@ TRAINER_GAUGES: dict[str, Gauge] = {
         "clip_fraction": "Share of tokens whose PPO ratio was clipped in the latest step.",
         "mask_fraction": "Share of tokens masked out by MIS in the latest step.",
         "reward_mean": "Mean reward of the latest step's batch.",
+        "hacked": "Share of the latest step's rollouts whose rewards report reward hacking (Reward.hack_kinds).",
         "loss": "Objective of the latest step.",
         "grad_norm": "Gradient norm before clipping of the latest step.",
         "online_samples": "Served rollouts trained in the latest online step (README: learning from served traffic).",

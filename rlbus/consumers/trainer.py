@@ -95,7 +95,7 @@ class TrainerWorker:
         """What the trainer's heartbeat carries (``processed`` = rollouts trained) and its latest step."""
         last = self.steps[-1] if self.steps else {}
         keys = ("kl_k3", "max_abs_dlogprob", "router_flip_rate", "is_ess", "clip_fraction", "mask_fraction",
-                "reward_mean", "loss", "grad_norm", "step_s", "rollouts", "stale_dropped", "staleness")
+                "reward_mean", "hacked", "loss", "grad_norm", "step_s", "rollouts", "stale_dropped", "staleness")
         trained = sum(int(m.get("rollouts", 0)) for m in self.steps)
         return {
             "group": "trainer", "topics": [ROLLOUTS.name, REWARDS.name], "processed": trained,
@@ -235,9 +235,9 @@ class TrainerWorker:
             metrics["reward_mean"] = float(torch.cat([g.rewards for g in groups]).mean())
             self._report(metrics, kept)
             log.info(
-                "step %d: %d groups, %d rollouts, reward %.3f, kl %.2e → v%d",
-                metrics["step"], len(groups), len(trained), metrics["reward_mean"], metrics["kl_k3"],
-                self.trainer.version, extra={"version": self.trainer.version},
+                "step %d: %d groups, %d rollouts, reward %.3f, hacked %.3f, kl %.2e → v%d",
+                metrics["step"], len(groups), len(trained), metrics["reward_mean"], metrics["hacked"],
+                metrics["kl_k3"], self.trainer.version, extra={"version": self.trainer.version},
             )
         await self._state.incr(GROUPS_DONE_COUNTER, len(scored))
         if self.trainer.step == step_before:  # no step: these groups did not move the trainer towards a version
@@ -271,6 +271,10 @@ class TrainerWorker:
         return metrics
 
     def _report(self, metrics: dict[str, Any], kept: list[ScoredGroup]) -> None:
+        """Publish a step's metrics (heartbeat, Prometheus, callbacks), with ``hacked``: the share of the
+        rollouts it trained whose rewards report reward hacking (`ScoredRollout.hacks`)."""
+        trained = [s for g in kept for s in g.rollouts]
+        metrics["hacked"] = sum(1 for s in trained if s.hacks) / len(trained) if trained else 0.0
         self.steps.append(metrics)
         record_step(metrics)
         if self._on_step is not None:

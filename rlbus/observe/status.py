@@ -149,6 +149,9 @@ def _notes(role: str, info: Mapping[str, Any]) -> str:
         parts.append(f"kl {_num(last.get('kl_k3'), '.2e')}")
         parts.append(f"ess {_num(last.get('is_ess'), '.2f')}")
         parts.append(f"reward {_num(last.get('reward_mean'), '.3f')}")
+        hacked = last.get("hacked")
+        if isinstance(hacked, int | float) and hacked > 0:  # rollouts whose rewards report reward hacking
+            parts.append(f"[yellow]hacked {hacked:.0%}[/yellow]")
     pauses = [p for p in info.get("swap_pause_ms") or [] if isinstance(p, int | float)]
     if pauses:
         parts.append(f"swap ms last {pauses[-1]:.2f} max {max(pauses):.2f} ({len(pauses)})")

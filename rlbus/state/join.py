@@ -35,6 +35,10 @@ flagged, and the trainer records it as ``dropped_invalid_judgement`` instead of 
 judgement is set aside under ``x:`` and the rollout waits for a valid one (another judge worker's), or
 the join's timeout. These rules live in their own functions and fields, apart from the join itself.
 
+Reward hacking. A scored rollout carries the kinds of hacking its rewards report (`ScoredRollout.hacks`:
+`Reward.hack_kinds` of the sources the policy waits for); its value is already what the reward worker's
+``hack_policy`` made of it, and the trainer reports the share of hacked rollouts per step.
+
 Trained with the checkpoint. A trainer that checkpoints (``checkpoint_every`` steps) holds the rollouts of
 each step in ``ns:held`` (rollout id → step) *before* the step runs, and enters them in the ledger as
 trained only once a checkpoint containing that step is written (:meth:`JoinBuffer.settle`). At start-up
@@ -139,6 +143,8 @@ class ScoredRollout:
     components: dict[str, float]
     #: Sources whose reward is an invalid judgement (`rlbus.envs.judge.is_valid`), handled per the policy.
     invalid: tuple[str, ...] = ()
+    #: Kinds of reward hacking its rewards report (`Reward.hack_kinds`), for the trainer's ``hacked`` share.
+    hacks: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -256,7 +262,8 @@ class JoinBuffer:
                 components = {f"{s}.{name}": value for s, r in got.items() for name, value in r.components.items()}
                 components.update({s: got[s].value for s in self.policy.sources})
                 invalid = tuple(s for s in self.policy.sources if got[s].metadata.get("judge_valid") == "false")
-                scored.append(ScoredRollout(rollout, self.policy.combine(got), components, invalid))
+                hacks = tuple(dict.fromkeys(kind for s in self.policy.sources for kind in got[s].hack_kinds))
+                scored.append(ScoredRollout(rollout, self.policy.combine(got), components, invalid, hacks))
             else:
                 unscored.append(rollout_id)
         return judged_group(self.policy, ScoredGroup(prompt_id, scored, unscored))
@@ -503,7 +510,7 @@ class ServedJoin:
             return None
         got = rewards[source]
         components = {f"{source}.{k}": v for k, v in got.components.items()} | {source: got.value}
-        return ScoredRollout(decode(Rollout, fields["r"]), got.value, components)
+        return ScoredRollout(decode(Rollout, fields["r"]), got.value, components, hacks=got.hack_kinds)
 
     async def discard(self, rollout_ids: Iterable[str]) -> None:
         """Forget released rollouts whose outcome the ledger now holds."""
@@ -574,5 +581,5 @@ def judged_group(policy: RewardPolicy, group: ScoredGroup) -> ScoredGroup:
             if source in s.invalid:
                 value = policy.invalid_weight * value + (1.0 - policy.invalid_weight) * means[source]
             reward += policy.weights.get(source, 1.0) * value
-        rollouts.append(ScoredRollout(s.rollout, reward, s.components, s.invalid))
+        rollouts.append(ScoredRollout(s.rollout, reward, s.components, s.invalid, s.hacks))
     return ScoredGroup(group.prompt_id, rollouts, group.unscored)

@@ -45,7 +45,8 @@ async def running_system() -> tuple[MemoryBus, MemoryStateStore]:
                                 "hacks": {"always_equal": 2, "introspection": 1, "exit": 0}, "hack_policy": "zero"}),
         Heartbeat(state=state, role="trainer", worker_id="trainer-0",
                   info=lambda: {"group": "trainer", "step": 12, "version": 3,
-                                "last_step": {"kl_k3": 1e-3, "is_ess": 0.97, "reward_mean": 0.5}}),
+                                "last_step": {"kl_k3": 1e-3, "is_ess": 0.97, "reward_mean": 0.5,
+                                              "hacked": 0.25}}),
     ]
     for beat in beats:
         await beat.beat()
@@ -80,7 +81,7 @@ async def test_render_shows_workers_lag_pauses_and_the_trainer() -> None:
     text = console.export_text()
     for expected in ("trainer v3 step 12", "8 groups done", "rollout-eu-0", "eu-west", "reward-judge",
                      "swap ms last 0.25 max 0.25", "kl 1.00e-03", "ess 0.97", "rl.rollouts.v1 1",
-                     "hacks always_equal 2 introspection 1 (zero)"):
+                     "hacks always_equal 2 introspection 1 (zero)", "reward 0.500, hacked 25%"):
         assert expected in text, expected
 
 

@@ -5,10 +5,12 @@ from __future__ import annotations
 import uuid
 from collections.abc import AsyncIterator, Collection
 
+import msgspec
 import numpy as np
 import pytest
 
 from rlbus.schemas import Reward, Rollout, TensorData
+from rlbus.schemas.reward import HACK_KINDS, TAMPERED
 from rlbus.state import MemoryStateStore, RedisStateStore, StateStore
 from rlbus.state.join import JoinBuffer, Outcome, RewardPolicy
 
@@ -65,6 +67,25 @@ async def test_group_is_ready_when_every_rollout_has_every_source(state: StateSt
     assert await join.record(Outcome.TRAINED, ["p-r0"]) == 0
     counts = await join.counts()
     assert counts["trained"] == 3 and counts["duplicate"] == 2
+
+
+async def test_a_scored_rollout_carries_the_hacking_its_rewards_report(state: StateStore) -> None:
+    """`ScoredRollout.hacks`: every kind the waited-for sources report (`Reward.hack_kinds`), each once, a
+    tampered test run among them; the value is the rewards' as published (the reward worker policed it)."""
+    join = JoinBuffer(state=state, policy=RewardPolicy(sources=("verifier", "judge")))
+    flagged = {
+        ("verifier", 0): {HACK_KINDS: "exit,always_equal"}, ("judge", 0): {HACK_KINDS: "exit"},
+        ("verifier", 1): {TAMPERED: "pytest internals replaced"},
+    }
+    group = None
+    for i in range(3):
+        await join.add_rollout(rollout("p", i))
+        for source in ("verifier", "judge"):
+            scored = msgspec.structs.replace(reward("p", i, source, 0.0), metadata=flagged.get((source, i), {}))
+            group = await join.add_reward(scored) or group
+    assert group is not None
+    assert [s.hacks for s in group.rollouts] == [("exit", "always_equal"), ("tampered",), ()]
+    assert [s.reward for s in group.rollouts] == [0.0, 0.0, 0.0]
 
 
 async def test_timed_out_groups_train_or_drop_with_reasons(state: StateStore) -> None:
