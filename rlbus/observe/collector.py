@@ -17,9 +17,10 @@ What it keeps, each bounded (oldest points fall off):
   reached the log, minus the oldest version among its tokens (computed when a snapshot is taken, so
   topics read out of order at start-up still pair correctly; timestamps are the producers' clocks);
 * delta / keyframe bytes against the full size, per published version (from the manifests);
-* swap pauses per worker and version, and the trainer's mismatch metrics per step (KL k3, max
-  |Δlog-prob|, IS-weight ESS, router flips), from heartbeats or fed in directly (`add_swap`, `add_step`)
-  by an embedded run.
+* swap pauses per worker and version, and the trainer's metrics per step (KL k3, max |Δlog-prob|, IS-weight
+  ESS, router flips, the share of hacked rollouts), from heartbeats or fed in directly (`add_swap`,
+  `add_step`) by an embedded run;
+* the reward workers' counts of reward hacking by kind and their ``hack_policy``, from heartbeats.
 
 `snapshot` turns all of it into one JSON-ready dict — what ``/api/snapshot`` serves.
 """
@@ -58,8 +59,9 @@ DEFAULT_GROUPS: dict[str, tuple[str, ...]] = {
     for topic in dict.fromkeys(t for topics in GROUP_TOPICS.values() for t in topics)
 }
 
-#: Trainer step metrics the mismatch chart draws (docs/architecture.md §5), in the order the snapshot lists them.
-STEP_FIELDS = ("kl_k3", "max_abs_dlogprob", "is_ess", "router_flip_rate", "reward_mean")
+#: Trainer step metrics the step charts draw (mismatch: docs/architecture.md §5; reward hacking), in the order
+#: the snapshot lists them.
+STEP_FIELDS = ("kl_k3", "max_abs_dlogprob", "is_ess", "router_flip_rate", "reward_mean", "hacked")
 
 
 @dataclass(frozen=True)
@@ -126,6 +128,8 @@ class Collector:
         self.counts = {"rewards": 0, "rollouts": 0, "weights": 0, "unreadable": 0, "claimed": 0}
         #: Per judging reward worker, its heartbeat's judge figures (`rlbus.envs.judge.JudgeStats`).
         self.judges: dict[str, dict[str, float]] = {}
+        #: Per reward worker that found reward hacking, its heartbeat's counts by kind and its policy.
+        self.hacks: dict[str, dict[str, Any]] = {}
         self.error: str | None = None
 
     # --- following ---------------------------------------------------------------------------------
@@ -266,7 +270,8 @@ class Collector:
 
     def add_heartbeat(self, worker: WorkerRecord, t: float) -> None:
         """What a registry entry adds (the ``stats()`` of the workers, see :mod:`rlbus.observe.heartbeat`):
-        a rollout worker's version and recent swap pauses, the trainer's latest step."""
+        a rollout worker's version and recent swap pauses, a reward worker's judge figures and hack counts,
+        the trainer's latest step."""
         info = worker["info"]
         worker_id = worker["worker_id"]
         region = info.get("region")
@@ -285,6 +290,11 @@ class Collector:
         judge = {k: v for k, v in info.items() if k.startswith("judge_") and isinstance(v, int | float)}
         if worker["role"] == "reward" and judge:
             self.judges[worker_id] = judge
+        hacks = info.get("hacks")
+        if worker["role"] == "reward" and isinstance(hacks, dict):
+            kinds = {k: v for k, v in hacks.items() if isinstance(v, int) and v > 0}
+            if kinds:
+                self.hacks[worker_id] = {"kinds": kinds, "policy": info.get("hack_policy")}
         step = info.get("step")
         last_step = info.get("last_step")
         if isinstance(step, int) and isinstance(last_step, dict) and last_step:
@@ -332,6 +342,7 @@ class Collector:
             "swaps": {w: [[t, v, ms] for t, v, ms in s] for w, s in sorted(self.swaps.items())},
             "steps": list(self.steps),
             "judges": {w: dict(figures) for w, figures in sorted(self.judges.items())},
+            "hacks": {w: {"kinds": dict(h["kinds"]), "policy": h["policy"]} for w, h in sorted(self.hacks.items())},
         }
 
     def _append(self, table: dict[str, deque[Any]], key: str, point: Any) -> None:

@@ -1,8 +1,9 @@
 """The dashboard end to end: a short embedded run (every real role — prompt producer, rollout workers,
 reward worker, trainer, weight publisher and syncs — on the in-memory bus) feeds the collector, the
 page is served, and headless Chromium renders it: every chart must be drawn with data, none may show
-its "no data yet" placeholder. The screenshot goes to ``$RLBUS_ARTIFACTS/dashboard.png`` (else the
-test's tmp dir). Chromium (Debian ``chromium``) missing is a failure, not a skip.
+its "no data yet" placeholder (the serving and hacks-by-kind cards say that the run has neither). The
+screenshot goes to ``$RLBUS_ARTIFACTS/dashboard.png`` (else the test's tmp dir). Chromium (Debian
+``chromium``) missing is a failure, not a skip.
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ from rlbus.schemas import Reward, Rollout, TensorData, WeightVersion
 from rlbus.state import open_state_store
 from tests.conftest import kafka_bus
 
-CHARTS = ("reward", "versions", "staleness", "lag", "bytes", "swaps", "mismatch", "workers")
+CHARTS = ("reward", "versions", "staleness", "lag", "bytes", "swaps", "mismatch", "hacked", "workers")
 BROWSERS = ("chromium", "chromium-browser")
 
 
@@ -134,9 +135,10 @@ async def test_chromium_renders_every_chart_of_a_short_run(tmp_path: Path, scree
         assert {"rollout-0", "rollout-1", "trainer"} <= set(snap["versions"])
         assert any(w.get("delta_bytes") for w in snap["weights"])
         assert any(k.endswith("← trainer") for k in snap["lag"])
+        assert all(s["hacked"] == 0.0 for s in snap["steps"]) and snap["hacks"] == {}  # the demo's tasks: no hacking
 
         dom = await browse(url, tmp_path / "chrome-dom", "--dump-dom")
-        await browse(url, tmp_path / "chrome-shot", f"--screenshot={screenshot}", "--window-size=1400,1640")
+        await browse(url, tmp_path / "chrome-shot", f"--screenshot={screenshot}", "--window-size=1400,1960")
 
     cards = Cards()
     cards.feed(dom)
@@ -144,7 +146,7 @@ async def test_chromium_renders_every_chart_of_a_short_run(tmp_path: Path, scree
     for chart in CHARTS:
         assert cards.points[chart] > 0 and cards.marks.get(chart, 0) > 0, chart
         assert "no data yet" not in cards.texts.get(chart, "") and "error:" not in cards.texts.get(chart, ""), chart
-    assert "trainer v" in dom and 'data-charts="8"' in dom
+    assert "trainer v" in dom and 'data-charts="9"' in dom and "no reward hacking reported" in cards.texts["hacks"]
     png = await asyncio.to_thread(screenshot.read_bytes)
     assert png.startswith(b"\x89PNG") and len(png) > 50_000
     print(f"dashboard screenshot: {screenshot}")

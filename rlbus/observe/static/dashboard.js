@@ -392,6 +392,42 @@ const CHARTS = {
     }
   },
 
+  hacked(card, snap) {
+    const steps = (snap.steps || []).filter((s) => s.hacked !== null && s.hacked !== undefined);
+    const marks = plot(card, {
+      series: [{ name: "hacked rollouts", color: PALETTE[9], kind: "line",
+        points: steps.map((s) => [s.step, s.hacked]) }],
+      x: { label: "trainer step", integer: true },
+      y: { label: "share hacked", zero: true },
+    });
+    if (marks) {
+      const last = steps[steps.length - 1];
+      const peak = Math.max(...steps.map((s) => s.hacked));
+      setSub(card, `step ${last.step}: ${fmtNum(100 * last.hacked)} % hacked, reward ${fmtNum(last.reward_mean)} · ` +
+        `peak ${fmtNum(100 * peak)} %`);
+    }
+  },
+
+  hacks(card, snap) {
+    const workers = Object.values(snap.hacks || {});
+    const totals = {};
+    for (const w of workers) for (const [kind, n] of Object.entries(w.kinds || {})) totals[kind] = (totals[kind] || 0) + n;
+    const kinds = Object.entries(totals).sort((a, b) => b[1] - a[1] || a[0].localeCompare(b[0]));
+    if (!kinds.length) {  // nothing found, or no reward worker heartbeats (rlbus dashboard --redis)
+      card.querySelector(".plot").replaceChildren(htmlEl("div", { class: "empty" }, null, "no reward hacking reported"));
+      card.querySelector(".legend").replaceChildren();
+      return;
+    }
+    plot(card, {
+      series: [{ name: "findings", color: PALETTE[9], kind: "bars", points: kinds.map(([, n], i) => [i, n]) }],
+      x: { label: "kind", categories: kinds.map(([k]) => k) },
+      y: { label: "rollouts flagged", integer: true },
+    });
+    const policies = [...new Set(workers.map((w) => w.policy).filter(Boolean))];
+    setSub(card, `${kinds.reduce((a, [, n]) => a + n, 0)} findings by ${workers.length} reward workers · ` +
+      `hack_policy ${policies.join(", ") || "—"}`);
+  },
+
   workers(card, snap) {
     const plotDiv = card.querySelector(".plot");
     plotDiv.replaceChildren();

@@ -140,7 +140,7 @@ def test_history_is_bounded() -> None:
     assert len(binned) == 2 and sum(p[2] for p in binned) == 5  # [mean time, mean value, count] per bin
 
 
-async def test_heartbeats_add_versions_swap_pauses_and_trainer_steps_once_each() -> None:
+async def test_heartbeats_add_versions_swap_pauses_hacks_and_trainer_steps_once_each() -> None:
     bus = MemoryBus(topic_specs(partitions=2))
     await bus.start()
     state = MemoryStateStore()
@@ -148,8 +148,13 @@ async def test_heartbeats_add_versions_swap_pauses_and_trainer_steps_once_each()
     # The shapes of RolloutWorker/WeightSync.stats() and TrainerWorker.stats() (rlbus.observe.heartbeat).
     await state.heartbeat("rollout", "rollout-0", {"region": "eu-west", "version": 3, "syncs": 5,
                                                    "swap_pause_ms": [0.5, 0.7, 0.9]}, ttl_s=30)
-    last_step = {"kl_k3": 2e-3, "max_abs_dlogprob": 0.4, "is_ess": 0.97, "router_flip_rate": None, "reward_mean": 0.5}
+    last_step = {"kl_k3": 2e-3, "max_abs_dlogprob": 0.4, "is_ess": 0.97, "router_flip_rate": None, "reward_mean": 0.5,
+                 "hacked": 0.25}
     await state.heartbeat("trainer", "trainer-0", {"step": 4, "version": 5, "last_step": last_step}, ttl_s=30)
+    # RewardWorker.stats(): one worker found hacking, the other nothing (no entry for it on the dashboard)
+    await state.heartbeat("reward", "reward-0", {"hacks": {"exit": 3, "always_equal": 1, "introspection": 0},
+                                                 "hack_policy": "zero"}, ttl_s=30)
+    await state.heartbeat("reward", "reward-1", {"hacks": {}, "hack_policy": "flag"}, ttl_s=30)
     await state.incr(VERSION_COUNTER, 5)
     await collector.poll_once()
     await state.heartbeat("rollout", "rollout-0", {"region": "eu-west", "version": 4, "syncs": 6,
@@ -159,9 +164,12 @@ async def test_heartbeats_add_versions_swap_pauses_and_trainer_steps_once_each()
     assert [(v, ms) for _, v, ms in snap["swaps"]["rollout-0"]] == [(None, 0.5), (None, 0.7), (3, 0.9), (4, 1.1)]
     assert [s["step"] for s in snap["steps"]] == [4]
     assert snap["steps"][0]["kl_k3"] == 2e-3 and snap["steps"][0]["router_flip_rate"] is None
+    assert snap["steps"][0]["hacked"] == 0.25
+    assert snap["hacks"] == {"reward-0": {"kinds": {"exit": 3, "always_equal": 1}, "policy": "zero"}}
     assert [v for _, v in snap["versions"]["rollout-0"]] == [3, 4]
     assert snap["trainer"]["version"] == 5
-    assert {w["worker_id"]: w["region"] for w in snap["workers"]} == {"rollout-0": "eu-west", "trainer-0": ""}
+    assert {w["worker_id"]: w["region"] for w in snap["workers"]} == {
+        "rollout-0": "eu-west", "trainer-0": "", "reward-0": "", "reward-1": ""}
     # The demo feeds the same swaps by their history index: nothing is counted twice.
     collector.add_swap("rollout-0", 5, 0.0011, 0.0, 4)
     assert len(collector.swaps["rollout-0"]) == 4
