@@ -32,12 +32,13 @@ import json
 import secrets
 import shlex
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from rlbus.envs.rewards import HACK_KINDS
 from rlbus.envs.sandbox import Sandbox, SandboxResult
 from rlbus.envs.swe.monitor import Finding, added_lines, hack_kinds, scan_source
-from rlbus.envs.swe.patch import filter_patch
+from rlbus.envs.swe.patch import filter_patch, protected_kind
 from rlbus.envs.swe.runtime import GRADER_INNER, HYPOTHESIS_PLUGIN, INNER
 from rlbus.envs.swe.task import RepoTask
 from rlbus.envs.swe.world import REPO, task_sandbox, template
@@ -109,7 +110,7 @@ async def grade(task: RepoTask, patch: str) -> Verdict:
             if not applied.ok:
                 return _zero(f"the task's test_patch does not apply: {applied.stderr.strip()[-300:]}", filtered.dropped)
         key = secrets.token_bytes(32)
-        run = await box.run(launcher_argv(task), stdin=key, cwd=REPO)
+        run = await box.run(launcher_argv(task, trusted_files(task, base)), stdin=key, cwd=REPO)
         report = box.read(_REPORT)
     verdict = judge(task, run, report, key)
     verdict.dropped, verdict.hacks = filtered.dropped, hacks
@@ -129,7 +130,16 @@ def scan_patch(box: Sandbox, patch: str) -> list[Finding]:
     return found
 
 
-def launcher_argv(task: RepoTask) -> list[str]:
+def trusted_files(task: RepoTask, base: Path) -> list[str]:
+    """The repository files the grader vouches for (their frames are not the code under test's): the
+    hidden tests, the files of the task's test patch, and the template's Python files that the patch filter
+    protects (tests, test directories, conftest): no patch reaches them."""
+    files = {*task.hidden_tests, *task.test_paths()}
+    files.update(rel for p in base.rglob("*.py") if protected_kind(rel := str(p.relative_to(base))) is not None)
+    return sorted(f for f in files if f.endswith(".py") and ":" not in f)
+
+
+def launcher_argv(task: RepoTask, trusted: list[str]) -> list[str]:
     words = shlex.split(task.command)
     args: list[str] = ["-p", HYPOTHESIS_PLUGIN]
     for word in words[3:]:  # after "python -m pytest"
@@ -137,7 +147,7 @@ def launcher_argv(task: RepoTask) -> list[str]:
     extra = ":".join(p for p in task.test_env.get("PYTHONPATH", "").split(":") if p)
     grader = f"{GRADER_INNER}/grader_main.py"
     return [f"{INNER}/bin/python", "-I", "-B", grader, INNER, f"/sandbox/{_REPORT}", f"/sandbox/{REPO}", extra,
-            "--", *args]
+            ":".join(trusted), "--", *args]
 
 
 async def _git_apply(box: Sandbox, patch: str, name: str) -> SandboxResult:

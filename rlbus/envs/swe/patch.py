@@ -42,7 +42,7 @@ _TEST_DIRS = {"tests", "test", "testing"}
 RUNNER_MODULES = {
     "pytest", "_pytest", "pluggy", "iniconfig", "packaging", "hypothesis", "_hypothesis_pytestplugin",
     "_hypothesis_globals", "_hypothesis_ftz_detector", "attr", "attrs", "sortedcontainers", "py",
-    "exceptiongroup", "tomli", "grader_main",
+    "exceptiongroup", "tomli", "grader_main", "grader_runner", "grader_guard",
 }  # fmt: skip
 _HEADER = re.compile(r"^diff --git a/(.*?) b/(.*)$")
 
@@ -202,10 +202,17 @@ def _problem(section: Section, protected: set[str]) -> str | None:
             name = line[4:].split("\t")[0]
             if name != "/dev/null" and not _inside(name[2:] if name[:2] in ("a/", "b/") else name):
                 return "outside the repository"
-    parts = PurePosixPath(path).parts
-    name = parts[-1]
     if path in protected:
         return "a hidden test path"
+    return protected_kind(path)
+
+
+def protected_kind(path: str) -> str | None:
+    """Why a repository path is the test harness's and never the patch's (tests, test directories, test
+    configuration, start-up hooks, runner shadows), or None for library code. The grader trusts the
+    template's files of these kinds (`rlbus.envs.swe.grade.trusted_files`): no patch can have changed them."""
+    parts = PurePosixPath(path).parts
+    name = parts[-1]
     if (name.startswith("test_") and name.endswith(".py")) or name.endswith("_test.py"):
         return "a test file"
     if any(p in _TEST_DIRS for p in parts[:-1]):

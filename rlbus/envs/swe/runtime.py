@@ -40,7 +40,7 @@ GRADER_INNER = "/opt/rlbus-grader"
 #: Distributions copied into the runtime: pytest and its dependencies, hypothesis and its.
 DISTRIBUTIONS = ("pytest", "pluggy", "iniconfig", "packaging", "hypothesis", "attrs", "sortedcontainers")
 _OPTIONAL = ("exceptiongroup", "tomli")  # pytest's backports on Python < 3.11
-_LAUNCHER = Path(__file__).with_name("grader_main.py")
+_LAUNCHER = tuple(Path(__file__).with_name(f"grader_{n}.py") for n in ("main", "runner", "guard"))
 #: hypothesis's pytest plugin (an entry point, but plugin autoloading is off: the repository's own
 #: ``*.dist-info`` could otherwise register plugins), loaded by name instead.
 HYPOTHESIS_PLUGIN = "_hypothesis_pytestplugin"
@@ -89,11 +89,17 @@ def runtime_dir() -> Path:
 
 
 def grader_dir() -> Path:
-    """The launcher's directory (``grader_main.py``), built on first use like the runtime; named by the
-    launcher's hash, so a new launcher gets a new directory."""
-    source = _LAUNCHER.read_bytes()
-    target = cache_root() / f"grader-{hashlib.sha256(source).hexdigest()[:16]}"
-    return _built_once(target, lambda build: (build / "grader_main.py").write_bytes(source))
+    """The launcher's directory (``grader_main.py``, its test process ``grader_runner.py`` and that
+    process's audit hook ``grader_guard.py``), built on
+    first use like the runtime; named by their hash, so a new launcher gets a new directory."""
+    sources = {path.name: path.read_bytes() for path in _LAUNCHER}
+    digest = hashlib.sha256(b"".join(sources[name] for name in sorted(sources))).hexdigest()[:16]
+
+    def fill(build: Path) -> None:
+        for name, source in sources.items():
+            (build / name).write_bytes(source)
+
+    return _built_once(cache_root() / f"grader-{digest}", fill)
 
 
 def _built_once(target: Path, fill: Callable[[Path], object]) -> Path:

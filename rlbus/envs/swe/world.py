@@ -83,7 +83,7 @@ async def _materialise(task: RepoTask, target: Path) -> None:
         else:
             await asyncio.to_thread(_fill, task.source, repo, task.location)
         if task.source.patch:
-            await asyncio.to_thread(_apply_trusted, repo, task.source.patch, task.location)
+            await asyncio.to_thread(apply_trusted, repo, task.source.patch, task.location)
         await asyncio.to_thread(_clean_and_open, repo)
         (build / "ready").write_text("")
         os.chmod(build, 0o755)
@@ -120,7 +120,7 @@ def _extract(stream: io.BufferedIOBase | io.BytesIO, repo: Path) -> None:
         tar.extractall(repo, filter="data")
 
 
-def _apply_trusted(repo: Path, patch: str, where: str) -> None:
+def apply_trusted(repo: Path, patch: str, where: str) -> None:
     """``git apply`` a corpus patch (trusted input) to a template being built."""
     done = subprocess.run(
         ["git", "apply", "--whitespace=nowarn", "-"], input=patch.encode(), cwd=repo, capture_output=True,

@@ -226,8 +226,8 @@ async def test_the_grader_is_not_in_the_episodes_world(corpus_tasks: dict[str, R
     async with open_world(corpus_tasks["calc-add"], command_timeout_s=10) as world:
         bash = repo_tools(world, command_timeout_s=10)["bash"]
         assert "[exit code 0]" in await bash.run(f"test -d {INNER}/site && test -x {INNER}/bin/python")
-        out = await bash.run(f"ls {GRADER_INNER} {INNER}/grader; find / -name 'grader_main*' 2>/dev/null | head")
-        assert "grader_main" not in out and "No such file" in out, out
+        out = await bash.run(f"ls {GRADER_INNER} {INNER}/grader; find / -name 'grader_*' 2>/dev/null | head")
+        assert "grader_" not in out and "No such file" in out, out
         assert "1 passed" in await bash.run('{"command": "python -m pytest -q -p no:cacheprovider tests"}')
     async with task_sandbox(corpus_tasks["calc-add"], grading=True) as box:
         listed = await box.run(["/bin/ls", GRADER_INNER])
