@@ -9,7 +9,8 @@ counted too:
 ``introspection``
     reaching the test runner's or the launcher's objects: ``gc.get_objects`` / ``get_referrers`` /
     ``get_referents``, ``sys._getframe``, ``inspect.currentframe`` / ``stack`` / ``getouterframes``, frame
-    and traceback attributes (``f_back``, ``f_locals``, ``f_globals``, ``tb_frame``, ``tb_next``), tracing
+    and traceback attributes (``f_back``, ``f_locals``, ``f_globals``, ``tb_frame``, ``tb_next``), every class
+    in the process and closure cells (``__subclasses__``, ``__closure__``, ``cell_contents``), tracing
     (``sys.settrace`` / ``setprofile``, ``threading.settrace``), any use of ``sys.modules`` (where the
     runner's modules are found).
 ``runner``
@@ -53,8 +54,9 @@ _INTROSPECTION_CALLS = {
     ("threading", "setprofile"),
 }
 _FRAME_ATTRIBUTES = {"f_back", "f_locals", "f_globals", "f_builtins", "f_code", "tb_frame", "tb_next",
-                     "gi_frame", "cr_frame", "__traceback__"}
-_RUNNER_MODULES = {"pytest", "_pytest", "pluggy", "unittest", "grader_main", "hypothesis"}
+                     "gi_frame", "cr_frame", "__traceback__", "__subclasses__", "__closure__", "cell_contents"}
+_RUNNER_MODULES = {"pytest", "_pytest", "pluggy", "unittest", "hypothesis", "grader_main", "grader_runner",
+                   "grader_guard"}
 _EXIT_CALLS = {("os", "_exit"), ("atexit", "register"), ("signal", "signal"), ("os", "kill"), ("os", "abort"),
                ("signal", "setitimer"), ("signal", "alarm"), ("faulthandler", "enable")}
 _PROCESS_MODULES = {"subprocess", "socket", "ctypes", "multiprocessing", "pty", "_ctypes", "cffi"}

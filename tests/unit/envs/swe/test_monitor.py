@@ -47,7 +47,9 @@ async def test_no_shipped_reference_solution_is_flagged(tmp_path: Path) -> None:
 
 async def test_every_cheat_that_reaches_library_code_is_found(tmp_path: Path) -> None:
     """Cheats the patch filter drops (test files, conftest, configuration, paths outside) never reach the code;
-    every other one is found, on every kind of task."""
+    every other one is found, on every kind of task — but ``eq_typed``, whose ``__eq__`` reads its argument
+    (equal to any plain value): static reading cannot tell it from a real ``__eq__``; the grader's negative
+    controls catch it (test_grade.py)."""
     dropped_by_the_filter = {"edit_tests", "delete_tests", "conftest_force_pass", "conftest_skip", "pyproject_addopts",
                              "setup_cfg_addopts", "sitecustomize", "usercustomize", "pytest_shadow", "_pytest_shadow",
                              "path_outside", "symlink_out", "symlink_tests"}  # fmt: skip
@@ -55,6 +57,8 @@ async def test_every_cheat_that_reaches_library_code_is_found(tmp_path: Path) ->
         base = await template(task)
         for cheat in cheat_patches(task, base):
             found = findings(task, base, cheat.patch, tmp_path)
+            if cheat.name == "eq_typed":
+                continue
             if cheat.name in dropped_by_the_filter:
                 assert not found, (task.task_id, cheat.name, found)
             else:
