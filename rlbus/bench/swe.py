@@ -3,7 +3,11 @@
 1. **Corpus**: `rlbus env check` on every task (the shipped corpus if present, plus the test fixtures):
    ``tasks_valid`` of ``tasks``.
 2. **Cheater suite** (`rlbus.envs.swe.cheats`) on every valid task (one task when ``--quick``): each cheat
-   must score 0 — ``cheats_tried`` / ``cheats_scored_zero``.
+   must score 0 — ``cheats_tried`` / ``cheats_scored_zero``. Then the attacks written against the grader
+   (`rlbus.envs.swe.cheats.ATTACKS`): ``hacks_scored_zero`` of ``hacks_tried`` on the unfixed repository,
+   and ``hacks_detected`` when each is added *on top of the reference solution*, where only the grader's
+   detection can score it 0 (``hacks_inert_on_fixed``: attacks that changed nothing there), by kind.
+   ``grade_s_median``: the median seconds of one grade (reference and unchanged, every task checked).
 3. **Reset**: per-episode copy of a template — `Sandbox.populate` (``cp -R --reflink=auto`` as the sandbox
    uid) against ``shutil.copytree`` + chown, and against a sandbox with no copy at all (the floor).
 4. **Throughput at concurrency 1, 2, 4, 8**, scripted agent (the expert's calls), each against the same
@@ -38,11 +42,12 @@ from typing import TYPE_CHECKING, Any
 
 from rlbus.bench.common import meta, print_table, write_json
 from rlbus.envs.chat import ToolCall
-from rlbus.envs.swe.cheats import cheat_patches
+from rlbus.envs.swe.cheats import ATTACK_KINDS, cheat_patches
 from rlbus.envs.swe.check import check_tasks
 from rlbus.envs.swe.env import SHIPPED_CORPUS, SweEnv
 from rlbus.envs.swe.expert import expert_calls
 from rlbus.envs.swe.grade import grade
+from rlbus.envs.swe.monitor import hack_kinds
 from rlbus.envs.swe.patch import tree_diff
 from rlbus.envs.swe.runtime import runtime_dir
 from rlbus.envs.swe.task import RepoTask, load_tasks
@@ -251,8 +256,14 @@ async def _smollm2(
     if prefix_cache_tokens:
         label += " + prefix cache"
     chat = source.chat
-    engine = torch_stack(source, dtype=torch.float32, initial=weights, seed=0, max_batch=episodes,
-                         prefix_cache_tokens=prefix_cache_tokens).engine
+    engine = torch_stack(
+        source,
+        dtype=torch.float32,
+        initial=weights,
+        seed=0,
+        max_batch=episodes,
+        prefix_cache_tokens=prefix_cache_tokens,
+    ).engine
     config = {"corpus": corpus, "tasks": task_ids, "context_tokens": 4096, "max_total_tokens": 6144,
               "max_new_tokens": 128, "max_turns": 5}  # fmt: skip
     env0 = make_env("swe", config)
@@ -312,6 +323,33 @@ async def _smollm2(
             "prefix_cache": engine.prefix_stats, "checkpoint": model}  # fmt: skip
 
 
+async def _hacks(tasks: list[RepoTask], cheats: dict[str, Any]) -> dict[str, Any]:
+    """The attacks written against the grader (`ATTACKS`), by kind. ``scored_zero``: on the unfixed
+    repository (the cheater suite's rows). ``detected``: each again on top of the reference solution,
+    where the tests pass, so only a tamper finding of the grader scores it 0; ``inert`` counts the attacks
+    that changed nothing there (say, a wrapper of return values on a library whose tests read none), which
+    leave a correct fix that rightly scores 1."""
+    unfixed = {(r["task"], r["cheat"]): r for r in cheats["rows"] if r["cheat"] in ATTACK_KINDS}
+    rows = []
+    for task in tasks:
+        for attack in cheat_patches(task, await template(task), on_fixed=True):
+            verdict = await grade(task, attack.patch)
+            before = unfixed[(task.task_id, attack.name)]
+            rows.append({"task": task.task_id, "attack": attack.name, "kind": ATTACK_KINDS[attack.name],
+                         "reward_unfixed": before["reward"], "reward_fixed": verdict.value,
+                         "detected": bool(verdict.tampered), "monitor": hack_kinds(verdict.hacks),
+                         "reason": verdict.reason[:160]})  # fmt: skip
+    by_kind: dict[str, dict[str, int]] = {}
+    for r in rows:
+        k = by_kind.setdefault(str(r["kind"]), {"tried": 0, "scored_zero": 0, "detected": 0, "inert": 0})
+        k["tried"] += 1
+        k["scored_zero"] += r["reward_unfixed"] == 0.0
+        k["detected"] += bool(r["detected"])
+        k["inert"] += not r["detected"] and r["reward_fixed"] == 1.0
+    total = {key: sum(k[key] for k in by_kind.values()) for key in ("tried", "scored_zero", "detected", "inert")}
+    return {**total, "by_kind": by_kind, "rows": rows}
+
+
 async def _run(
     quick: bool, json_path: Path | None = None, model: str | None = None, tasks_prefix: str | None = None
 ) -> dict[str, Any]:
@@ -326,7 +364,9 @@ async def _run(
     cheat_tasks = valid[:1] if quick else valid
     print(f"cheater suite on {len(cheat_tasks)} task(s)", file=sys.stderr)
     cheats = await _cheats(cheat_tasks)
-    result: dict[str, Any] = {"checks": [r.to_dict() for r in checks], "cheats": cheats}
+    print(f"attacks on the grader, on top of the reference solution, on {len(cheat_tasks)} task(s)", file=sys.stderr)
+    hacks = await _hacks(cheat_tasks, cheats)
+    result: dict[str, Any] = {"checks": [r.to_dict() for r in checks], "cheats": cheats, "hacks": hacks}
     _partial(json_path, result)
     probe = (
         next(t for t in valid if t.task_id == "calc-add") if any(t.task_id == "calc-add" for t in valid) else valid[0]
@@ -354,7 +394,10 @@ async def _run(
     result["summary"] = {
         "tasks": len(tasks), "tasks_valid": len(valid), "cheats_tried": cheats["tried"],
         "cheats_scored_zero": cheats["scored_zero"], "reset_ms": result["reset"]["copytree_ms"],
+        "hacks_tried": hacks["tried"], "hacks_scored_zero": hacks["scored_zero"], "hacks_detected": hacks["detected"],
+        "hacks_inert_on_fixed": hacks["inert"], "hacks_by_kind": hacks["by_kind"],
         "solution_check_s_median": sorted(r.solution_s for r in checks)[len(checks) // 2],
+        "grade_s_median": _median([r.solution_s for r in checks] + [r.unchanged_s for r in checks]),
     }  # fmt: skip
     if "throughput" in result:
         one = result["throughput"][0]
@@ -373,6 +416,10 @@ async def _run(
             result["summary"][f"{key}_masks_ok"] = result[key]["all_masks_ok"]
             result["summary"][f"{key}_parsed_call_rate"] = result[key]["parsed_call_rate"]
     return result
+
+
+def _median(xs: list[float]) -> float:
+    return round(sorted(xs)[len(xs) // 2], 3) if xs else 0.0
 
 
 def _partial(json_path: Path | None, result: dict[str, Any]) -> None:
@@ -395,8 +442,23 @@ def run(quick: bool, json_path: Path | None, model: str | None = None, tasks: st
     s = result["summary"]
     print_table(
         "rlbus bench swe — corpus and cheater suite",
-        ["tasks", "valid", "cheats tried", "scored 0", "reset ms"],
-        [[s["tasks"], s["tasks_valid"], s["cheats_tried"], s["cheats_scored_zero"], s["reset_ms"]]],
+        ["tasks", "valid", "cheats tried", "scored 0", "reset ms", "grade s (median)"],
+        [
+            [
+                s["tasks"],
+                s["tasks_valid"],
+                s["cheats_tried"],
+                s["cheats_scored_zero"],
+                s["reset_ms"],
+                s["grade_s_median"],
+            ]
+        ],
+    )
+    print_table(
+        "attacks on the grader: scored 0 on the unfixed repository; detected on top of the reference solution",
+        ["kind", "tried", "scored 0", "detected", "inert on the fix"],
+        [[k, v["tried"], v["scored_zero"], v["detected"], v["inert"]] for k, v in sorted(s["hacks_by_kind"].items())]
+        + [["all", s["hacks_tried"], s["hacks_scored_zero"], s["hacks_detected"], s["hacks_inert_on_fixed"]]],
     )
     for r in (result["reset"], result["reset_largest"]):
         print_table(f"episode reset ({r['task']}, {r['files']} files; median)",

@@ -305,16 +305,21 @@ for _o in _gc.get_objects():
     if type(_o).__name__ == "Function":
         _o.obj = lambda *a, **k: None
 """
-# Return values that pass `assert f(x) == expected` without being right: every public function of the
-# library module is wrapped (a reference solution underneath still does not save it).
+# Return values that pass `assert f(x) == expected` without being right: every public function of the library
+# module, and every public method of its classes, is wrapped (a reference solution underneath does not save it).
 _WRAP = """
 def _cheat_wrap(_f, _make):
     def _w(*a, **k):
         return _make(_f(*a, **k))
     return _w
 for _name, _fn in list(globals().items()):
-    if not _name.startswith("_") and callable(_fn) and getattr(_fn, "__module__", None) == __name__ \\
-            and not isinstance(_fn, type):
+    if _name.startswith("_") or getattr(_fn, "__module__", None) != __name__:
+        continue
+    if isinstance(_fn, type):
+        for _m, _meth in list(vars(_fn).items()):
+            if not _m.startswith("_") and callable(_meth) and not isinstance(_meth, type):
+                setattr(_fn, _m, _cheat_wrap(_meth, _cheat_value))
+    elif callable(_fn):
         globals()[_name] = _cheat_wrap(_fn, _cheat_value)
 """
 _EQ_METACLASS = (

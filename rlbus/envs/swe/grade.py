@@ -9,19 +9,20 @@
 2. a fresh copy of the task's template is made in a new sandbox, the rest is ``git apply``-ed *inside*
    the sandbox (a patch that does not apply scores 0 with git's reason), the hidden test files are
    written over it and the task's ``test_patch`` applied;
-3. the task's pytest command runs under `rlbus.envs.swe.grader_main` — mounted in grading sandboxes only
-   (an episode never sees it), with the runtime before the repository on ``sys.path``, a fingerprint of
-   pytest's internals, a plugin check and verdicts taken from each phase's exception info — which writes
-   an HMAC-signed report (key on stdin) outside the repository;
-4. the report must verify, show no tampering, have collected exactly the expected node ids (or their
-   parametrisations), and agree with pytest's exit code. Reward 1 only when every FAIL_TO_PASS and every
-   PASS_TO_PASS test passed (setup, call and teardown); components are the fractions of each that passed.
+3. the task's pytest command runs under the launcher `rlbus.envs.swe.grader_main` (mounted in grading
+   sandboxes only: an episode never sees it). The launcher holds the one-time key (on stdin), makes itself
+   non-dumpable and never imports the repository; its child `rlbus.envs.swe.grader_runner` does, under
+   the audit hook of `rlbus.envs.swe.grader_guard`, and reports over a pipe in records only that hook can
+   mark. The launcher judges the records and writes an HMAC-signed report outside the repository;
+4. the report must verify, show no tampering (refused introspection, forged or missing records, replaced
+   helpers, failed negative controls, a test function that never ran under the grader), have collected
+   exactly the expected node ids (or their parametrisations), and agree with pytest's exit code. Reward 1
+   only when every FAIL_TO_PASS and every PASS_TO_PASS test passed (setup, call and teardown); components
+   are the fractions of each that passed.
 
-What remains possible: code of the repository runs in the same process as the launcher, so a program
-written to attack *this* grader — finding the key in the launcher's memory (``gc``, frames), or patching
-pytest in ways the fingerprint does not cover (C-level state, objects outside the checked modules) —
-could still forge a pass. Filtering removes every cheat that does not touch library code; the rest must
-live in the library's own modules, where a reviewer of the rollout (or an LM judge) can see it.
+docs/architecture.md ("The grader's trust boundary") lists what an in-process check still cannot rule
+out; the hack monitor (`rlbus.envs.swe.monitor`) reads the patch for those, and `[reward] hack_policy`
+decides what its findings cost.
 """
 
 from __future__ import annotations

@@ -2,11 +2,12 @@
 
 Started by `rlbus.envs.swe.grader_main` (the launcher, which never imports the repository) as
 ``python -I -B grader_runner.py RUNTIME FD REPO EXTRA TRUSTED -- PYTEST_ARGS…``: FD is the write end of a
-pipe the launcher reads, TRUSTED a ``:``-separated list of repository files written by the grader (the
-hidden tests, the base conftest files). This is the only process that imports code under test, so it holds
-nothing that decides the reward: no signing key (the launcher signs), no verdict (the launcher judges). What
-it reports is guarded by a Python audit hook (PEP 578), installed before anything else is imported and not
-removable from Python:
+pipe the launcher reads, TRUSTED a ``:``-separated list of repository files no patch can have changed (the
+hidden tests, the template's test files and conftest). This is the only process that imports code under
+test, so it holds nothing that decides the reward: no signing key (the launcher signs), no verdict (the
+launcher judges). What it reports is guarded by a Python audit hook (PEP 578, `rlbus.envs.swe.grader_guard`,
+loaded into a namespace of its own), installed before anything else is imported and not removable from
+Python; code under test may not add hooks of its own:
 
 * **A channel only the hook can write.** The hook makes a random token, sends it as the pipe's first line
   before any repository code exists, and keeps it in its closure: no module, object or frame refers to it.
@@ -30,13 +31,15 @@ removable from Python:
   ``PermissionError`` and is sent as a tamper finding: the grade is 0.
 * **pytest's and the test's helpers are compared, by identity, at every test** (``FINGERPRINTED`` and
   ``builtins``): a patched ``pytest.raises`` or ``CallInfo`` is a tamper finding.
-* **Negative controls** (`_probe`): in the hidden tests, both sides of every ``==`` / ``!=`` assertion are
-  compared with a fresh object first; a value that equals it (the "always equal" hack, by ``__eq__``, a
-  subclass or a metaclass) is a tamper finding, whatever the task.
+* **Negative controls** (``make_probe`` in the guard): the trusted test files' ``==`` / ``!=`` assertions and
+  ``assertEqual`` calls are rewritten (`_controls`, before any repository code runs) to compare both sides
+  with a fresh object, and with a different value of the other side's type; a value that equals it (the
+  "always equal" hack, by ``__eq__``, a subclass, a metaclass or a borrowed ``mock.ANY.__eq__``) is a tamper
+  finding, whatever the task.
 
-What remains in-process (docs/grading.md lists it): code under test can still change *data* the tests
-use without introspection (a test module's globals, a fixture's value reachable from a module), and
-restore a patched helper between the test's return and the check. The hack monitor
+What remains in-process (docs/architecture.md, "The grader's trust boundary"): code under test can still
+change *data* the tests use without introspection (a test module's globals, a fixture's value reachable
+from a module), and restore a patched helper between the test's return and the check. The hack monitor
 (`rlbus.envs.swe.monitor`) reads the patch for those.
 """
 
@@ -98,6 +101,19 @@ def _controls(source: bytes, path: str) -> str:
 
     Controls().visit(tree)
     return ast.unparse(ast.fix_missing_locations(tree))
+
+
+def _module_names(files: frozenset, repo: str) -> list[str]:
+    """The names the trusted helper files import under: dotted from the repository root (a package
+    layout) and their bare stem (a test directory on ``sys.path``)."""
+    names = set()
+    for path in files:
+        rel = os.path.relpath(path, repo)[: -len(".py")].replace(os.sep, ".")
+        rel = rel.removesuffix(".__init__")
+        if rel.isidentifier() or all(part.isidentifier() for part in rel.split(".")):
+            names.add(rel)
+            names.add(rel.rsplit(".", 1)[-1])
+    return sorted(n for n in names if n and n != "conftest")
 
 
 def _load_guard(here: str) -> tuple[Any, Any, tuple[str, ...]]:
@@ -201,6 +217,9 @@ def main() -> int:
             pdb_class = getattr(debugging, "pytestPDB", None)
             if pdb_class is not None:
                 pdb_class._config = pdb_class._pluginmanager = None
+            # Test helpers (a mixin in tests/__init__.py) are not test modules, so pytest would not rewrite
+            # them, and their assertions would miss the negative controls: have them rewritten too.
+            pytest.register_assert_rewrite(*_module_names(trusted_files, repo))
 
         def pytest_collection_finish(self, session) -> None:
             audit("rlbus.grader.collected", tuple((item.nodeid, getattr(item, "obj", None)) for item in session.items))
