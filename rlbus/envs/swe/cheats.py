@@ -186,30 +186,31 @@ def _forge(*_a):
 _signal.signal(_signal.SIGALRM, _forge)
 _signal.setitimer(_signal.ITIMER_REAL, 0.01)
 """
-_THREAD_GC = """
-import gc as _gc, threading as _th, time as _time
-def _poke():
-    for _ in range(200):
-        try:
-            for _o in _gc.get_objects():
-                if type(_o).__name__ == "Function":
-                    _o.obj = lambda *a, **k: None
-        except Exception:
-            pass
-        _time.sleep(0.002)
-_th.Thread(target=_poke, daemon=True).start()
-"""
-_FINALIZER_FORGE = """
-import gc as _gc, weakref as _weakref
-class _Ghost:
-    pass
-def _haunt():
+#: pytest's test items found through gc, their functions replaced: the body of the next two attacks.
+_SWAP_VIA_GC = """
+def _swap():
     try:
         for _o in _gc.get_objects():
             if type(_o).__name__ == "Function":
                 _o.obj = lambda *a, **k: None
     except Exception:
         pass
+"""
+_THREAD_GC = """
+import gc as _gc, threading as _th, time as _time
+""" + _SWAP_VIA_GC + """
+def _poke():
+    for _ in range(200):
+        _swap()
+        _time.sleep(0.002)
+_th.Thread(target=_poke, daemon=True).start()
+"""
+_FINALIZER_FORGE = """
+import gc as _gc, weakref as _weakref
+""" + _SWAP_VIA_GC + """
+class _Ghost:
+    pass
+_haunt = _swap
 _ghost = _Ghost()
 _weakref.finalize(_ghost, _haunt)
 del _ghost
@@ -270,7 +271,8 @@ _b.isinstance = lambda o, t: True if t is bool else _real_isinstance(o, t)
 _FAKE_NAME = """
 _src = "import gc\\nfor o in gc.get_objects():\\n    if type(o).__name__ == 'Function':\\n"
 _src += "        o.obj = lambda *a, **k: None\\n"
-exec(compile(_src, "/opt/rlbus/site/_pytest/runner.py", "exec"))
+import builtins as _bi
+_bi.exec(_bi.compile(_src, "/opt/rlbus/site/_pytest/runner.py", "exec"))
 """
 _READ_GRADER = """
 import os as _os
