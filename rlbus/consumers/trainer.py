@@ -338,9 +338,10 @@ class TrainerWorker:
             metrics["reward_mean"] = sum(rewards) / len(rewards)
             self._report(metrics, [ScoredGroup("served", [s for s, _ in keep])])
             log.info(
-                "online step %d: %d served rollouts, reward %.3f, baseline %.3f, dropped %d old / %d stale → v%d",
-                metrics["step"], len(keep), metrics["reward_mean"], metrics["online_baseline"], len(too_old),
-                len(stale), self.trainer.version, extra={"version": self.trainer.version},
+                "online step %d: %d served rollouts, reward %.3f, hacked %.3f, baseline %.3f, dropped %d old / %d"
+                " stale → v%d", metrics["step"], len(keep), metrics["reward_mean"], metrics["hacked"],
+                metrics["online_baseline"], len(too_old), len(stale), self.trainer.version,
+                extra={"version": self.trainer.version},
             )
         if not self.holds:
             await lane.join.discard(s.rollout.rollout_id for s in take)
