@@ -396,7 +396,7 @@ async def _run(
         "cheats_scored_zero": cheats["scored_zero"], "reset_ms": result["reset"]["copytree_ms"],
         "hacks_tried": hacks["tried"], "hacks_scored_zero": hacks["scored_zero"], "hacks_detected": hacks["detected"],
         "hacks_inert_on_fixed": hacks["inert"], "hacks_by_kind": hacks["by_kind"],
-        "solution_check_s_median": sorted(r.solution_s for r in checks)[len(checks) // 2],
+        "solution_check_s_median": _median([r.solution_s for r in checks]),
         "grade_s_median": _median([r.solution_s for r in checks] + [r.unchanged_s for r in checks]),
     }  # fmt: skip
     if "throughput" in result:

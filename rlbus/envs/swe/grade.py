@@ -36,13 +36,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from rlbus.envs.rewards import HACK_KINDS
 from rlbus.envs.sandbox import Sandbox, SandboxResult
 from rlbus.envs.swe.monitor import Finding, added_lines, hack_kinds, scan_source
 from rlbus.envs.swe.patch import filter_patch, protected_kind
 from rlbus.envs.swe.runtime import GRADER_INNER, HYPOTHESIS_PLUGIN, INNER
 from rlbus.envs.swe.task import RepoTask
 from rlbus.envs.swe.world import REPO, task_sandbox, template
+from rlbus.schemas.reward import HACK_KINDS, TAMPERED
 
 _REPORT = "grade/report.json"
 _GIT_ENV = {"GIT_CEILING_DIRECTORIES": "/sandbox", "HOME": "/sandbox/grade", "GIT_CONFIG_NOSYSTEM": "1"}
@@ -83,7 +83,7 @@ class Verdict:
         if self.dropped:
             data["dropped"] = "; ".join(f"{p} ({why})" for p, why in self.dropped)[:4000]
         if self.tampered:
-            data["tampered"] = "; ".join(self.tampered)[:4000]
+            data[TAMPERED] = "; ".join(self.tampered)[:4000]
         if self.hacks:
             data[HACK_KINDS] = ",".join(hack_kinds(self.hacks))
             data["hacks"] = "; ".join(str(f) for f in self.hacks)[:4000]

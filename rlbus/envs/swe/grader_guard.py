@@ -35,14 +35,15 @@ _FRAME_ATTRS = frozenset({"tb_frame", "gi_frame", "cr_frame", "ag_frame"})
 
 
 def install(fd: int, trusted_prefixes: tuple, trusted_files: frozenset, guarded_paths: tuple) -> None:
-    """Install the audit hook (see the module docstring). Everything it uses is bound here, as closure
-    variables, before any repository code can replace a module attribute."""
+    """Install the audit hook (see the module docstring). The module attributes it calls (``os.write``,
+    ``sys._getframe``, ``sys.modules`` …) are bound here, before any repository code can replace them;
+    builtins are this namespace's private copy."""
     import threading
 
     token = os.urandom(16).hex()
     write, dumps, getframe, main_ident = os.write, _encoder(), sys._getframe, threading.get_ident()
     modules = sys.modules
-    get_ident, normpath, isinstance_, type_, str_ = threading.get_ident, os.path.normpath, isinstance, type, str
+    get_ident, normpath = threading.get_ident, os.path.normpath
     state: dict = {"collected": None, "called": set(), "baseline": None, "closed": False, "refusals": 0}
     busy = [False]  # only while the hook's own sys._getframe runs (no other code can run then: see below)
 
@@ -50,7 +51,7 @@ def install(fd: int, trusted_prefixes: tuple, trusted_files: frozenset, guarded_
         write(fd, (token + " " + dumps(record) + "\n").encode())
 
     def trusted(filename: Any) -> bool:
-        if type_(filename) is not str_ or "/../" in filename:
+        if type(filename) is not str or "/../" in filename:
             return False
         return filename.startswith(trusted_prefixes) or filename in trusted_files
 
@@ -86,9 +87,9 @@ def install(fd: int, trusted_prefixes: tuple, trusted_files: frozenset, guarded_
     def same_source(filename: str, source: Any) -> bool:
         """Whether ``source`` is the file ``filename``'s own text: an import of a stdlib module made by
         repository code compiles the real file; a forged name compiles something else."""
-        if type_(source) is str_:
+        if type(source) is str:
             source = source.encode()
-        if type_(source) is not bytes:
+        if type(source) is not bytes:
             return False
         try:
             with open(filename, "rb") as f:
@@ -104,7 +105,7 @@ def install(fd: int, trusted_prefixes: tuple, trusted_files: frozenset, guarded_
                 continue
             for key, value in list(vars(module).items()):
                 out[(modname, key)] = value
-                if type_(value) is type and getattr(value, "__module__", "") == modname:
+                if type(value) is type and getattr(value, "__module__", "") == modname:
                     for attr, member in list(vars(value).items()):
                         out[(modname, key, attr)] = member
         return out
@@ -120,7 +121,7 @@ def install(fd: int, trusted_prefixes: tuple, trusted_files: frozenset, guarded_
         code = getattr(value, "__code__", None)
         if code is not None:
             return not trusted(getattr(code, "co_filename", None))
-        if isinstance_(value, type) and depth < 2:
+        if isinstance(value, type) and depth < 2:
             return any(foreign(v, depth + 1) for v in list(vars(value).values()))
         return False
 
@@ -133,7 +134,7 @@ def install(fd: int, trusted_prefixes: tuple, trusted_files: frozenset, guarded_
 
     def protocol(event: str, args: tuple, caller) -> None:
         if event in ("rlbus.grader.tamper", "rlbus.grader.degenerate"):  # can only lower a grade: anyone may
-            send({"tamper": str_(args[0])[:500] if args else event})
+            send({"tamper": str(args[0])[:500] if args else event})
             return
         if state["closed"] or untrusted_on(caller) or get_ident() != main_ident:
             refuse(caller, f"the grader's {event} event")
@@ -143,11 +144,11 @@ def install(fd: int, trusted_prefixes: tuple, trusted_files: frozenset, guarded_
         elif event == "rlbus.grader.collected" and state["collected"] is None:
             collected = {}
             for nodeid, function in args[0]:
-                if type_(nodeid) is str_:
+                if type(nodeid) is str:
                     collected[nodeid] = function = getattr(function, "__func__", function)
                     filename = getattr(getattr(function, "__code__", None), "co_filename", None)
                     if not trusted(filename):
-                        send({"tamper": f"test {nodeid[:200]} is code from {str_(filename)[:200]}, not a hidden test"})
+                        send({"tamper": f"test {nodeid[:200]} is code from {str(filename)[:200]}, not a hidden test"})
             state["collected"] = collected
             send({"collected": list(collected)})
         elif event in ("rlbus.grader.run", "rlbus.grader.call"):
@@ -155,11 +156,11 @@ def install(fd: int, trusted_prefixes: tuple, trusted_files: frozenset, guarded_
             if event == "rlbus.grader.call":  # unittest items only: the item itself, its function from pytest
                 unittest_item = state.get("unittest")
                 function = (
-                    getattr(function, "obj", None) if unittest_item and type_(function) is unittest_item else None
+                    getattr(function, "obj", None) if unittest_item and type(function) is unittest_item else None
                 )
-            expected = (state["collected"] or {}).get(nodeid) if type_(nodeid) is str_ else None
+            expected = (state["collected"] or {}).get(nodeid) if type(nodeid) is str else None
             if expected is None or getattr(function, "__func__", function) is not expected:
-                send({"tamper": f"a test function other than the collected one ran as {str_(nodeid)[:200]}"})
+                send({"tamper": f"a test function other than the collected one ran as {str(nodeid)[:200]}"})
                 raise PermissionError("rlbus grader: not the collected test function")
             if nodeid in state["called"]:
                 send({"tamper": f"{nodeid} ran twice"})
@@ -168,7 +169,7 @@ def install(fd: int, trusted_prefixes: tuple, trusted_files: frozenset, guarded_
             ok = False
             try:
                 if event == "rlbus.grader.run":  # the test function runs *here*: its verdict never leaves
-                    if type_(work) is not dict:  # the hook, so no reachable object can change it
+                    if type(work) is not dict:  # the hook, so no reachable object can change it
                         raise TypeError("rlbus grader: test arguments must be a dict")
                     function(**work)
                     ok = True
@@ -181,14 +182,14 @@ def install(fd: int, trusted_prefixes: tuple, trusted_files: frozenset, guarded_
                 send({"call": nodeid, "ok": ok})
         elif event == "rlbus.grader.phase":
             nodeid, when, verdict = args
-            if type_(nodeid) is str_ and type_(when) is str_ and type_(verdict) is str_:
+            if type(nodeid) is str and type(when) is str and type(verdict) is str:
                 send({"phase": nodeid, "when": when, "verdict": verdict})
         elif event == "rlbus.grader.end":
             changed = changed_helpers()
             if changed:
                 send({"tamper": f"pytest or builtins replaced at the end: {', '.join(changed[:5])}"})
             state["closed"] = True
-            send({"end": args[0] if type_(args[0]) is int else None})
+            send({"end": args[0] if type(args[0]) is int else None})
         else:
             refuse(caller, f"a repeated {event} event")
 
@@ -233,12 +234,12 @@ def install(fd: int, trusted_prefixes: tuple, trusted_files: frozenset, guarded_
             elif name in ("__defaults__", "__kwdefaults__"):  # the probe's and the runner's own functions
                 guarded = trusted(getattr(getattr(target, "__code__", None), "co_filename", None))
             else:
-                module = getattr(target, "__module__", "") if isinstance_(target, type) else ""
-                guarded = type_(module) is str_ and module.startswith(_GUARDED_CLASS_MODULES)
+                module = getattr(target, "__module__", "") if isinstance(target, type) else ""
+                guarded = type(module) is str and module.startswith(_GUARDED_CLASS_MODULES)
             if guarded:
                 caller = current()
                 if untrusted_on(caller):
-                    refuse(caller, f"setting {name} on {str_(getattr(target, '__qualname__', type_(target)))[:80]}")
+                    refuse(caller, f"setting {name} on {str(getattr(target, '__qualname__', type(target)))[:80]}")
         elif event in ("gc.get_objects", "gc.get_referrers", "gc.get_referents", "sys._current_frames",
                        "sys._current_exceptions", "sys.settrace", "sys.setprofile", "code.__new__") or (
                 event.startswith("ctypes.")):  # fmt: skip
@@ -247,16 +248,16 @@ def install(fd: int, trusted_prefixes: tuple, trusted_files: frozenset, guarded_
                 refuse(caller, event)
         elif event == "open":
             path = args[0]
-            if type_(path) is bytes:
+            if type(path) is bytes:
                 path = path.decode(errors="replace")
-            if type_(path) is str_:
+            if type(path) is str:
                 path = normpath(path)
                 if path.startswith(("/proc/", *guarded_paths)):
                     caller = current()
                     if untrusted_on(caller):
                         refuse(caller, f"opening {path}")
         elif event == "compile":
-            filename = args[1].decode(errors="replace") if type_(args[1]) is bytes else args[1]
+            filename = args[1].decode(errors="replace") if type(args[1]) is bytes else args[1]
             if trusted(filename):
                 caller = current()
                 if untrusted_on(caller) and not same_source(filename, args[0]):
@@ -278,53 +279,56 @@ def install(fd: int, trusted_prefixes: tuple, trusted_files: frozenset, guarded_
 
 def _encoder():
     """A JSON encoder for the hook's records (dicts of str, int, bool, None and lists of those) made of
-    builtins only; `install` binds it before any repository code runs."""
+    builtins only (``json``'s classes are module state code under test could patch)."""
     escapes = {i: f"\\u{i:04x}" for i in range(32)}
     escapes.update({ord('"'): '\\"', ord("\\"): "\\\\"})
-    str_, int_, bool_, list_, dict_, type_, repr_ = str, int, bool, list, dict, type, repr
 
     def encode(value: Any) -> str:
-        kind = type_(value)
+        kind = type(value)
         if value is None:
             return "null"
-        if kind is bool_:
+        if kind is bool:
             return "true" if value else "false"
-        if kind is int_:
-            return repr_(value)
-        if kind is str_:
+        if kind is int:
+            return repr(value)
+        if kind is str:
             return '"' + value.translate(escapes) + '"'
-        if kind is list_:
+        if kind is list:
             return "[" + ", ".join([encode(v) for v in value]) + "]"
-        if kind is dict_:
-            return "{" + ", ".join([encode(str_(k)) + ": " + encode(v) for k, v in value.items()]) + "}"
-        return encode(str_(value))
+        if kind is dict:
+            return "{" + ", ".join([encode(str(k)) + ": " + encode(v) for k, v in value.items()]) + "}"
+        return encode(str(value))
 
     return encode
 
 
 def make_probe(exempt: frozenset, test_files: frozenset, audit=sys.audit):
     """The negative controls (see the module docstring), as a function whose every dependency is a default
-    argument: code under test can neither rebind a global it reads nor (the hook refuses it) its defaults."""
+    argument: code under test can neither rebind a global it reads nor (the hook refuses it) its defaults.
+    Its globals are reachable (``probe.__globals__`` is not audited), so the runner loads it from a second
+    copy of this file: they are never the audit hook's."""
 
     class Fresh:
         """An object no code under test has seen: equal only to itself."""
 
         __slots__ = ()
 
-    def perturb(value, _type=type, _isinstance=isinstance, _Fresh=Fresh):
+    def perturb(value, _type=type, _Fresh=Fresh, _kinds=(bool, int, float, complex, str, bytes, list, tuple, set,
+                                                          frozenset, dict)):  # fmt: skip
         """A value of ``value``'s own type that differs from it, or None when there is no obvious one."""
+        bool_, int_, float_, complex_, str_, bytes_, list_, tuple_, set_, frozenset_, dict_ = _kinds
         kind = _type(value)
-        if kind is bool:
+        if kind is bool_:
             return not value
-        if kind in (int, float, complex):
+        if kind in (int_, float_, complex_):
             return value + 1
-        if kind in (str, bytes):
-            return value + (b"\x00" if kind is bytes else "\x00")
-        if kind in (list, tuple):
+        if kind in (str_, bytes_):
+            return value + (b"\x00" if kind is bytes_ else "\x00")
+        if kind in (list_, tuple_):
             return value + kind([_Fresh()])
-        if kind in (set, frozenset):
+        if kind in (set_, frozenset_):
             return value | {_Fresh()}
-        if kind is dict:
+        if kind is dict_:
             return {**value, _Fresh(): 0}
         if value is None:
             return _Fresh()

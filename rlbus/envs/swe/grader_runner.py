@@ -116,15 +116,17 @@ def _module_names(files: frozenset, repo: str) -> list[str]:
     return sorted(n for n in names if n and n != "conftest")
 
 
-def _load_guard(here: str) -> tuple[Any, Any, tuple[str, ...]]:
-    """`install` and `make_probe` from ``grader_guard.py``, run into a private namespace (see there)."""
+def _load_guard(here: str) -> dict[str, Any]:
+    """``grader_guard.py`` run into a private namespace with a copy of ``builtins`` (see there). Called twice:
+    the audit hook's copy and the probe's, since a function's ``__globals__`` can be read without an audit
+    event and the probe is a builtin any code can reach."""
     import builtins
 
     path = os.path.join(here, "grader_guard.py")
     namespace: dict[str, Any] = {"__builtins__": dict(vars(builtins)), "__name__": "rlbus_grader_guard"}
     with open(path, "rb") as f:
         exec(compile(f.read(), path, "exec"), namespace)
-    return namespace["install"], namespace["make_probe"], namespace["FINGERPRINTED"]
+    return namespace
 
 
 def main() -> int:
@@ -134,10 +136,11 @@ def main() -> int:
     here = os.path.dirname(os.path.abspath(__file__))
     stdlib = [p for p in sys.path if p and not p.startswith(here)]
     trusted_files = frozenset(os.path.join(repo, p) for p in trusted_arg.split(":") if p)
-    install, make_probe, fingerprinted = _load_guard(here)
-    install(
+    guard, probe_guard = _load_guard(here), _load_guard(here)
+    trusted = tuple(p.rstrip(os.sep) + os.sep for p in (site, here, *stdlib))  # the runtime, the grader, the stdlib
+    guard["install"](
         fd,
-        trusted_prefixes=(*(p.rstrip(os.sep) + os.sep for p in (site, here, *stdlib)), "<frozen "),
+        trusted_prefixes=(*trusted, "<frozen "),
         trusted_files=trusted_files,
         guarded_paths=(here, os.path.join(os.path.dirname(repo), "grade")),
     )
@@ -165,7 +168,7 @@ def main() -> int:
     import pytest
     from _pytest.assertion import rewrite
 
-    for name in fingerprinted:
+    for name in guard["FINGERPRINTED"]:
         try:
             __import__(name)
         except ImportError:  # modules of another pytest version
@@ -187,12 +190,12 @@ def main() -> int:
     import unittest.mock
 
     loose = [type(unittest.mock.ANY), *_subclasses(base)]
-    setattr(builtins, _PROBE, make_probe(frozenset(k for k in loose if isinstance(k, type)), trusted_files))
+    exempt = frozenset(k for k in loose if isinstance(k, type))
+    setattr(builtins, _PROBE, probe_guard["make_probe"](exempt, trusted_files))
     from _pytest.unittest import TestCaseFunction as unittest_item
 
     audit = sys.audit
     audit("rlbus.grader.baseline", unittest_item)
-    trusted = tuple(p + os.sep for p in (site, *stdlib))
 
     class Runner:
         def __init__(self) -> None:
@@ -204,7 +207,7 @@ def main() -> int:
                 module = plugin if isinstance(plugin, types.ModuleType) else sys.modules.get(type(plugin).__module__)
                 path = os.path.abspath(getattr(module, "__file__", None) or "?")
                 conftest = path in trusted_files or (os.path.basename(path) == "conftest.py" and path.startswith(repo))
-                if not (path == os.path.abspath(__file__) or path.startswith(trusted) or conftest):
+                if not (path.startswith(trusted) or conftest):
                     audit("rlbus.grader.tamper", f"{when}: foreign pytest plugin from {path}")
 
         @pytest.hookimpl(trylast=True)

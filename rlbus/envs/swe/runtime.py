@@ -3,14 +3,13 @@
 The sandbox shows only the host's ``/usr`` (`rlbus.envs.sandbox`), so the interpreter is the system
 ``python3`` there (`rlbus.envs.sandbox.find_python`). pytest and hypothesis come from the *worker's own*
 installation — CI installs ``.[dev]``, which has both — copied once into a runtime directory
-(``<cache>/runtime-<hash>/site``), together with the launcher `rlbus.envs.swe.grader_main` and a ``bin/``
-with ``python`` / ``pytest``. The runtime is mounted read-only at ``/opt/rlbus`` in every episode and
-grading sandbox; ``PATH`` starts with ``/opt/rlbus/bin`` and ``PYTHONPATH`` with ``/opt/rlbus/site``, so the
-agent's ``python -m pytest`` works like the grader's. The launcher is not part of it: it sits in a
-directory of its own (`grader_dir`, ``<cache>/grader-<hash>``) mounted at ``/opt/rlbus-grader`` in grading
-sandboxes only, so an episode cannot read the program its patch will be graded by. Only pure-Python
-distributions are copied, so the system interpreter's minor version may differ from the worker's (3.11
-here, 3.12 on a fresh Ubuntu).
+(``<cache>/runtime-<hash>/site``), with a ``bin/`` holding ``python`` / ``pytest``. The runtime is mounted
+read-only at ``/opt/rlbus`` in every episode and grading sandbox; ``PATH`` starts with ``/opt/rlbus/bin``
+and ``PYTHONPATH`` with ``/opt/rlbus/site``, so the agent's ``python -m pytest`` works like the grader's.
+The launcher is not part of it: it sits in a directory of its own (`grader_dir`, ``<cache>/grader-<hash>``)
+mounted at ``/opt/rlbus-grader`` in grading sandboxes only, so an episode cannot read the program its patch
+will be graded by. Only pure-Python distributions are copied, so the system interpreter's minor version may
+differ from the worker's (3.11 here, 3.12 on a fresh Ubuntu).
 Nothing is downloaded; a worker without pytest installed gets a `SandboxError` saying so.
 
 The cache (``$RLBUS_SWE_CACHE``, default ``<tmp>/rlbus-swe-<uid>``) also holds the per-task repository
@@ -88,10 +87,11 @@ def runtime_dir() -> Path:
     return _built_once(target, fill)
 
 
+@cache
 def grader_dir() -> Path:
     """The launcher's directory (``grader_main.py``, its test process ``grader_runner.py`` and that
-    process's audit hook ``grader_guard.py``), built on
-    first use like the runtime; named by their hash, so a new launcher gets a new directory."""
+    process's audit hook ``grader_guard.py``), built on first use like the runtime; named by their hash, so
+    a new launcher gets a new directory."""
     sources = {path.name: path.read_bytes() for path in _LAUNCHER}
     digest = hashlib.sha256(b"".join(sources[name] for name in sorted(sources))).hexdigest()[:16]
 
