@@ -1300,7 +1300,56 @@ BENCHMARKS = {
     "engines": "rlbus.bench.engines",
     "serve": "rlbus.bench.serve",
     "firstsync": "rlbus.bench.firstsync",
+    "sim-calibration": "rlbus.bench.sim_calibration",
 }
+
+
+@app.command()
+def sim(
+    fleet: Annotated[Path, typer.Option(help="The fleet file (TOML; format: rlbus/sim/fleet.py, example "
+                                              "infra/sim/composer2.toml).")],
+    json_path: Annotated[Path | None, typer.Option("--json", help="Write every scenario's figures here.")] = None,
+    plots: Annotated[Path | None, typer.Option(help="Write PNG plots into this directory (default: next to "
+                                                    "--json, else runs/sim).")] = None,
+    what_if: Annotated[list[str] | None, typer.Option(
+        "--what-if", help="Also simulate a what-if (repeatable): region-down, half-wan, g128, traffic-3x, no-relay, "
+                          "or all.")] = None,
+    seed: Annotated[int | None, typer.Option(help="Override [sim] seed.")] = None,
+) -> None:
+    """Simulate an rlbus run on a fleet of any size (SimPy): trained tokens/s, staleness, publish → every
+    region swapped, WAN bytes per version, utilisation, drops, the async-vs-sync speedup, and what-ifs.
+
+    Example: rlbus sim --fleet infra/sim/composer2.toml --what-if all --json sim.json
+    """
+    from msgspec.structs import replace
+
+    from rlbus.bench.common import print_table, write_json
+    from rlbus.sim.fleet import load_fleet
+    from rlbus.sim.report import plot, region_rows, table_rows
+    from rlbus.sim.scenarios import WHAT_IFS, run_scenarios
+
+    try:
+        spec = load_fleet(fleet)
+    except RlbusError as exc:
+        _error(exc)
+        raise typer.Exit(2) from None
+    if seed is not None:
+        spec = replace(spec, sim=replace(spec.sim, seed=seed))
+    names = list(WHAT_IFS) if what_if and "all" in what_if else list(what_if or [])
+    unknown = [n for n in names if n not in WHAT_IFS]
+    if unknown:
+        raise typer.BadParameter(f"unknown what-if {unknown[0]!r}; choose from {', '.join(WHAT_IFS)}, all")
+    result = run_scenarios(spec, names, progress=lambda name: err.print(f"simulating {name} …"))
+    columns, rows = table_rows(result["scenarios"])
+    print_table(f"rlbus sim — {fleet}", columns, rows)
+    columns, rows = region_rows(result["scenarios"]["async"])
+    print_table("per region (async)", columns, rows)
+    summary = result["summary"]
+    console.print(f"async vs sync speedup: {summary['async_vs_sync_speedup']}×")
+    out = plots or (json_path.parent / f"{json_path.stem}-plots" if json_path is not None else Path("runs/sim"))
+    for path in plot(result["scenarios"], out):
+        console.print(f"plot: {path}")
+    write_json(json_path, result)
 
 
 @app.command()
@@ -1394,3 +1443,7 @@ def main() -> None:  # pragma: no cover - console entry point
     os.environ.setdefault("PYTHONUNBUFFERED", "1")
     limit_malloc_arenas()
     app(sys.argv[1:])
+
+
+if __name__ == "__main__":  # pragma: no cover - `python -m rlbus.cli` (rlbus bench sim-calibration, torchrun)
+    main()

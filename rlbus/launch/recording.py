@@ -4,7 +4,10 @@ The trainer writes, per GRPO step, ``steps`` (the step's metrics), ``inputs`` (t
 prompt id, sequence number, rollout ids, rewards, the policy versions each rollout's tokens came from),
 ``rewards`` (one line per trained rollout and reward source) and, per published version, ``weights``.
 ``inputs`` is what a replay must reproduce (:mod:`rlbus.state.ordered`). Each rollout worker writes its
-weight swaps to ``syncs-<worker>``. Nothing here imports torch.
+weight swaps to ``syncs-<worker>`` and one line per rollout it publishes to ``rollouts-<worker>`` (when it
+finished, sampled tokens, token versions, seconds generating and in the environment): what
+:mod:`rlbus.sim.calibrate` measures a run's generation rate and episode lengths from. Nothing here imports
+torch.
 """
 
 from __future__ import annotations
@@ -16,7 +19,7 @@ from typing import Any
 import numpy as np
 
 from rlbus.aio import wait_event
-from rlbus.observe.runlog import INPUTS, REWARDS, STEPS, WEIGHTS, RunLog, syncs_name
+from rlbus.observe.runlog import INPUTS, REWARDS, STEPS, WEIGHTS, RunLog, rollouts_name, syncs_name
 from rlbus.schemas import Rollout
 from rlbus.state.join import ScoredGroup
 from rlbus.state.ordered import prompt_seq
@@ -78,6 +81,31 @@ class TrainerRecorder:
                         self.log.write(REWARDS, {"step": step, "prompt_id": group.prompt_id, "source": source,
                                                  "value": value, "rollout_id": scored.rollout.rollout_id})
         self.flush_weights()
+
+
+def rollout_event(rollout: Rollout, *, worker_id: str) -> dict[str, Any]:
+    """One ``rollouts-<worker>`` line."""
+    versions = token_versions(rollout)
+    return {
+        "worker": worker_id, "rollout_id": rollout.rollout_id, "prompt_id": rollout.prompt_id,
+        "group_index": rollout.group_index, "created_at": rollout.created_at,
+        "sampled_tokens": int(rollout.loss_mask.to_numpy().sum()), "tokens": len(rollout.loss_mask.to_numpy()),
+        "versions": [versions[0], versions[-1]] if versions else [],
+        "timings": {k: round(v, 6) for k, v in rollout.timings.items()},
+        "turns": rollout.metadata.get("stat.turns"),
+    }
+
+
+class RolloutRecorder:
+    """``on_rollout`` for a rollout worker: one ``rollouts-<worker>`` line per rollout it publishes."""
+
+    def __init__(self, log: RunLog, worker_id: str) -> None:
+        self.log = log
+        self.worker_id = worker_id
+        self._name = rollouts_name(worker_id)
+
+    def __call__(self, rollout: Rollout) -> None:
+        self.log.write(self._name, rollout_event(rollout, worker_id=self.worker_id))
 
 
 async def follow_syncs(sync: Any, log: RunLog, worker_id: str, stop: asyncio.Event, every_s: float = 0.25) -> None:

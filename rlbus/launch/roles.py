@@ -65,6 +65,7 @@ from rlbus.launch.arguments import (
 from rlbus.launch.config import RunConfig
 from rlbus.launch.observed import Observed
 from rlbus.launch.signals import GracefulStop
+from rlbus.observe.runlog import PROMPTS as PROMPTS_LOG
 from rlbus.observe.runlog import RunLog
 from rlbus.state.base import StateStore
 from rlbus.state.progress import PROMPT_SEQ, VERSION_COUNTER
@@ -144,6 +145,10 @@ async def prompts_main(
             source = f"the file {task.prompts}" if task.prompts is not None else f"{task.env} prompts"
             log.info("%s: producing %s (G=%d) from seq %d", worker_id, source, task.group_size, start)
             done = asyncio.Event()
+            runlog = RunLog(config.run_dir) if config.run_dir is not None else None
+            if runlog is not None:
+                producer.on_admit = lambda prompt: runlog.write(PROMPTS_LOG, {
+                    "prompt_id": prompt.prompt_id, "created_at": prompt.created_at, "version": prompt.policy_version})
 
             async def produce() -> None:
                 try:
@@ -152,10 +157,14 @@ async def prompts_main(
                     done.set()
 
             watch = observed(config, state, "prompts", worker_id, region, producer.stats)
-            async with asyncio.TaskGroup() as tasks:
-                tasks.create_task(produce())
-                tasks.create_task(_persist_count(state, lambda: start + producer.admitted, start, done))
-                tasks.create_task(watch.run(done))
+            try:
+                async with asyncio.TaskGroup() as tasks:
+                    tasks.create_task(produce())
+                    tasks.create_task(_persist_count(state, lambda: start + producer.admitted, start, done))
+                    tasks.create_task(watch.run(done))
+            finally:
+                if runlog is not None:
+                    runlog.close()
 
 
 async def _persist_count(state: StateStore, count: Callable[[], int], start: int, done: asyncio.Event) -> None:
@@ -201,7 +210,7 @@ async def rollout_main(
     import torch
 
     from rlbus.consumers.rollout import episode_threads
-    from rlbus.launch.recording import follow_syncs
+    from rlbus.launch.recording import RolloutRecorder, follow_syncs
     from rlbus.wiring.rollout import rollout_stack
 
     settings = config.rollout
@@ -210,13 +219,14 @@ async def rollout_main(
     with stopping(stop) as stop:
         async with connected(config, region, bus=bus, state=state, store=store) as (bus, state, store, _):
             source = await asyncio.to_thread(model_source, config, progress=log.info)
+            runlog = RunLog(config.run_dir) if config.run_dir is not None else None
             parts = rollout_stack(
                 bus=bus, store=store, model=source, worker_id=worker_id, region=region or "",
                 seed=config.task.seed + 100 + zlib.crc32(worker_id.encode()) % 10_000, **rollout_args(config),
+                on_rollout=RolloutRecorder(runlog, worker_id) if runlog is not None else None,
             )
             sync, worker = parts.sync, parts.worker
             assert sync is not None
-            runlog = RunLog(config.run_dir) if config.run_dir is not None else None
             watch = observed(config, state, "rollout", worker_id, region, lambda: {**worker.stats(), **sync.stats()})
             try:
                 async with asyncio.TaskGroup() as tasks:

@@ -10,6 +10,7 @@ file                written by                          fields (besides ``t``)
 ``steps.jsonl``     the trainer, per GRPO step          the step metrics (``step``, ``version``,
                                                         ``reward_mean``, ``kl_k3``, ``ess`` …,
                                                         ``staleness`` histogram)
+``prompts.jsonl``   the prompt producer, per prompt     ``prompt_id``, ``created_at``, ``version``
 ``inputs.jsonl``    the trainer, per GRPO step          ``step``, ``groups``: [{``prompt_id``,
                                                         ``rollout_ids``, ``rewards``, ``versions``}]
 ``weights.jsonl``   the weight publisher, per version   ``version``, ``kind``, ``full_bytes``,
@@ -17,6 +18,8 @@ file                written by                          fields (besides ``t``)
 ``syncs-<worker>``  each rollout worker, per swap       ``worker``, ``version``, ``kind``,
 ``.jsonl``                                              ``bytes_fetched``, ``stage_s``,
                                                         ``swap_pause_s``, ``lag_s``, ``rebuilt``
+``rollouts-<wid>``  each rollout worker, per rollout    ``rollout_id``, ``prompt_id``, ``created_at``,
+``.jsonl``                                              ``sampled_tokens``, ``versions``, ``timings``
 ``rewards.jsonl``   the trainer, per trained group      ``source``, ``value``, ``rollout_id``
 ``summary.json``    the run's driver at the end         the run's headline figures
 ==================  =================================  ================================================
@@ -38,11 +41,16 @@ from typing import IO, Any
 STEPS = "steps"
 INPUTS = "inputs"
 WEIGHTS = "weights"
+PROMPTS = "prompts"
 REWARDS = "rewards"
 
 
 def syncs_name(worker_id: str) -> str:
     return f"syncs-{worker_id}"
+
+
+def rollouts_name(worker_id: str) -> str:
+    return f"rollouts-{worker_id}"
 
 
 def _jsonable(value: Any) -> Any:

@@ -212,6 +212,8 @@ class PromptProducer:
         self._poll_s = poll_s
         self._clock = clock
         self.admitted = 0
+        #: Called with each prompt once it is on the bus (the run log's ``prompts`` line).
+        self.on_admit: Callable[[Prompt], None] | None = None
         self.waits = 0
         #: Waits the published version alone would have allowed: rollout workers still syncing held them.
         self.sync_waits = 0
@@ -259,6 +261,8 @@ class PromptProducer:
             )
             meta = await self._bus.send(PROMPTS, prompt)
             self.admitted += 1
+            if self.on_admit is not None:
+                self.on_admit(prompt)
             log.debug(
                 "prompt %s → %s[%d]@%d", prompt.prompt_id, meta.topic, meta.partition, meta.offset,
                 extra={"topic": meta.topic, "partition": meta.partition, "offset": meta.offset,
