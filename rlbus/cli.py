@@ -1345,7 +1345,9 @@ def sim(
     columns, rows = region_rows(result["scenarios"]["async"])
     print_table("per region (async)", columns, rows)
     summary = result["summary"]
-    console.print(f"async vs sync speedup: {summary['async_vs_sync_speedup']}×")
+    console.print(f"async vs sync speedup: {summary['async_vs_sync_speedup']}×; mean staleness "
+                  f"{summary['staleness_mean_versions']} (Little's-law closed form {summary['staleness_closed_form']}, "
+                  f"trainer busy {summary['trainer_busy']})")
     out = plots or (json_path.parent / f"{json_path.stem}-plots" if json_path is not None else Path("runs/sim"))
     for path in plot(result["scenarios"], out):
         console.print(f"plot: {path}")

@@ -83,6 +83,8 @@ class TrainerWorker:
         self.groups_per_step = groups_per_step
         self.max_steps = max_steps
         self._expire_every_s = expire_every_s
+        #: rollouts dropped as stale since the last step's metrics (which carry them as ``dropped_stale``)
+        self._stale_unreported = 0
         self._on_step = on_step
         self._on_train = on_train
         self._ready: list[ScoredGroup] = []
@@ -219,6 +221,7 @@ class TrainerWorker:
             if len(keep) < 2:  # a group of one has no baseline to compare against
                 stale, keep = stale + keep, []
             await self.join.record(Outcome.STALE, [s.rollout.rollout_id for s, _ in stale])
+            self._stale_unreported += len(stale)
             if keep:
                 groups.append(
                     Group(
@@ -233,6 +236,9 @@ class TrainerWorker:
         if groups:
             metrics = await self._ledgered(trained, lambda: self.trainer.train_on(groups, rollouts=len(trained)))
             metrics["reward_mean"] = float(torch.cat([g.rewards for g in groups]).mean())
+            # rollouts dropped as stale before this step saw them (and before any earlier call that took no
+            # step): the step's own ``stale_dropped`` counts only what the GRPO step itself dropped
+            metrics["dropped_stale"], self._stale_unreported = self._stale_unreported, 0
             self._report(metrics, kept)
             log.info(
                 "step %d: %d groups, %d rollouts, reward %.3f, hacked %.3f, kl %.2e → v%d",

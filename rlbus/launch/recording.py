@@ -13,7 +13,7 @@ torch.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -32,8 +32,11 @@ def token_versions(rollout: Rollout) -> list[int]:
     return sorted({int(v) for v in np.unique(versions[sampled]) if v >= 0})
 
 
-def inputs_event(step: int, version: int, groups: Sequence[ScoredGroup]) -> dict[str, Any]:
-    """One ``inputs`` line: the groups a step trained on, in the order it saw them."""
+def inputs_event(step: int, version: int, groups: Sequence[ScoredGroup],
+                 completed_at: Mapping[str, float] | None = None) -> dict[str, Any]:
+    """One ``inputs`` line: the groups a step trained on, in the order it saw them (with when each became
+    complete in the join, where ``completed_at`` knows it)."""
+    completed_at = completed_at or {}
     return {
         "step": step,
         "version": version,
@@ -44,6 +47,7 @@ def inputs_event(step: int, version: int, groups: Sequence[ScoredGroup]) -> dict
                 "rollout_ids": [s.rollout.rollout_id for s in g.rollouts],
                 "rewards": [s.reward for s in g.rollouts],
                 "versions": [token_versions(s.rollout) for s in g.rollouts],
+                **({"completed_at": completed_at[g.prompt_id]} if g.prompt_id in completed_at else {}),
             }
             for g in groups
         ],
@@ -57,10 +61,12 @@ class TrainerRecorder:
     not yet written go to ``weights`` after each step (and on :meth:`flush`, for the first version).
     """
 
-    def __init__(self, log: RunLog, *, publisher: Any, extra: Any = None) -> None:
+    def __init__(self, log: RunLog, *, publisher: Any, extra: Any = None, join: Any = None) -> None:
         self.log = log
         self._publisher = publisher
         self._extra = extra
+        #: the trainer's join: an ordered one keeps ``completed_at`` per group, taken into ``inputs`` here
+        self._completed: dict[str, float] = getattr(join, "completed_at", {})
         self._weights_written = 0
 
     def flush_weights(self) -> None:
@@ -73,7 +79,8 @@ class TrainerRecorder:
         step = int(metrics["step"])
         extra = self._extra() if callable(self._extra) else {}
         self.log.write(STEPS, {**metrics, **extra})
-        self.log.write(INPUTS, inputs_event(step, int(metrics["version"]), groups))
+        completed = {g.prompt_id: t for g in groups if (t := self._completed.pop(g.prompt_id, None)) is not None}
+        self.log.write(INPUTS, inputs_event(step, int(metrics["version"]), groups, completed))
         for group in groups:
             for scored in group.rollouts:
                 for source, value in scored.components.items():

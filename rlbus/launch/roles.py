@@ -75,6 +75,8 @@ if TYPE_CHECKING:
     from rlbus.observe.heartbeat import Heartbeat
     from rlbus.weights.sync import WeightSync
 
+#: How often the trainer's join applies its timeout and releases complete groups (the simulator models it).
+JOIN_EXPIRE_EVERY_S = 0.2
 log = logging.getLogger("rlbus.launch.roles")
 
 ROLES = ("prompts", "rollout", "reward", "trainer", "serve")
@@ -311,13 +313,13 @@ async def trainer_main(
 
             parts = trainer_stack(
                 bus=bus, state=state, store=store, store_url=store_url, model=model,
-                checkpoint_dir=checkpoints, expire_every_s=0.2, **trainer_args(config),
+                checkpoint_dir=checkpoints, expire_every_s=JOIN_EXPIRE_EVERY_S, **trainer_args(config),
                 on_train=record if runlog is not None else None,
             )
             trainer, publisher, join, worker = parts.trainer, parts.publisher, parts.join, parts.worker
             assert publisher is not None
             if runlog is not None:
-                recorder = TrainerRecorder(runlog, publisher=publisher, extra=lambda: _join_stats(join))
+                recorder = TrainerRecorder(runlog, publisher=publisher, extra=lambda: _join_stats(join), join=join)
             if saved is not None:
                 await trainer.restore()
             newest = max(await state.get_counter(VERSION_COUNTER), await published_version(bus, publisher.model_id))

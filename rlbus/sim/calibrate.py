@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import glob
 import itertools
-import json
 import math
 import statistics
 from dataclasses import dataclass
@@ -29,6 +28,7 @@ from typing import Any
 
 from rlbus.errors import RunLogMissing
 from rlbus.launch.config import RunConfig
+from rlbus.launch.roles import JOIN_EXPIRE_EVERY_S
 from rlbus.observe.runlog import INPUTS, PROMPTS, STEPS, WEIGHTS, read
 from rlbus.observe.stats import percentile
 from rlbus.sim.fleet import Fleet, fleet_from_dict
@@ -39,7 +39,7 @@ from rlbus.sim.fleet import Fleet, fleet_from_dict
 FIGURES: dict[str, float] = {
     "trained_rollouts_per_min": 1.0,
     "staleness_mean_versions": 0.25,
-    "stale_drop_fraction": 0.05,  # measured over the whole run (the trainer's summary), not from step 1
+    "stale_drop_fraction": 0.05,
     "sync_lag_mean_s": 0.05,
 }
 
@@ -78,9 +78,8 @@ def measure(run_dir: str | Path, config: RunConfig, *, workers: int) -> Measured
 
     # --- figures ---------------------------------------------------------------------------------------
     trained = sum(int(s.get("rollouts", 0)) for s in counted)
-    # stale rollouts are dropped before the step sees them: the trainer's summary counts them (whole run)
-    summary_path = run_dir / "summary.json"
-    summary = json.loads(summary_path.read_text()) if summary_path.exists() else None
+    # stale rollouts are dropped before the step sees them; each step's line carries those since the last
+    stale = sum(int(s.get("dropped_stale", 0)) + int(s.get("stale_dropped", 0)) for s in counted)
     histogram: dict[int, int] = {}
     for s in counted:
         for k, v in (s.get("staleness") or {}).items():
@@ -90,20 +89,14 @@ def measure(run_dir: str | Path, config: RunConfig, *, workers: int) -> Measured
     figures = {
         "trained_rollouts_per_min": trained / window * 60 if window > 0 else 0.0,
         "staleness_mean_versions": sum(k * v for k, v in histogram.items()) / max(1, sum(histogram.values())),
-        "stale_drop_fraction": float(summary.get("stale_fraction", 0.0)) if summary else 0.0,
+        "stale_drop_fraction": stale / (stale + trained) if stale + trained else 0.0,
         "sync_lag_mean_s": statistics.fmean(lags) if lags else 0.0,
     }
 
     # --- parameters ------------------------------------------------------------------------------------
     step_s = [float(s["step_s"]) for s in counted]
     publish_s = [float(s.get("publish_s", 0.0)) + float(s.get("checkpoint_s", 0.0)) for s in counted]
-    gaps = [
-        b["t"] - a["t"] - float(b["step_s"]) - float(b.get("publish_s", 0.0)) - float(b.get("checkpoint_s", 0.0))
-        for a, b in itertools.pairwise(steps)
-    ]
-    # the trainer's fixed cost per step outside the step and the publish (join reads, ledger writes): the
-    # gaps when groups were already waiting, i.e. the small ones
-    overhead = max(0.0, percentile(sorted(gaps), 20)) if gaps else 0.0
+    overhead = _step_overhead_s(run_dir, steps)
     sampled = [max(1, int(r["sampled_tokens"])) for r in rollouts]
     generate = [float(r["timings"].get("generate", 0.0)) for r in rollouts]
     outside = [
@@ -122,7 +115,7 @@ def measure(run_dir: str | Path, config: RunConfig, *, workers: int) -> Measured
         else 1e9
     )
     hop = _bus_hop_s(syncs)
-    reaction = _admission_reaction_s(run_dir, steps, weights)
+    reaction = _admission_reaction_s(run_dir, syncs)
     prompt_hops, join_trips = _pipeline_hops_s(run_dir, rollouts, steps, config.rollout.prompts_in_flight)
     prompt_s = statistics.median(prompt_hops) if prompt_hops else 0.02
     join_s = statistics.median(join_trips) if join_trips else 0.04
@@ -156,6 +149,7 @@ def measure(run_dir: str | Path, config: RunConfig, *, workers: int) -> Measured
             "slack": t.admission_slack,
             "publish_latency_s": hop,
             "counter_delay_s": reaction,
+            "release_every_s": JOIN_EXPIRE_EVERY_S,
         },
         "episode": {
             "tokens_median": math.exp(statistics.fmean(logs)),
@@ -212,6 +206,28 @@ def measure(run_dir: str | Path, config: RunConfig, *, workers: int) -> Measured
     return Measured(fleet=fleet_from_dict(data), figures=figures, parameters=parameters)
 
 
+def _step_overhead_s(run_dir: Path, steps: list[dict[str, Any]]) -> float:
+    """The trainer's own time per step outside the step and the publish (the ledger's writes, the run log,
+    its consumer loop): from the end of the previous step, or from its last group completing in the join
+    when that came later, to the step's start — the smallest such time over the run, so that the join's
+    release timer (modelled on its own) adds as little as possible; the median over steps whose groups were
+    all complete before the previous step ended when there are three or more of those (they waited for
+    nothing)."""
+    completed = {int(line["step"]): [g.get("completed_at") for g in line["groups"]] for line in read(run_dir, INPUTS)}
+    idle, ready = [], []
+    for a, b in itertools.pairwise(steps):
+        begin = b["t"] - float(b["step_s"]) - float(b.get("publish_s", 0.0)) - float(b.get("checkpoint_s", 0.0))
+        done = [c for c in completed.get(int(b["step"]), []) if c is not None]
+        if not done:
+            continue
+        idle.append(begin - max(a["t"], max(done)))
+        if max(done) < a["t"]:
+            ready.append(begin - a["t"])
+    if len(ready) >= 3:
+        return max(0.0, statistics.median(ready))
+    return max(0.0, min(idle)) if idle else 0.0
+
+
 def _bus_hop_s(syncs: list[dict[str, Any]]) -> float:
     """One produce → consume hop: the median time from a version's manifest to a worker starting to stage
     it (its sync lag less staging, verifying and the swap), the one hop every run log times directly."""
@@ -223,18 +239,18 @@ def _bus_hop_s(syncs: list[dict[str, Any]]) -> float:
     return max(0.0, percentile(hops, 50)) if hops else 0.02
 
 
-def _admission_reaction_s(run_dir: Path, steps: list[dict[str, Any]], weights: list[dict[str, Any]]) -> float:
+def _admission_reaction_s(run_dir: Path, syncs: list[dict[str, Any]]) -> float:
     """Manifest → admission acting on the new version: the first prompt admitted at version v less the
-    moment v's manifest was made (the publishing step's log line less its announce time), median over
-    versions. It holds the ledger's writes, the counters' update and the producer's poll."""
-    announce = {int(w["version"]): float(w.get("announce_s", 0.0)) for w in weights}
-    made = {
-        int(s["version"]): float(s["t"]) - announce.get(int(s["version"]), 0.0) for s in steps if s.get("published")
-    }
+    moment v's manifest was made (the workers' sync records carry it), median over versions. It holds the
+    ledger's writes, the counters' update and the producer's poll."""
+    made: dict[int, float] = {}
+    for x in syncs:
+        if x.get("manifest_at"):
+            made.setdefault(int(x["version"]), float(x["manifest_at"]))
     first: dict[int, float] = {}
     for line in read(run_dir, PROMPTS):
         first.setdefault(int(line["version"]), float(line["created_at"]))
-    delays = [first[v] - made[v] for v in first if v in made]
+    delays = [first[v] - made[v] for v in first if v in made and v > 1]
     return max(0.0, statistics.median(delays)) if delays else 0.05
 
 
@@ -242,12 +258,10 @@ def _pipeline_hops_s(
     run_dir: Path, rollouts: list[dict[str, Any]], steps: list[dict[str, Any]], slots: int
 ) -> tuple[list[float], list[float]]:
     """The prompt hop (admitted → a worker starts the group, over the prompts whose worker had a free slot:
-    ``slots`` groups play at once) and the join trip (a group's last rollout → the trainer holding it), as
-    measured samples: both are
-    bimodal on a busy machine (a fetch that returns at once, or one that waits out the event loop's turn),
-    which no two-parameter fit keeps. Trips are read only off steps the trainer sat idle before: the step's
-    latest-finished group is the one it waited for, so that group's trip waited for nothing else (neither
-    a busy trainer nor an earlier group in prompt order)."""
+    ``slots`` groups play at once) and the join trip (a group's last rollout → the trainer's join holding
+    the group complete: the rewards' hop and the join's own reads; the in-order release after it is
+    modelled), as measured samples: both are bimodal on a busy machine (a fetch that returns at once, or one
+    that waits out the event loop's turn), which no two-parameter fit keeps."""
     admitted = {line["prompt_id"]: float(line["created_at"]) for line in read(run_dir, PROMPTS)}
     groups: dict[str, list[dict[str, Any]]] = {}
     for r in rollouts:
@@ -271,22 +285,12 @@ def _pipeline_hops_s(
         if at is not None and at >= first_step and sum(s <= at < e for s, e in by_worker[worker]) < slots:
             waits.append(max(1e-4, start - at))
     finished = {r["rollout_id"]: float(r["created_at"]) for r in rollouts}
-    by_step = {int(s["step"]): s for s in steps}
     trips: list[float] = []
-    previous_end: float | None = None
     for line in read(run_dir, INPUTS):
-        s = by_step.get(int(line["step"]))
-        if s is None:
-            continue
-        begin = float(s["t"]) - float(s["step_s"]) - float(s.get("publish_s", 0.0))
-        ends = [
-            max(finished[r] for r in g["rollout_ids"] if r in finished)
-            for g in line["groups"]
-            if any(r in finished for r in g["rollout_ids"])
-        ]
-        if previous_end is not None and ends and begin - previous_end > 0.05:  # the trainer waited
-            trips.append(begin - max(ends))
-        previous_end = float(s["t"])
+        for group in line["groups"]:
+            ends = [finished[r] for r in group["rollout_ids"] if r in finished]
+            if "completed_at" in group and ends:
+                trips.append(float(group["completed_at"]) - max(ends))
     return sorted(waits), sorted(x for x in trips if x > 0)
 
 

@@ -9,7 +9,7 @@ every error names the field, like the run config).
                  decode_bytes_per_s (a worker's stage rate), swap_pause_s
     [trainer]    region, step_s, step_cv, world_size, encode_bytes_per_s (per rank), egress_gbps,
                  groups_per_step, group_size, publish_every, max_staleness, admission, slack,
-                 prompts_in_flight_cap, publish_latency_s, counter_delay_s
+                 prompts_in_flight_cap, publish_latency_s, counter_delay_s, release_every_s
     [episode]    tokens_median, tokens_sigma (log-normal), max_tokens, turns, tool_s, setup_s
     [reward]     workers, verifier_s, judge_fraction, judge_s
     [bus]        latency_s (a produce → consume hop), prompt_s, prompt_sigma, join_s, join_sigma, producer_poll_s,
@@ -52,8 +52,8 @@ class SimSection(msgspec.Struct, **_STRUCT):
     sync_baseline: bool = True
 
     def __post_init__(self) -> None:
-        if self.duration_s <= 0 or self.warmup_s < 0 or self.warmup_s >= self.duration_s:
-            raise ValueError("duration_s must be > 0 and warmup_s in [0, duration_s)")
+        _require(self.duration_s > 0, "duration_s must be > 0")
+        _require(0 <= self.warmup_s < self.duration_s, "warmup_s must be in [0, duration_s)")
 
 
 class ModelSection(msgspec.Struct, **_STRUCT):
@@ -76,12 +76,12 @@ class ModelSection(msgspec.Struct, **_STRUCT):
     swap_pause_s: float = 0.5
 
     def __post_init__(self) -> None:
-        if self.params <= 0 or self.bytes_per_param <= 0 or self.lr <= 0:
-            raise ValueError("params, bytes_per_param and lr must be > 0")
-        if self.delta_fraction is not None and not 0 < self.delta_fraction <= 1:
-            raise ValueError("delta_fraction must be in (0, 1]")
-        if self.keyframe_every < 1 or self.decode_bytes_per_s <= 0 or self.swap_pause_s < 0:
-            raise ValueError("keyframe_every must be >= 1, decode_bytes_per_s > 0, swap_pause_s >= 0")
+        for name in ("params", "bytes_per_param", "lr", "decode_bytes_per_s"):
+            _require(getattr(self, name) > 0, f"{name} must be > 0")
+        _require(self.delta_fraction is None or 0 < self.delta_fraction <= 1, "delta_fraction must be in (0, 1]")
+        _require(0 < self.keyframe_fraction <= 1, "keyframe_fraction must be in (0, 1]")
+        _require(self.keyframe_every >= 1, "keyframe_every must be >= 1")
+        _require(self.swap_pause_s >= 0, "swap_pause_s must be >= 0")
 
     @property
     def full_bytes(self) -> float:
@@ -112,19 +112,25 @@ class TrainerSection(msgspec.Struct, **_STRUCT):
     prompts_in_flight_cap: int | None = None
     #: Seconds from a publish to the manifest reaching consumers (announce, commit).
     publish_latency_s: float = 0.05
+    #: The ordered join releases complete groups this often (the trainer's ``expire`` call; 0: at once).
+    release_every_s: float = 0.2
     #: Seconds from the end of a step (and its publish) to admission seeing it: the ledger's writes, then
     #: the state store's counters (version, groups done), then the producer's next read.
     counter_delay_s: float = 0.05
 
     def __post_init__(self) -> None:
-        if self.step_s <= 0 or self.step_cv < 0 or self.world_size < 1 or self.encode_bytes_per_s <= 0:
-            raise ValueError("step_s must be > 0, step_cv >= 0, world_size >= 1, encode_bytes_per_s > 0")
-        if min(self.groups_per_step, self.group_size, self.publish_every) < 1 or self.max_staleness < 0:
-            raise ValueError("groups_per_step, group_size and publish_every must be >= 1, max_staleness >= 0")
-        if not 0 <= self.slack <= self.max_staleness:
-            raise ValueError(f"slack must be in 0..max_staleness ({self.max_staleness})")
-        if self.egress_gbps <= 0 or self.publish_latency_s < 0 or self.counter_delay_s < 0:
-            raise ValueError("egress_gbps must be > 0, publish_latency_s and counter_delay_s >= 0")
+        for name in ("step_s", "encode_bytes_per_s", "egress_gbps"):
+            _require(getattr(self, name) > 0, f"{name} must be > 0")
+        for name in ("world_size", "groups_per_step", "group_size", "publish_every"):
+            _require(getattr(self, name) >= 1, f"{name} must be >= 1")
+        for name in ("step_cv", "max_staleness", "publish_latency_s", "counter_delay_s", "release_every_s"):
+            _require(getattr(self, name) >= 0, f"{name} must be >= 0")
+        _require(0 <= self.slack <= self.max_staleness, f"slack must be in 0..max_staleness ({self.max_staleness})")
+        _require(
+            self.prompts_in_flight_cap is None or self.prompts_in_flight_cap >= self.groups_per_step,
+            f"prompts_in_flight_cap must be >= groups_per_step ({self.groups_per_step}): the join releases whole "
+            "batches, so a smaller cap never fills one",
+        )
 
 
 class EpisodeSection(msgspec.Struct, **_STRUCT):
@@ -139,10 +145,11 @@ class EpisodeSection(msgspec.Struct, **_STRUCT):
     setup_s: float = 0.0
 
     def __post_init__(self) -> None:
-        if self.tokens_median <= 0 or self.tokens_sigma < 0 or self.max_tokens < 1 or self.turns < 1:
-            raise ValueError("tokens_median must be > 0, tokens_sigma >= 0, max_tokens and turns >= 1")
-        if self.tool_s < 0 or self.setup_s < 0:
-            raise ValueError("tool_s and setup_s must be >= 0")
+        _require(self.tokens_median > 0, "tokens_median must be > 0")
+        for name in ("max_tokens", "turns"):
+            _require(getattr(self, name) >= 1, f"{name} must be >= 1")
+        for name in ("tokens_sigma", "tool_s", "setup_s"):
+            _require(getattr(self, name) >= 0, f"{name} must be >= 0")
 
 
 class RewardSection(msgspec.Struct, **_STRUCT):
@@ -154,8 +161,10 @@ class RewardSection(msgspec.Struct, **_STRUCT):
     judge_s: float = 5.0
 
     def __post_init__(self) -> None:
-        if self.workers < 1 or self.verifier_s < 0 or self.judge_s < 0 or not 0 <= self.judge_fraction <= 1:
-            raise ValueError("workers must be >= 1, verifier_s and judge_s >= 0, judge_fraction in [0, 1]")
+        _require(self.workers >= 1, "workers must be >= 1")
+        for name in ("verifier_s", "judge_s"):
+            _require(getattr(self, name) >= 0, f"{name} must be >= 0")
+        _require(0 <= self.judge_fraction <= 1, "judge_fraction must be in [0, 1]")
 
 
 class BusSection(msgspec.Struct, **_STRUCT):
@@ -183,24 +192,13 @@ class BusSection(msgspec.Struct, **_STRUCT):
     heartbeat_s: float = 5.0
 
     def __post_init__(self) -> None:
-        if (
-            min(
-                self.latency_s,
-                self.session_timeout_s,
-                self.heartbeat_s,
-                self.producer_poll_s,
-                self.prompt_s or 0.0,
-                self.join_s or 0.0,
-                self.join_sigma,
-                self.prompt_sigma,
-            )
-            < 0
-        ):
-            raise ValueError(
-                "latency_s, prompt_s, prompt_sigma, join_s, join_sigma, producer_poll_s, session_timeout_s and "
-                "heartbeat_s "
-                "must be >= 0"
-            )
+        for name in ("latency_s", "prompt_s", "prompt_sigma", "join_s", "join_sigma", "producer_poll_s",
+                     "session_timeout_s", "heartbeat_s"):
+            value = getattr(self, name)
+            _require(value is None or value >= 0, f"{name} must be >= 0")
+        for name in ("prompt_samples", "join_samples"):
+            samples = getattr(self, name)
+            _require(samples is None or all(x >= 0 for x in samples), f"{name} must hold seconds >= 0")
 
     @property
     def prompt_hop_s(self) -> float:
@@ -229,12 +227,13 @@ class RegionSection(msgspec.Struct, **_STRUCT):
     lan_gbps: float = 100.0
 
     def __post_init__(self) -> None:
-        if not self.name or self.workers < 0 or self.tokens_per_s <= 0 or self.concurrency < 1:
-            raise ValueError("name must be set, workers >= 0, tokens_per_s > 0, concurrency >= 1")
-        if self.groups_in_flight is not None and self.groups_in_flight < 1:
-            raise ValueError("groups_in_flight must be >= 1")
-        if self.wan_gbps <= 0 or self.wan_latency_ms < 0 or self.lan_gbps <= 0:
-            raise ValueError("wan_gbps and lan_gbps must be > 0, wan_latency_ms >= 0")
+        _require(bool(self.name), "name must be set")
+        _require(self.workers >= 0, "workers must be >= 0")
+        for name in ("tokens_per_s", "wan_gbps", "lan_gbps"):
+            _require(getattr(self, name) > 0, f"{name} must be > 0")
+        _require(self.concurrency >= 1, "concurrency must be >= 1")
+        _require(self.groups_in_flight is None or self.groups_in_flight >= 1, "groups_in_flight must be >= 1")
+        _require(self.wan_latency_ms >= 0, "wan_latency_ms must be >= 0")
 
 
 class TrafficSection(msgspec.Struct, **_STRUCT):
@@ -246,10 +245,10 @@ class TrafficSection(msgspec.Struct, **_STRUCT):
     max_share: float = 0.9
 
     def __post_init__(self) -> None:
-        if not 0 <= self.share < 1 or not 0 < self.max_share < 1:
-            raise ValueError("share must be in [0, 1) and max_share in (0, 1)")
-        if not self.profile or any(not 0 <= h <= 24 or m < 0 for h, m in self.profile):
-            raise ValueError("profile must be [[hour 0..24, multiplier >= 0], …] with at least one point")
+        _require(0 <= self.share < 1, "share must be in [0, 1)")
+        _require(0 < self.max_share < 1, "max_share must be in (0, 1)")
+        _require(bool(self.profile) and all(0 <= h <= 24 and m >= 0 for h, m in self.profile),
+                 "profile must be [[hour 0..24, multiplier >= 0], …] with at least one point")
 
     def share_at(self, t_s: float) -> float:
         if self.share == 0:
@@ -277,10 +276,11 @@ class AutoscaleSection(msgspec.Struct, **_STRUCT):
     cold_start_s: float = 120.0
 
     def __post_init__(self) -> None:
-        if self.lag_per_worker <= 0 or self.min_workers < 0 or self.max_workers < max(1, self.min_workers):
-            raise ValueError("lag_per_worker must be > 0 and 0 <= min_workers <= max_workers (>= 1)")
-        if self.poll_s <= 0 or self.cold_start_s < 0:
-            raise ValueError("poll_s must be > 0 and cold_start_s >= 0")
+        _require(self.lag_per_worker > 0, "lag_per_worker must be > 0")
+        _require(self.min_workers >= 0, "min_workers must be >= 0")
+        _require(self.max_workers >= max(1, self.min_workers), "max_workers must be >= 1 and >= min_workers")
+        _require(self.poll_s > 0, "poll_s must be > 0")
+        _require(self.cold_start_s >= 0, "cold_start_s must be >= 0")
 
 
 class FaultSection(msgspec.Struct, **_STRUCT):
@@ -293,10 +293,13 @@ class FaultSection(msgspec.Struct, **_STRUCT):
     restart_s: float = 300.0
 
     def __post_init__(self) -> None:
-        if self.kind == "region_down" and (self.region is None or self.for_s <= 0 or self.at_s < 0):
-            raise ValueError("kind region_down needs region, at_s >= 0 and for_s > 0")
-        if self.kind == "preemption" and (self.rate_per_worker_hour <= 0 or self.restart_s < 0):
-            raise ValueError("kind preemption needs rate_per_worker_hour > 0 and restart_s >= 0")
+        if self.kind == "region_down":
+            _require(self.region is not None, "region must name the region a region_down fault cuts")
+            _require(self.at_s >= 0, "at_s must be >= 0")
+            _require(self.for_s > 0, "for_s must be > 0 for a region_down fault")
+        else:
+            _require(self.rate_per_worker_hour > 0, "rate_per_worker_hour must be > 0 for a preemption fault")
+            _require(self.restart_s >= 0, "restart_s must be >= 0")
 
 
 class Fleet(msgspec.Struct, **_STRUCT):
@@ -313,11 +316,10 @@ class Fleet(msgspec.Struct, **_STRUCT):
 
     def __post_init__(self) -> None:
         names = [r.name for r in self.region]
-        if not names or len(set(names)) != len(names):
-            raise ValueError("region must list at least one region, each name once")
+        _require(bool(names) and len(set(names)) == len(names), "region must list at least one region, each name once")
         for fault in self.fault:
-            if fault.region is not None and fault.region not in names:
-                raise ValueError(f"region of a fault: {fault.region!r} is not one of {names}")
+            _require(fault.region is None or fault.region in names,
+                     f"fault names region {fault.region!r}, which is not one of {names}")
 
     def delta_fraction(self, version: int) -> float:
         """A delta's size as a fraction of the full weights at ``version`` (the codec curve's step)."""
@@ -361,6 +363,12 @@ def _interp(x: float, points: list[tuple[float, float]]) -> float:
         if x0 <= x <= x1:
             return y0 + (y1 - y0) * ((x - x0) / (x1 - x0) if x1 > x0 else 0.0)
     return points[0][1] if x < points[0][0] else points[-1][1]
+
+
+def _require(condition: bool, message: str) -> None:
+    """A failed check; the message starts with the field's name, which is how ``parse`` names the field."""
+    if not condition:
+        raise ValueError(message)
 
 
 def load_fleet(path: str | Path) -> Fleet:

@@ -13,7 +13,8 @@ Processes and what each stands for:
   swap pauses that hit it).
 * reward scoring — a pool of ``reward.workers`` slots, one rollout at a time.
 * the ordered join — :mod:`rlbus.state.ordered`: groups leave for the trainer in prompt order.
-* ``trainer`` — takes ``groups_per_step`` released groups, drops rollouts more than ``max_staleness``
+* ``trainer`` — its loop releases complete groups from the join on a timer (whole batches, in prompt
+  order), takes ``groups_per_step`` of them, drops rollouts more than ``max_staleness``
   versions old (their group frees its admission slot), steps, and every ``publish_every`` steps casts,
   delta-encodes (ranks in parallel) and uploads a version.
 * ``relay`` (one per region with a relay) and ``sync`` (one per worker) — :mod:`rlbus.weights.sync`:
@@ -104,6 +105,8 @@ class Group:
     start_version: int = 0
     tokens: int = 0
     end_t: float = 0.0
+    joined_t: float = 0.0
+    taken_t: float = 0.0
 
 
 @dataclass
@@ -169,11 +172,19 @@ class Simulation:
         #: the newest version whose manifest consumers have received
         self.announced = 0
         self.groups_done = 0
+        #: groups the trainer has taken (``groups_done`` counts them only once the step's counters are written)
+        self.groups_taken = 0
+        #: groups on their way between places (the prompt hop, a redelivery's wait, scoring and the join hop)
+        self.in_transit = 0
         self.groups_freed = 0
         self.admitted = 0
         self.in_system = 0
         self.queue = PromptQueue(self.env)
-        self.released: simpy.Store = simpy.Store(self.env)
+        #: groups released by the join, not yet taken by a step
+        self.ready: list[Group] = []
+        #: every group the trainer took, in order (the figures' per-group timings)
+        self.taken: list[Group] = []
+        self.joined = Signal(self.env)
         self.join: dict[int, Group] = {}
         self.next_seq = 0
         self.rewards = simpy.Resource(self.env, capacity=fleet.reward.workers)
@@ -245,12 +256,17 @@ class Simulation:
         group = Group(seq=self.admitted, admitted_t=self.env.now, version=version)
         self.admitted += 1
         self._in_system(+1)
-        self.env.process(
-            self._later(
-                self._hop(self.fleet.bus.prompt_hop_s, self.fleet.bus.prompt_sigma, self.fleet.bus.prompt_samples),
-                lambda: self.queue.put(group),
-            )
-        )
+        self.in_transit += 1
+        hop = self._hop(self.fleet.bus.prompt_hop_s, self.fleet.bus.prompt_sigma, self.fleet.bus.prompt_samples)
+        self.env.process(self._later(hop, functools.partial(self._arrive, group)))
+
+    def _arrive(self, group: Group) -> None:
+        self.in_transit -= 1
+        self.queue.put(group)
+
+    def _redeliver(self, group: Group) -> None:
+        self.in_transit -= 1
+        self.queue.put(group, front=True)
 
     def _hop(self, median: float, sigma: float, samples: list[float] | None) -> float:
         if samples:
@@ -311,6 +327,7 @@ class Simulation:
             w.playing.pop(group.seq, None)
             w.wake.fire()
         self.stats.slot_busy_s += self._clipped(started)
+        self.in_transit += 1
         self.env.process(self.score(group))
 
     def score(self, group: Group) -> Any:
@@ -320,9 +337,20 @@ class Simulation:
         yield self.env.timeout(hop / 2)
         yield self.env.all_of([self.env.process(self._score_one()) for _ in range(f.trainer.group_size)])
         yield self.env.timeout(hop / 2)
+        self.in_transit -= 1
+        group.joined_t = self.env.now
         self.join[group.seq] = group
-        while self.next_seq in self.join:
-            self.released.put(self.join.pop(self.next_seq))
+        self.joined.fire()
+
+    def _release(self) -> None:
+        """The ordered join's release: the run of consecutive complete groups from the cursor, in whole
+        batches of ``groups_per_step`` (:mod:`rlbus.state.ordered`)."""
+        run = 0
+        while self.next_seq + run in self.join:
+            run += 1
+        batch = self.fleet.trainer.groups_per_step
+        for _ in range(run // batch * batch):
+            self.ready.append(self.join.pop(self.next_seq))
             self.next_seq += 1
 
     def _score_one(self) -> Any:
@@ -339,14 +367,30 @@ class Simulation:
         f, t = self.fleet, self.fleet.trainer
         yield from self.publish()
         steps = 0
+        last_expire = -math.inf
         while True:
-            groups: list[Group] = []
-            for _ in range(t.groups_per_step):
-                groups.append((yield self.released.get()))
+            # the trainer's loop (rlbus.consumers.trainer): the join releases on its expire call, at most
+            # every release_every_s and right after a step when that long has passed
+            while len(self.ready) < t.groups_per_step:
+                if not t.release_every_s:
+                    self._release()
+                    if len(self.ready) < t.groups_per_step:
+                        yield self.joined.wait()
+                    continue
+                due = last_expire + t.release_every_s
+                if self.env.now < due:
+                    yield self.env.timeout(due - self.env.now)
+                self._release()
+                last_expire = self.env.now
+            groups, self.ready = self.ready[: t.groups_per_step], self.ready[t.groups_per_step :]
+            for g in groups:
+                g.taken_t = self.env.now
+            self.taken.extend(groups)
             limit = self.admission.max_staleness
             ages = [self.version - g.start_version for g in groups]
             trained = [(g, age) for g, age in zip(groups, ages, strict=True) if age <= limit]
             stale = len(groups) - len(trained)
+            self.groups_taken += len(groups)
             self._in_system(-len(groups))
             if not trained:  # no step: these groups did not move the trainer, their slots are freed at once
                 self.groups_freed += len(groups)
@@ -525,9 +569,8 @@ class Simulation:
             if proc.is_alive:
                 proc.interrupt()
             self.stats.redelivered += self.fleet.trainer.group_size if self._counting() else 0
-            self.env.process(
-                self._later(self.fleet.bus.session_timeout_s, lambda g=group: self.queue.put(g, front=True))
-            )
+            self.in_transit += 1
+            self.env.process(self._later(self.fleet.bus.session_timeout_s, functools.partial(self._redeliver, group)))
         w.wake.fire()
 
     def monitor(self) -> Any:
@@ -590,6 +633,12 @@ class Simulation:
     def _revive(self, w: Worker) -> None:
         w.alive = True
         w.wake.fire()
+
+    def located(self) -> int:
+        """Admitted groups found somewhere in the pipeline, counted place by place (not from the admission
+        and take counters): the queue, a worker, in transit, the join, the trainer's ready batches."""
+        playing = sum(len(w.playing) for w in self.workers)
+        return len(self.queue.items) + playing + self.in_transit + len(self.join) + len(self.ready)
 
     # --- run ----------------------------------------------------------------------------------------
     def run(self) -> dict[str, Any]:

@@ -95,7 +95,7 @@ def figures(sim: Simulation) -> dict[str, Any]:
         },
         "dropped_rollouts": {"stale": stale, "redelivered_after_loss": st.redelivered},
         "wasted_generation_slot_s": round(st.wasted_gen_s, 3),
-        "lost_groups": sim.admitted - sim.groups_done - sim.in_system,
+        "lost_groups": sim.admitted - sim.groups_taken - sim.located(),
     }
     return {
         "mode": sim.mode,

@@ -10,6 +10,7 @@ from msgspec.structs import replace
 
 from rlbus.sim.fleet import FaultSection, Fleet
 from rlbus.sim.model import Simulation
+from rlbus.sim.report import closed_form_staleness
 
 
 def _region_down(fleet: Fleet) -> Fleet:
@@ -83,6 +84,11 @@ def run_scenarios(
             "async_vs_sync_speedup": speedup,
             "delta_transfer_s_by_region": base["delta_transfer_s_by_region"],
             "staleness_mean_versions": base["staleness_mean_versions"],
+            # Little's law on the same run: holds when the trainer is the bottleneck (utilisation ≥ 0.8)
+            "staleness_closed_form": None if not base["version_interval_s"] else round(closed_form_staleness(
+                base["in_system_groups_mean"], fleet.trainer.groups_per_step * fleet.trainer.publish_every,
+                base["sync_lag_mean_s"] or 0.0, base["version_interval_s"]), 4),
+            "trainer_busy": base["utilisation"]["trainer"],
             "trained_tokens_per_s": base["trained_tokens_per_s"],
             "publish_to_all_swapped_s_p50": base["publish_to_all_swapped_s_p50"],
             "wan_bytes_per_version_by_region": base["wan_bytes_per_version_by_region"],

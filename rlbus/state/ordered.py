@@ -73,6 +73,10 @@ def prompt_seq(rollout: Rollout) -> int | None:
     return int(raw)
 
 
+#: Completion times an ordered join keeps for the run log (a bound: a trainer without one never takes them).
+COMPLETED_KEPT = 4096
+
+
 class OrderedJoin(JoinBuffer):
     """A :class:`~rlbus.state.join.JoinBuffer` that releases complete groups in prompt order, ``batch``
     at a time, from :meth:`expire` (see the module docstring). :meth:`add_rollout` and
@@ -103,6 +107,10 @@ class OrderedJoin(JoinBuffer):
         self._dropped: set[int] = set()
         self._released: dict[str, set[str]] = {}
         self._blocked_since: float | None = None
+        #: When each group this process saw complete did so (by the join's clock), until the trainer's run log
+        #: takes it (:class:`rlbus.launch.recording.TrainerRecorder`): completion → release → step is the
+        #: in-order wait a replay reproduces, rollout → completion the pipeline's latency.
+        self.completed_at: dict[str, float] = {}
 
     @property
     def complete_key(self) -> str:
@@ -125,6 +133,9 @@ class OrderedJoin(JoinBuffer):
         seq = self._seqs.get(prompt_id)
         if seq is None:  # only rewards arrived in this process: ask one buffered rollout
             seq = await self._stored_seq(prompt_id)
+        self.completed_at[prompt_id] = self._clock()
+        if len(self.completed_at) > COMPLETED_KEPT:  # nobody takes them (no run log): keep the newest only
+            del self.completed_at[next(iter(self.completed_at))]
         # Kept, without expiry, until every rollout of it has an outcome.
         await self._state.put_field(self._group_key(prompt_id), "complete", b"1", None)
         await self._state.put_field(self.complete_key, prompt_id, b"" if seq is None else str(seq).encode(), None)

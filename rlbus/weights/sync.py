@@ -80,6 +80,8 @@ class SyncStats:
     #: manifest creation → swapped and verified, by the trainer's and this worker's clocks
     lag_s: float
     rebuilt: bool
+    #: the manifest's creation time (trainer's clock): when the version became fetchable
+    manifest_at: float = 0.0
 
 
 class WeightSync:
@@ -332,6 +334,7 @@ class WeightSync:
             verify_s=t3 - t2,
             lag_s=self._clock() - manifest.created_at,
             rebuilt=rebuilt,
+            manifest_at=manifest.created_at,
         )
         self.history.append(stats)
         record_sync(self.worker_id, stats)
