@@ -1321,11 +1321,11 @@ def sim(
 
     Example: rlbus sim --fleet infra/sim/composer2.toml --what-if all --json sim.json
     """
+    import msgspec
     from msgspec.structs import replace
 
-    from rlbus.bench.common import print_table, write_json
     from rlbus.sim.fleet import load_fleet
-    from rlbus.sim.report import plot, region_rows, table_rows
+    from rlbus.sim.report import plot, print_tables
     from rlbus.sim.scenarios import WHAT_IFS, run_scenarios
 
     try:
@@ -1340,18 +1340,12 @@ def sim(
     if unknown:
         raise typer.BadParameter(f"unknown what-if {unknown[0]!r}; choose from {', '.join(WHAT_IFS)}, all")
     result = run_scenarios(spec, names, progress=lambda name: err.print(f"simulating {name} …"))
-    columns, rows = table_rows(result["scenarios"])
-    print_table(f"rlbus sim — {fleet}", columns, rows)
-    columns, rows = region_rows(result["scenarios"]["async"])
-    print_table("per region (async)", columns, rows)
-    summary = result["summary"]
-    console.print(f"async vs sync speedup: {summary['async_vs_sync_speedup']}×; mean staleness "
-                  f"{summary['staleness_mean_versions']} (Little's-law closed form {summary['staleness_closed_form']}, "
-                  f"trainer busy {summary['trainer_busy']})")
+    print_tables(result)
     out = plots or (json_path.parent / f"{json_path.stem}-plots" if json_path is not None else Path("runs/sim"))
     for path in plot(result["scenarios"], out):
         console.print(f"plot: {path}")
-    write_json(json_path, result)
+    if json_path is not None:
+        json_path.write_bytes(msgspec.json.format(msgspec.json.encode(result), indent=2) + b"\n")
 
 
 @app.command()

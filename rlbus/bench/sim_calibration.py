@@ -149,20 +149,15 @@ def run(*, quick: bool = False, json_path: Path | None = None, steps: int | None
     steps = steps or (25 if quick else 50)
     with tempfile.TemporaryDirectory(prefix="rlbus-simcal-") as tmp:
         rows = [calibrate_case(case, steps, Path(tmp)) for case in cases]
+    labels = {"trained_rollouts_per_min": "rollouts/min", "staleness_mean_versions": "staleness",
+              "stale_drop_fraction": "stale share", "sync_lag_mean_s": "sync lag s"}
     table: list[list[Any]] = []
     for row in rows:
         for k in FIGURES:
-            table.append([row["case"], k, row["measured"][k], row["predicted"][k], f"{row['errors'][k]:.1%}"])
-        holds = "holds" if row["closed_form_holds"] else "trainer not saturated"
-        table.append(
-            [
-                row["case"],
-                "staleness, closed form",
-                row["measured"]["staleness_mean_versions"],
-                row["closed_form_staleness"],
-                holds,
-            ]
-        )
+            table.append([row["case"], labels[k], row["measured"][k], row["predicted"][k], f"{row['errors'][k]:.1%}"])
+        holds = "holds" if row["closed_form_holds"] else "n/a: trainer idle"
+        staleness = row["measured"]["staleness_mean_versions"]
+        table.append([row["case"], "closed form", staleness, row["closed_form_staleness"], holds])
     print_table(
         "sim-calibration: real rlbus up runs (measured) vs the simulator fed their parameters (predicted)",
         ["config", "figure", "measured", "predicted", "error"],

@@ -138,19 +138,9 @@ def closed_form_staleness(
 
 
 def table_rows(results: dict[str, dict[str, Any]]) -> tuple[list[str], list[list[Any]]]:
-    """Columns and rows for ``print_table``: one row per scenario."""
-    columns = [
-        "scenario",
-        "tokens/s",
-        "rollouts/min",
-        "staleness",
-        "stale %",
-        "all swapped p50 s",
-        "p99 s",
-        "slots busy",
-        "trainer busy",
-        "redelivered",
-    ]
+    """Columns and rows of the scenarios' table: one row per scenario (swap: publish → every region swapped, s;
+    slots, trainer: busy shares; redeliv: rollouts redelivered after a worker was lost)."""
+    columns = ["scenario", "tok/s", "roll/min", "stale", "drop %", "swap p50", "p99", "slots", "trainer", "redeliv"]
     rows = []
     for name, result in results.items():
         s = result["summary"]
@@ -193,11 +183,32 @@ def region_rows(result: dict[str, Any]) -> tuple[list[str], list[list[Any]]]:
     return columns, rows
 
 
+def print_tables(result: dict[str, Any]) -> None:
+    """The scenarios' table, the async run's per-region table and the headline line (``rlbus sim``)."""
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console(width=max(Console().width, 110))  # ten columns: wider than a pipe's default 80
+    for title, (columns, rows) in (("rlbus sim", table_rows(result["scenarios"])),
+                                   ("per region (async)", region_rows(result["scenarios"]["async"]))):
+        table = Table(title=title)
+        for i, column in enumerate(columns):
+            table.add_column(column, justify="left" if i == 0 else "right", no_wrap=i == 0)
+        for row in rows:
+            table.add_row(*[str(v) for v in row])
+        console.print(table)
+    summary = result["summary"]
+    console.print(f"async vs sync speedup: {summary['async_vs_sync_speedup']}×; mean staleness "
+                  f"{summary['staleness_mean_versions']} (Little's-law closed form {summary['staleness_closed_form']}, "
+                  f"trainer busy {summary['trainer_busy']})")
+
+
 def _fmt(value: Any) -> Any:
+    """Short cells: 3 significant figures below 100, whole numbers above."""
     if value is None:
         return "—"
     if isinstance(value, float):
-        return round(value, 3) if abs(value) < 1000 else round(value)
+        return f"{value:,.0f}" if abs(value) >= 100 else f"{value:.3g}"
     return value
 
 
@@ -225,15 +236,17 @@ def plot(results: dict[str, dict[str, Any]], out_dir: Path) -> list[Path]:
     ax.legend(fontsize=7)
     written.append(_save(fig, out_dir / "staleness.png"))
 
-    base = results[names[0]]
-    fig, ax = plt.subplots(figsize=(7, 4))
-    for region, points in base["swap_times"].items():
-        if points:
-            ax.plot([p[0] for p in points], [p[1] for p in points], marker=".", label=region)
-    ax.set_xlabel("version")
-    ax.set_ylabel("publish → every worker swapped (s)")
-    ax.set_title(f"Weight sync per region ({names[0]})")
-    ax.legend(fontsize=7)
+    shown = [n for n in (names[0], "region-down") if n in results]
+    fig, axes = plt.subplots(1, len(shown), figsize=(7 * len(shown), 4), squeeze=False)
+    for ax, name in zip(axes[0], shown, strict=True):
+        for region, points in results[name]["swap_times"].items():
+            if points:
+                ax.plot([p[0] for p in points], [p[1] for p in points], marker=".", label=region)
+        ax.set_yscale("log")
+        ax.set_xlabel("version (v1: the first keyframe)")
+        ax.set_ylabel("publish → every worker swapped (s)")
+        ax.set_title(f"Weight sync per region ({name})")
+        ax.legend(fontsize=7)
     written.append(_save(fig, out_dir / "sync_by_region.png"))
 
     fig, (left, right) = plt.subplots(1, 2, figsize=(10, 4))

@@ -41,7 +41,7 @@ LAYERS: list[set[str]] = [
     {"producers", "consumers"},
     {"wiring"},
     {"serve"},
-    {"launch", "chaos", "demo", "demo_view", "generate", "cli", "bench"},
+    {"launch", "chaos", "demo", "demo_view", "generate", "cli", "bench", "sim"},
 ]
 
 #: Imports that reach a layer above, (importer, imported), each with why it stays.
