@@ -1315,11 +1315,15 @@ def sim(
         "--what-if", help="Also simulate a what-if (repeatable): region-down, half-wan, g128, traffic-3x, no-relay, "
                           "or all.")] = None,
     seed: Annotated[int | None, typer.Option(help="Override [sim] seed.")] = None,
+    config: RunConfigFile = None,
 ) -> None:
     """Simulate an rlbus run on a fleet of any size (SimPy): trained tokens/s, staleness, publish → every
     region swapped, WAN bytes per version, utilisation, drops, the async-vs-sync speedup, and what-ifs.
 
-    Example: rlbus sim --fleet infra/sim/composer2.toml --what-if all --json sim.json
+    With --config, the run config's settings (groups per step, G, publish_every, max_staleness, admission,
+    lr, keyframe_every) replace the fleet file's.
+
+    Example: rlbus sim --fleet infra/sim/composer2.toml --config run.toml --what-if all --json sim.json
     """
     import msgspec
     from msgspec.structs import replace
@@ -1333,6 +1337,15 @@ def sim(
     except RlbusError as exc:
         _error(exc)
         raise typer.Exit(2) from None
+    if config is not None:  # the run's own settings: groups per step, G, max_staleness, admission, lr …
+        from rlbus.launch.config import load_config
+        from rlbus.sim.calibrate import with_run_config
+
+        try:
+            spec = with_run_config(spec, load_config(config))
+        except RlbusError as exc:
+            _error(exc)
+            raise typer.Exit(2) from None
     if seed is not None:
         spec = replace(spec, sim=replace(spec.sim, seed=seed))
     names = list(WHAT_IFS) if what_if and "all" in what_if else list(what_if or [])

@@ -115,6 +115,7 @@ def measure(run_dir: str | Path, config: RunConfig, *, workers: int) -> Measured
         else 1e9
     )
     hop = _bus_hop_s(syncs)
+    admit_s = _admit_s(run_dir)
     reaction = _admission_reaction_s(run_dir, syncs)
     prompt_hops, join_trips = _pipeline_hops_s(run_dir, rollouts, steps, config.rollout.prompts_in_flight)
     prompt_s = statistics.median(prompt_hops) if prompt_hops else 0.02
@@ -122,18 +123,17 @@ def measure(run_dir: str | Path, config: RunConfig, *, workers: int) -> Measured
     g = config.task.group_size
     in_flight = config.rollout.prompts_in_flight
     step_mean = statistics.fmean(step_s)
-    t = config.trainer
     data = {
         "sim": {"duration_s": window + 1.0, "warmup_s": 0.0, "sync_baseline": False},
         "model": {
             "params": full / 2,
             "bytes_per_param": 2.0,
-            "lr": t.lr,
+            **run_settings(config)["model"],
             "delta_fraction": delta_bytes / full,
             "keyframe_fraction": keyframe / full,
-            "keyframe_every": t.keyframe_every,
             "decode_bytes_per_s": stage_rate,
             "swap_pause_s": statistics.fmean(float(x["swap_pause_s"]) for x in stage) if stage else 0.0,
+            "stage_samples": [round(float(x["stage_s"]) + float(x.get("verify_s", 0.0)), 5) for x in stage] or None,
         },
         "trainer": {
             "step_s": step_mean + overhead,
@@ -141,12 +141,7 @@ def measure(run_dir: str | Path, config: RunConfig, *, workers: int) -> Measured
             "world_size": 1,
             "encode_bytes_per_s": full / max(1e-6, statistics.fmean(publish_s)),
             "egress_gbps": 1000.0,
-            "groups_per_step": t.groups_per_step,
-            "group_size": g,
-            "publish_every": t.publish_every,
-            "max_staleness": t.grpo.max_staleness,
-            "admission": t.admission,
-            "slack": t.admission_slack,
+            **run_settings(config)["trainer"],
             "publish_latency_s": hop,
             "counter_delay_s": reaction,
             "release_every_s": JOIN_EXPIRE_EVERY_S,
@@ -163,6 +158,7 @@ def measure(run_dir: str | Path, config: RunConfig, *, workers: int) -> Measured
         "bus": {
             "latency_s": hop,
             "producer_poll_s": 0.0,
+            "admit_s": admit_s,
             "prompt_s": prompt_s,
             "join_s": join_s,
             "prompt_samples": [round(x, 5) for x in prompt_hops] or None,
@@ -193,7 +189,7 @@ def measure(run_dir: str | Path, config: RunConfig, *, workers: int) -> Measured
         "episode_outside_decode_s": round(statistics.fmean(outside), 4),
         "stage_bytes_per_s": round(stage_rate),
         "delta_bytes_mean": round(delta_bytes),
-        "bus_hop_s": round(hop, 4),
+        "bus_hop_s": round(hop, 4), "admit_s": round(admit_s, 4),
         "admission_reaction_s": round(reaction, 4),
         "prompt_hop_s_median": round(prompt_s, 4),
         "prompt_hops": len(prompt_hops),
@@ -226,6 +222,36 @@ def _step_overhead_s(run_dir: Path, steps: list[dict[str, Any]]) -> float:
     if len(ready) >= 3:
         return max(0.0, statistics.median(ready))
     return max(0.0, min(idle)) if idle else 0.0
+
+
+def run_settings(config: RunConfig) -> dict[str, dict[str, Any]]:
+    """The fleet fields a run config decides (``rlbus sim --config`` lays them over the fleet file; a
+    calibration takes them from the run it measures): groups per step, G, versions, the staleness bound and
+    admission, the learning rate the delta sizes follow, the keyframe cadence."""
+    t = config.trainer
+    return {
+        "trainer": {"groups_per_step": t.groups_per_step, "group_size": config.task.group_size,
+                    "publish_every": t.publish_every, "max_staleness": t.grpo.max_staleness,
+                    "admission": t.admission, "slack": t.admission_slack},
+        "model": {"lr": t.lr, "keyframe_every": t.keyframe_every},
+    }
+
+
+def with_run_config(fleet: Fleet, config: RunConfig) -> Fleet:
+    """``fleet`` with the run config's settings (:func:`run_settings`) in place of its own."""
+    data = fleet.to_dict()
+    for table, fields in run_settings(config).items():
+        data[table] = {**data[table], **fields}
+    return fleet_from_dict(data)
+
+
+def _admit_s(run_dir: Path) -> float:
+    """The producer's time per admitted prompt: the median gap between consecutive prompts admitted at the
+    same version (one burst when a window opens)."""
+    prompts = list(read(run_dir, PROMPTS))
+    gaps = [float(b["created_at"]) - float(a["created_at"])
+            for a, b in itertools.pairwise(prompts) if a["version"] == b["version"]]
+    return max(0.0, statistics.median(gaps)) if gaps else 0.0
 
 
 def _bus_hop_s(syncs: list[dict[str, Any]]) -> float:

@@ -72,6 +72,8 @@ class ModelSection(msgspec.Struct, **_STRUCT):
     keyframe_every: int = 10
     #: Bytes of delta (or keyframe) a worker downloads-decodes-verifies per second once they are local.
     decode_bytes_per_s: float = 2e9
+    #: Measured seconds to stage a delta (a calibration writes them; used instead of the rate for deltas).
+    stage_samples: list[float] | None = None
     #: Seconds a worker stops generating to swap staged weights in.
     swap_pause_s: float = 0.5
 
@@ -183,6 +185,9 @@ class BusSection(msgspec.Struct, **_STRUCT):
     #: Log-space sigma of that trip (log-normal around ``join_s``; 0: always ``join_s``).
     join_sigma: float = 0.0
     join_samples: list[float] | None = None
+    #: Seconds the producer spends per admitted prompt (its counter reads and the awaited send): a window
+    #: that opens admits its prompts one after another, not all at once.
+    admit_s: float = 0.0
     #: The prompt producer re-reads admission's inputs this often while it is held back.
     producer_poll_s: float = 0.05
     #: Seconds before the consumer group gives a vanished worker's prompts to another (Kafka's
@@ -192,7 +197,7 @@ class BusSection(msgspec.Struct, **_STRUCT):
     heartbeat_s: float = 5.0
 
     def __post_init__(self) -> None:
-        for name in ("latency_s", "prompt_s", "prompt_sigma", "join_s", "join_sigma", "producer_poll_s",
+        for name in ("latency_s", "prompt_s", "prompt_sigma", "join_s", "join_sigma", "producer_poll_s", "admit_s",
                      "session_timeout_s", "heartbeat_s"):
             value = getattr(self, name)
             _require(value is None or value >= 0, f"{name} must be >= 0")

@@ -247,6 +247,8 @@ class Simulation:
                 continue
             while self.admission.allows(self.admitted, self.progress(), base_version=1):
                 self._admit(0)
+                if self.fleet.bus.admit_s:  # each admission re-reads the counters and awaits its send
+                    yield self.env.timeout(self.fleet.bus.admit_s)
             yield self.changed.wait()
             poll = self.fleet.bus.producer_poll_s
             if poll:  # held back, it notices a change at its next poll
@@ -314,7 +316,12 @@ class Simulation:
                 tokens += n
                 longest = max(longest, f.episode.setup_s + n / rate + (f.episode.turns - 1) * f.episode.tool_s)
             paused = w.pause_total
-            yield self.env.timeout(longest)
+            # the trainer's staleness check reads the version of the group's first sampled token, which comes
+            # one decode step after the world is open (a swap may land in between)
+            first = min(longest, f.episode.setup_s + 1.0 / rate)
+            yield self.env.timeout(first)
+            group.start_version = w.version
+            yield self.env.timeout(longest - first)
             while w.pause_total > paused:  # swaps during the group paused its decoding
                 extra, paused = w.pause_total - paused, w.pause_total
                 yield self.env.timeout(extra)
@@ -526,7 +533,9 @@ class Simulation:
                 move_s = nbytes / (region.lan_gbps * GBIT / sharers)
             else:
                 move_s = self._wan_s(region, nbytes, sharers)
-            yield self.env.timeout(move_s + nbytes / f.model.decode_bytes_per_s)
+            samples = f.model.stage_samples
+            stage_s = self.rng.choice(samples) if samples and not keyframe else nbytes / f.model.decode_bytes_per_s
+            yield self.env.timeout(move_s + stage_s)
             if not (w.alive and w.connected):
                 continue
             if not region.relay:
