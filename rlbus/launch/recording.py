@@ -3,7 +3,8 @@
 The trainer writes, per GRPO step, ``steps`` (the step's metrics), ``inputs`` (the groups trained:
 prompt id, sequence number, rollout ids, rewards, the policy versions each rollout's tokens came from),
 ``rewards`` (one line per trained rollout and reward source) and, per published version, ``weights``.
-``inputs`` is what a replay must reproduce (:mod:`rlbus.state.ordered`). Each rollout worker writes its
+``inputs`` is what a replay must reproduce (:mod:`rlbus.state.ordered`); ``completions`` (when each of the
+step's groups became complete in the join, by the clock) is timing, kept apart from it. Each rollout worker writes its
 weight swaps to ``syncs-<worker>`` and one line per rollout it publishes to ``rollouts-<worker>`` (when it
 finished, sampled tokens, token versions, seconds generating and in the environment): what
 :mod:`rlbus.sim.calibrate` measures a run's generation rate and episode lengths from. Nothing here imports
@@ -13,13 +14,13 @@ torch.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 
 from rlbus.aio import wait_event
-from rlbus.observe.runlog import INPUTS, REWARDS, STEPS, WEIGHTS, RunLog, rollouts_name, syncs_name
+from rlbus.observe.runlog import COMPLETIONS, INPUTS, REWARDS, STEPS, WEIGHTS, RunLog, rollouts_name, syncs_name
 from rlbus.schemas import Rollout
 from rlbus.state.join import ScoredGroup
 from rlbus.state.ordered import prompt_seq
@@ -32,11 +33,8 @@ def token_versions(rollout: Rollout) -> list[int]:
     return sorted({int(v) for v in np.unique(versions[sampled]) if v >= 0})
 
 
-def inputs_event(step: int, version: int, groups: Sequence[ScoredGroup],
-                 completed_at: Mapping[str, float] | None = None) -> dict[str, Any]:
-    """One ``inputs`` line: the groups a step trained on, in the order it saw them (with when each became
-    complete in the join, where ``completed_at`` knows it)."""
-    completed_at = completed_at or {}
+def inputs_event(step: int, version: int, groups: Sequence[ScoredGroup]) -> dict[str, Any]:
+    """One ``inputs`` line: the groups a step trained on, in the order it saw them."""
     return {
         "step": step,
         "version": version,
@@ -47,7 +45,6 @@ def inputs_event(step: int, version: int, groups: Sequence[ScoredGroup],
                 "rollout_ids": [s.rollout.rollout_id for s in g.rollouts],
                 "rewards": [s.reward for s in g.rollouts],
                 "versions": [token_versions(s.rollout) for s in g.rollouts],
-                **({"completed_at": completed_at[g.prompt_id]} if g.prompt_id in completed_at else {}),
             }
             for g in groups
         ],
@@ -79,8 +76,10 @@ class TrainerRecorder:
         step = int(metrics["step"])
         extra = self._extra() if callable(self._extra) else {}
         self.log.write(STEPS, {**metrics, **extra})
+        self.log.write(INPUTS, inputs_event(step, int(metrics["version"]), groups))
         completed = {g.prompt_id: t for g in groups if (t := self._completed.pop(g.prompt_id, None)) is not None}
-        self.log.write(INPUTS, inputs_event(step, int(metrics["version"]), groups, completed))
+        if completed:  # timing, not inputs: a replay reproduces inputs.jsonl, never these clocks
+            self.log.write(COMPLETIONS, {"step": step, "completed_at": completed})
         for group in groups:
             for scored in group.rollouts:
                 for source, value in scored.components.items():

@@ -13,6 +13,8 @@ file                written by                          fields (besides ``t``)
 ``prompts.jsonl``   the prompt producer, per prompt     ``prompt_id``, ``created_at``, ``version``
 ``inputs.jsonl``    the trainer, per GRPO step          ``step``, ``groups``: [{``prompt_id``,
                                                         ``rollout_ids``, ``rewards``, ``versions``}]
+``completions``     the trainer, per GRPO step          ``step``, ``completed_at``: {prompt_id: when the
+``.jsonl``                                              group became complete in the ordered join}
 ``weights.jsonl``   the weight publisher, per version   ``version``, ``kind``, ``full_bytes``,
                                                         ``delta_bytes``, ``keyframe_bytes``, ``*_s``
 ``syncs-<worker>``  each rollout worker, per swap       ``worker``, ``version``, ``kind``,
@@ -42,6 +44,7 @@ STEPS = "steps"
 INPUTS = "inputs"
 WEIGHTS = "weights"
 PROMPTS = "prompts"
+COMPLETIONS = "completions"
 REWARDS = "rewards"
 
 

@@ -29,7 +29,7 @@ from typing import Any
 from rlbus.errors import RunLogMissing
 from rlbus.launch.config import RunConfig
 from rlbus.launch.roles import JOIN_EXPIRE_EVERY_S
-from rlbus.observe.runlog import INPUTS, PROMPTS, STEPS, WEIGHTS, read
+from rlbus.observe.runlog import COMPLETIONS, PROMPTS, STEPS, WEIGHTS, read
 from rlbus.observe.stats import percentile
 from rlbus.sim.fleet import Fleet, fleet_from_dict
 
@@ -209,7 +209,7 @@ def _step_overhead_s(run_dir: Path, steps: list[dict[str, Any]]) -> float:
     release timer (modelled on its own) adds as little as possible; the median over steps whose groups were
     all complete before the previous step ended when there are three or more of those (they waited for
     nothing)."""
-    completed = {int(line["step"]): [g.get("completed_at") for g in line["groups"]] for line in read(run_dir, INPUTS)}
+    completed = {int(line["step"]): list(line["completed_at"].values()) for line in read(run_dir, COMPLETIONS)}
     idle, ready = [], []
     for a, b in itertools.pairwise(steps):
         begin = b["t"] - float(b["step_s"]) - float(b.get("publish_s", 0.0)) - float(b.get("checkpoint_s", 0.0))
@@ -310,13 +310,11 @@ def _pipeline_hops_s(
         # only prompts whose worker had a free slot when they were admitted: the hop, not a queue
         if at is not None and at >= first_step and sum(s <= at < e for s, e in by_worker[worker]) < slots:
             waits.append(max(1e-4, start - at))
-    finished = {r["rollout_id"]: float(r["created_at"]) for r in rollouts}
     trips: list[float] = []
-    for line in read(run_dir, INPUTS):
-        for group in line["groups"]:
-            ends = [finished[r] for r in group["rollout_ids"] if r in finished]
-            if "completed_at" in group and ends:
-                trips.append(float(group["completed_at"]) - max(ends))
+    for line in read(run_dir, COMPLETIONS):
+        for pid, completed in line["completed_at"].items():
+            if pid in spans:
+                trips.append(float(completed) - spans[pid][1])
     return sorted(waits), sorted(x for x in trips if x > 0)
 
 

@@ -25,7 +25,7 @@ def synthetic_run(run: Path, *, steps: int = 6, stale_per_step: int = 2) -> None
     step, each trained at staleness 1, version v's manifest at step v−1's end."""
     run.mkdir()
     t0, g = 1000.0, 2
-    step_lines, inputs, rollouts, prompts, syncs, weights = [], [], [], [], [], []
+    step_lines, inputs, rollouts, prompts, syncs, weights, completions = [], [], [], [], [], [], []
     for k in range(1, steps + 1):
         end = t0 + k
         step_lines.append({"t": end, "step": k, "version": k + 1, "step_s": 0.3, "publish_s": 0.1, "published": True,
@@ -35,7 +35,7 @@ def synthetic_run(run: Path, *, steps: int = 6, stale_per_step: int = 2) -> None
         syncs.append({"t": end + 0.5, "worker": "w0", "version": k + 1, "kind": "delta", "bytes_fetched": 10,
                        "stage_s": 0.2, "swap_pause_s": 0.01, "verify_s": 0.0, "lag_s": 0.25, "rebuilt": False,
                        "manifest_at": end - 0.03})
-        groups = []
+        groups, completed = [], {}
         for j in range(2):
             pid = f"p{k}-{j}"
             start = end - 0.9 + 0.01 * j
@@ -45,10 +45,13 @@ def synthetic_run(run: Path, *, steps: int = 6, stale_per_step: int = 2) -> None
                 rollouts.append({"worker": "w0", "rollout_id": rid, "prompt_id": pid, "group_index": i,
                                  "created_at": start + 0.2, "sampled_tokens": 20, "tokens": 30, "versions": [k, k],
                                  "timings": {"generate": 0.2, "env": 0.0, "total": 0.2}})
-            groups.append({"prompt_id": pid, "rollout_ids": ids, "completed_at": start + 0.35})
+            groups.append({"prompt_id": pid, "rollout_ids": ids})
+            completed[pid] = start + 0.35
         inputs.append({"t": end, "step": k, "version": k + 1, "groups": groups})
+        completions.append({"t": end, "step": k, "completed_at": completed})
     write(run, "steps", step_lines)
     write(run, "inputs", inputs)
+    write(run, "completions", completions)
     write(run, "weights", [{"t": t0, "version": 1, "kind": "keyframe", "full_bytes": 1000, "delta_bytes": 0,
                             "keyframe_bytes": 700, "encode_s": 0.05, "upload_s": 0.02, "announce_s": 0.03},
                            *weights])
