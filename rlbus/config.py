@@ -10,6 +10,7 @@ import difflib
 import importlib
 import os
 import re
+import typing
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any, Literal
@@ -179,12 +180,17 @@ def did_you_mean(name: str, choices: Iterable[str]) -> str:
 
 
 def _struct_at(config_type: Any, path: str) -> Any:
-    """The type of the field ``path`` (``grpo`` or ``train.lr``) inside the struct ``config_type``; None when
-    the path leaves the structs."""
-    for name in filter(None, path.split(".")):
-        if not (isinstance(config_type, type) and issubclass(config_type, msgspec.Struct)):
+    """The type of the field ``path`` (``grpo``, ``train.lr``, or an entry of a list of tables such as
+    ``region[1]``) inside the struct ``config_type``; None when the path leaves the structs."""
+    for part in filter(None, path.split(".")):
+        match = re.fullmatch(r"(\w+)((?:\[\d+\])*)", part)
+        if match is None or not (isinstance(config_type, type) and issubclass(config_type, msgspec.Struct)):
             return None
+        name, indexes = match.groups()
         config_type = next((f.type for f in msgspec.structs.fields(config_type) if f.name == name), None)
+        for _ in range(indexes.count("[")):  # list[T] → T
+            args = typing.get_args(config_type)
+            config_type = args[0] if typing.get_origin(config_type) in (list, tuple) and args else None
     return config_type
 
 
