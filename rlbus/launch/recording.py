@@ -4,8 +4,8 @@ The trainer writes, per GRPO step, ``steps`` (the step's metrics), ``inputs`` (t
 prompt id, sequence number, rollout ids, rewards, the policy versions each rollout's tokens came from),
 ``rewards`` (one line per trained rollout and reward source) and, per published version, ``weights``.
 ``inputs`` is what a replay must reproduce (:mod:`rlbus.state.ordered`); ``completions`` (when each of the
-step's groups became complete in the join, by the clock) is timing, kept apart from it. Each rollout worker writes its
-weight swaps to ``syncs-<worker>`` and one line per rollout it publishes to ``rollouts-<worker>`` (when it
+step's groups became complete in the join, by the clock) is timing, kept apart from it. Each rollout worker
+writes its weight swaps to ``syncs-<worker>`` and one line per rollout it publishes to ``rollouts-<worker>`` (when it
 finished, sampled tokens, token versions, seconds generating and in the environment): what
 :mod:`rlbus.sim.calibrate` measures a run's generation rate and episode lengths from. Nothing here imports
 torch.
@@ -62,7 +62,7 @@ class TrainerRecorder:
         self.log = log
         self._publisher = publisher
         self._extra = extra
-        #: the trainer's join: an ordered one keeps ``completed_at`` per group, taken into ``inputs`` here
+        #: the trainer's join: an ordered one keeps ``completed_at`` per group, written to ``completions`` here
         self._completed: dict[str, float] = getattr(join, "completed_at", {})
         self._weights_written = 0
 

@@ -19,7 +19,8 @@ file                written by                          fields (besides ``t``)
                                                         ``delta_bytes``, ``keyframe_bytes``, ``*_s``
 ``syncs-<worker>``  each rollout worker, per swap       ``worker``, ``version``, ``kind``,
 ``.jsonl``                                              ``bytes_fetched``, ``stage_s``,
-                                                        ``swap_pause_s``, ``lag_s``, ``rebuilt``
+                                                        ``swap_pause_s``, ``lag_s``, ``rebuilt``,
+                                                        ``manifest_at``
 ``rollouts-<wid>``  each rollout worker, per rollout    ``rollout_id``, ``prompt_id``, ``created_at``,
 ``.jsonl``                                              ``sampled_tokens``, ``versions``, ``timings``
 ``rewards.jsonl``   the trainer, per trained group      ``source``, ``value``, ``rollout_id``

@@ -98,15 +98,11 @@ class PromptQueue:
 @dataclass
 class Group:
     seq: int
-    admitted_t: float
     #: sync mode: the version the group must be generated with
     version: int = 0
-    start_t: float = 0.0
+    #: the version of the group's first sampled token (what the trainer's staleness check reads)
     start_version: int = 0
     tokens: int = 0
-    end_t: float = 0.0
-    joined_t: float = 0.0
-    taken_t: float = 0.0
 
 
 @dataclass
@@ -182,8 +178,6 @@ class Simulation:
         self.queue = PromptQueue(self.env)
         #: groups released by the join, not yet taken by a step
         self.ready: list[Group] = []
-        #: every group the trainer took, in order (the figures' per-group timings)
-        self.taken: list[Group] = []
         self.joined = Signal(self.env)
         self.join: dict[int, Group] = {}
         self.next_seq = 0
@@ -255,7 +249,7 @@ class Simulation:
                 yield self.env.timeout(self.rng.uniform(0.0, poll))
 
     def _admit(self, version: int) -> None:
-        group = Group(seq=self.admitted, admitted_t=self.env.now, version=version)
+        group = Group(seq=self.admitted, version=version)
         self.admitted += 1
         self._in_system(+1)
         self.in_transit += 1
@@ -305,7 +299,6 @@ class Simulation:
         try:
             while self.mode == "sync" and w.version < group.version:
                 yield w.wake.wait()
-            group.start_t, group.start_version = self.env.now, w.version
             rate = region.tokens_per_s / region.concurrency * (1.0 - f.traffic.share_at(self.env.now))
             longest, tokens = 0.0, 0
             for _ in range(f.trainer.group_size):
@@ -325,7 +318,7 @@ class Simulation:
             while w.pause_total > paused:  # swaps during the group paused its decoding
                 extra, paused = w.pause_total - paused, w.pause_total
                 yield self.env.timeout(extra)
-            group.tokens, group.end_t = tokens, self.env.now
+            group.tokens = tokens
         except simpy.Interrupt:
             self.stats.wasted_gen_s += self._clipped(started)
             self.stats.slot_busy_s += self._clipped(started)
@@ -345,7 +338,6 @@ class Simulation:
         yield self.env.all_of([self.env.process(self._score_one()) for _ in range(f.trainer.group_size)])
         yield self.env.timeout(hop / 2)
         self.in_transit -= 1
-        group.joined_t = self.env.now
         self.join[group.seq] = group
         self.joined.fire()
 
@@ -390,9 +382,6 @@ class Simulation:
                 self._release()
                 last_expire = self.env.now
             groups, self.ready = self.ready[: t.groups_per_step], self.ready[t.groups_per_step :]
-            for g in groups:
-                g.taken_t = self.env.now
-            self.taken.extend(groups)
             limit = self.admission.max_staleness
             ages = [self.version - g.start_version for g in groups]
             trained = [(g, age) for g, age in zip(groups, ages, strict=True) if age <= limit]
