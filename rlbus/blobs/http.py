@@ -6,10 +6,30 @@ another key or method. Keys are checked by :func:`rlbus.blobs.base.check_key` on
 ``..`` or absolute paths never reach the disk. Reads honour ``Range: bytes=a-b``; the client fetches
 large blobs as parallel ranges and retries transport errors and 5xx with exponential backoff.
 
+Who may do what (least privilege, :mod:`rlbus.blobs.keys`): the server holds one *master* secret, and a
+request signed with it may do anything — the trainer and operators may keep using it. Every other
+process holds a *scoped key* minted from it (``rlbus blobs key --role worker``): a credential
+``rbk1.<claims>.<derived>`` whose claims name a key id, permissions (read = GET/HEAD, write = PUT,
+delete, list), a key prefix and an expiry, and whose ``derived = HMAC-SHA256(master, claims)``. Its
+holder signs with ``derived`` as above and sends the claims as the ``claims`` query parameter; the
+server re-derives the secret from its master and the claims (no state, no key list), checks the
+signature with ``hmac.compare_digest``, then the permission, the prefix (the blob key, or LIST's
+prefix, must lie under it; a scope always ends with ``/``) and the expiry. A refusal is a 403 whose
+text (and ``X-Rlbus-Refusal`` header, as a HEAD has no body) says which check failed, never a secret,
+logged at WARNING with the key id, method and blob key; the client raises it as
+:class:`~rlbus.errors.BlobAuthError`. :class:`HttpStore` and :func:`rlbus.blobs.open.open_store` take
+either kind of secret the same way (``secret=``, ``RLBUS_BLOB_SECRET``), told apart by the ``rbk1.``
+prefix.
+
 A relay (``rlbus blobs serve --upstream URL``) is the same server with a local cache in front of an
 upstream client: the first request for a key downloads it once (concurrent requests wait on that one
 download), later requests are served from the region's disk. Chunks are immutable, so the cache never
 needs invalidation; garbage collection upstream deletes old versions and the relay's own GC follows.
+A relay has two secrets: its upstream client holds a read-only ``relay`` key minted from the origin's
+master (``RLBUS_UPSTREAM_BLOB_SECRET``), which is all a pull-through cache needs, and the relay verifies
+its own clients with a master of its own (``RLBUS_BLOB_SECRET``). That master may be the origin's — one
+set of worker keys then works against the origin and every relay — or the region's own, whose worker
+keys are minted from it and cannot touch the origin at all.
 """
 
 from __future__ import annotations
@@ -20,17 +40,20 @@ import hmac
 import logging
 import random
 import time
-from typing import Any
+from typing import Any, NoReturn
 
 import aiohttp
 from aiohttp import web
 
 from rlbus.blobs.base import BlobStore, check_key
-from rlbus.errors import BlobAuthError, BlobNotFound, BlobStoreError
+from rlbus.blobs.keys import CLAIMS_PARAM, ScopedKey, is_scoped, verify_claims
+from rlbus.errors import BlobAuthError, BlobNotFound, BlobStoreError, ConfigError
 
 log = logging.getLogger("rlbus.blobs")
 
 SIGNATURE_TTL_S = 60.0
+#: The response header that repeats a 403's reason: a HEAD response has no body to carry it.
+REFUSAL_HEADER = "X-Rlbus-Refusal"
 
 
 def sign(secret: str, method: str, key: str, expires: int) -> str:
@@ -43,15 +66,29 @@ def signed_params(secret: str, method: str, key: str, ttl_s: float = SIGNATURE_T
     return {"expires": str(expires), "sig": sign(secret, method, key, expires)}
 
 
-def verify(secret: str, method: str, key: str, params: Any, now: float | None = None) -> None:
+def signature_problem(secret: str, method: str, key: str, params: Any, now: float | None = None) -> str | None:
+    """Why the request's ``expires``/``sig`` do not authorise ``method`` on ``key`` under ``secret``;
+    None when they do."""
     try:
         expires = int(params.get("expires", ""))
     except ValueError:
-        raise web.HTTPForbidden(text="missing or malformed signature") from None
+        return "missing or malformed signature"
     if expires < (now or time.time()):
-        raise web.HTTPForbidden(text="signature expired")
-    if not hmac.compare_digest(sign(secret, method, key, expires), params.get("sig", "")):
-        raise web.HTTPForbidden(text="bad signature")
+        return "signature expired"
+    # bytes, so a non-ASCII "sig" is a bad signature rather than compare_digest's TypeError
+    if not hmac.compare_digest(sign(secret, method, key, expires).encode(), str(params.get("sig", "")).encode()):
+        return "bad signature"
+    return None
+
+
+def verify(secret: str, method: str, key: str, params: Any, now: float | None = None) -> None:
+    problem = signature_problem(secret, method, key, params, now)
+    if problem is not None:
+        raise web.HTTPForbidden(text=problem)
+
+
+def _header_safe(text: str) -> str:
+    return text.encode("ascii", "backslashreplace").decode().replace("\r", " ").replace("\n", " ")[:1000]
 
 
 def _parse_range(header: str, size: int) -> tuple[int, int]:
@@ -74,9 +111,18 @@ def _parse_range(header: str, size: int) -> tuple[int, int]:
 
 
 class BlobServer:
-    """The HTTP face of a BlobStore; with ``upstream`` it is a read-only pull-through relay."""
+    """The HTTP face of a BlobStore; with ``upstream`` it is a read-only pull-through relay.
+
+    ``secret`` is the master secret this server verifies with: requests signed with it may do anything,
+    scoped keys minted from it what their claims allow. A relay's ``upstream`` is any store — an
+    :class:`HttpStore` holding a read-only ``relay`` key of the origin is enough, as the relay only reads
+    from it; ``secret`` is then the origin's master (so the origin's worker keys work here too) or the
+    relay's own (so its workers' keys are good for this region only)."""
 
     def __init__(self, store: BlobStore, *, secret: str, upstream: BlobStore | None = None) -> None:
+        if is_scoped(secret):
+            raise ConfigError("blobs.secret", "a blob server verifies with the master secret, not a scoped key "
+                              "(rbk1.…); a relay's upstream key goes in RLBUS_UPSTREAM_BLOB_SECRET")
         self.store = store
         self.secret = secret
         self.upstream = upstream
@@ -98,6 +144,33 @@ class BlobServer:
             return check_key(request.match_info["key"])
         except ValueError as exc:
             raise web.HTTPBadRequest(text=str(exc)) from None
+
+    def _authorise(self, request: web.Request, method: str, key: str) -> None:
+        """Let the request through, or refuse it with a 403 saying why.
+
+        Without ``claims`` the signature must be the master's; with them, the signature must be made
+        with the secret derived from this server's master and exactly those claims (which proves the
+        master minted them), and the claims must allow ``method`` on ``key`` now."""
+        encoded = request.query.get(CLAIMS_PARAM)
+        if encoded is None:
+            problem = signature_problem(self.secret, method, key, request.query)
+            if problem is not None:
+                self._refuse(problem, "master", method, key)
+            return
+        try:
+            claims, derived = verify_claims(self.secret, encoded)
+        except ValueError as exc:
+            self._refuse(f"malformed key: {exc}", "?", method, key)
+        problem = signature_problem(derived, method, key, request.query)
+        if problem is None:
+            problem = claims.refusal(method, key)
+        if problem is not None:
+            self._refuse(problem, claims.key_id, method, key)
+
+    @staticmethod
+    def _refuse(reason: str, key_id: str, method: str, key: str) -> NoReturn:
+        log.warning("blob request refused: key %s, %s %s: %s", key_id, method, ascii(key), reason)
+        raise web.HTTPForbidden(text=reason, headers={REFUSAL_HEADER: _header_safe(reason)})
 
     async def _health(self, request: web.Request) -> web.Response:
         return web.json_response({"ok": True, "relay": self.upstream is not None})
@@ -130,16 +203,19 @@ class BlobServer:
             return await self.store.size(key)
         except BlobNotFound:
             raise web.HTTPNotFound(text=f"no blob {key}") from None
+        except BlobAuthError as exc:
+            # the relay's own upstream key is refused: retrying cannot help, so a 403 rather than a 5xx
+            self._refuse(f"the relay's upstream refused it: {exc}", "relay-upstream", "GET", key)
 
     async def _head(self, request: web.Request) -> web.Response:
         key = self._key(request)
-        verify(self.secret, "GET", key, request.query)
+        self._authorise(request, "GET", key)
         size = await self._size(key)
         return web.Response(headers={"Content-Length": str(size), "Accept-Ranges": "bytes"})
 
     async def _get(self, request: web.Request) -> web.Response:
         key = self._key(request)
-        verify(self.secret, "GET", key, request.query)
+        self._authorise(request, "GET", key)
         size = await self._size(key)
         header = request.headers.get("Range")
         if header is None:
@@ -152,7 +228,7 @@ class BlobServer:
 
     async def _put(self, request: web.Request) -> web.Response:
         key = self._key(request)
-        verify(self.secret, "PUT", key, request.query)
+        self._authorise(request, "PUT", key)
         if self.upstream is not None:
             raise web.HTTPMethodNotAllowed("PUT", ["GET", "HEAD"], text="a relay is read-only")
         await self.store.put(key, await request.read())
@@ -160,18 +236,22 @@ class BlobServer:
 
     async def _delete(self, request: web.Request) -> web.Response:
         key = self._key(request)
-        verify(self.secret, "DELETE", key, request.query)
+        self._authorise(request, "DELETE", key)
         await self.store.delete(key)
         return web.Response(status=204)
 
     async def _list(self, request: web.Request) -> web.Response:
         prefix = request.query.get("prefix", "")
-        verify(self.secret, "LIST", prefix, request.query)
+        self._authorise(request, "LIST", prefix)
         return web.json_response(await self.store.list(prefix))
 
 
 class HttpStore(BlobStore):
-    """Client of a BlobServer: signed requests, parallel ranged reads, retries with backoff."""
+    """Client of a BlobServer: signed requests, parallel ranged reads, retries with backoff.
+
+    ``secret`` is the server's master secret or a scoped key (``rbk1.…``, :mod:`rlbus.blobs.keys`); with a
+    scoped key every request is signed with its derived secret and carries its claims, and what the key
+    does not allow comes back as :class:`~rlbus.errors.BlobAuthError` naming the reason."""
 
     def __init__(
         self,
@@ -186,6 +266,14 @@ class HttpStore(BlobStore):
     ) -> None:
         self.url = url.rstrip("/")
         self.secret = secret
+        self.scoped: ScopedKey | None = None
+        if is_scoped(secret):
+            try:
+                self.scoped = ScopedKey.parse(secret)
+            except ValueError as exc:
+                raise ConfigError("blobs.secret", f"not a valid scoped key: {exc}") from None
+        self._signing_secret = secret if self.scoped is None else self.scoped.secret
+        self._claims = {} if self.scoped is None else {CLAIMS_PARAM: self.scoped.claims.encode()}
         self.range_bytes = range_bytes
         self.retries = retries
         self.backoff_s = backoff_s
@@ -213,7 +301,11 @@ class HttpStore(BlobStore):
         url = f"{self.url}{path or '/v1/blobs/' + check_key(key)}"
         last: BaseException | None = None
         for attempt in range(self.retries + 1):
-            params = {**kwargs.pop("params", {}), **signed_params(self.secret, sign_as or method, key)}
+            params = {
+                **kwargs.pop("params", {}),
+                **self._claims,
+                **signed_params(self._signing_secret, sign_as or method, key),
+            }
             try:
                 async with self._slots, self._client().request(method, url, params=params, **kwargs) as response:
                     body = await response.read()
@@ -228,11 +320,12 @@ class HttpStore(BlobStore):
         raise last
 
     @staticmethod
-    def _check(status: int, key: str, body: bytes) -> None:
+    def _check(status: int, key: str, body: bytes, headers: Any = None) -> None:
         if status == 404:
             raise BlobNotFound(f"blob {key!r} not found")
         if status == 403:
-            raise BlobAuthError(f"blob {key!r}: {body.decode(errors='replace')}")
+            reason = body.decode(errors="replace") or (headers or {}).get(REFUSAL_HEADER) or "refused"
+            raise BlobAuthError(f"blob {key!r}: {reason}")
         if status >= 400:
             raise BlobStoreError(f"blob {key!r}: HTTP {status} {body[:200]!r}")
 
@@ -242,7 +335,7 @@ class HttpStore(BlobStore):
 
     async def size(self, key: str) -> int:
         status, body, headers = await self._request("HEAD", key, sign_as="GET")
-        self._check(status, key, body)
+        self._check(status, key, body, headers)
         return int(headers["Content-Length"])
 
     async def get_range(self, key: str, start: int, stop: int) -> bytes:

@@ -13,9 +13,13 @@ from rlbus.errors import ConfigError
 
 
 def open_store(url: str, *, secret: str | None = None) -> BlobStore:
-    """``/path`` or ``file:///path`` → LocalStore; ``http(s)://host:port`` → HttpStore client."""
+    """``/path`` or ``file:///path`` → LocalStore; ``http(s)://host:port`` → HttpStore client.
+
+    ``secret`` is the server's master secret or a scoped key minted from it (``rbk1.…``,
+    :mod:`rlbus.blobs.keys`): a worker given a read-only key opens its store exactly as the trainer does."""
     if url.startswith(("http://", "https://")):
         if not secret:
-            raise ConfigError("blobs.secret", "an HTTP blob store needs the shared signing secret (RLBUS_BLOB_SECRET)")
+            raise ConfigError("blobs.secret", "an HTTP blob store needs the signing secret or a scoped key "
+                              "(RLBUS_BLOB_SECRET)")
         return HttpStore(url, secret=secret)
     return LocalStore(url.removeprefix("file://"))
