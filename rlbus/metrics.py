@@ -19,6 +19,7 @@ import contextlib
 import functools
 import logging
 import math
+import os
 import time
 from collections.abc import AsyncIterator, Callable, Iterable, Mapping
 from dataclasses import dataclass
@@ -37,6 +38,7 @@ from prometheus_client import (
 from prometheus_client.metrics import MetricWrapperBase
 
 from rlbus.errors import ServiceError
+from rlbus.exposure import BearerAuth, check_bind, load_token
 
 if TYPE_CHECKING:
     from rlbus.bus.types import Record
@@ -418,6 +420,8 @@ class LoopLagMonitor:
 class MetricsServer:
     host: str
     port: int
+    #: Whether ``/metrics`` needs ``Authorization: Bearer <token>``.
+    authenticated: bool = False
 
     @property
     def url(self) -> str:
@@ -426,16 +430,30 @@ class MetricsServer:
 
 @contextlib.asynccontextmanager
 async def serve_metrics(
-    port: int = 9400, host: str = "127.0.0.1", *, registry: CollectorRegistry = REGISTRY
+    port: int = 9400,
+    host: str = "127.0.0.1",
+    *,
+    registry: CollectorRegistry = REGISTRY,
+    token: str | None = None,
+    environ: Mapping[str, str] = os.environ,
 ) -> AsyncIterator[MetricsServer]:
     """Serve ``GET /metrics`` on ``host:port`` while the block runs (``port=0``: any free port, see the
-    yielded server). Containers bind ``0.0.0.0`` so Prometheus can reach them."""
+    yielded server).
+
+    ``token`` (else ``$RLBUS_METRICS_TOKEN``, or the file ``$RLBUS_METRICS_TOKEN_FILE`` names, in
+    ``environ``) makes ``/metrics`` need ``Authorization: Bearer <token>`` (Prometheus: ``authorization:
+    credentials_file:``). Without one, a host other than loopback is a ConfigError (``run.metrics_host``)
+    before anything binds (`rlbus.exposure`): containers bind ``0.0.0.0`` so Prometheus can reach them, and
+    docker-compose.yml gives them the token."""
     from aiohttp import web
+
+    token = token or load_token("metrics", environ=environ)
+    check_bind(host, service="metrics", auth_configured=token is not None)
 
     async def metrics(request: web.Request) -> web.Response:
         return web.Response(body=generate_latest(registry), headers={"Content-Type": CONTENT_TYPE})
 
-    app = web.Application()
+    app = web.Application(middlewares=[BearerAuth("metrics", token).middleware] if token is not None else [])
     app.router.add_get("/metrics", metrics)
     runner = web.AppRunner(app, access_log=None)
     await runner.setup()
@@ -446,6 +464,6 @@ async def serve_metrics(
         except OSError as exc:
             raise ServiceError(f"cannot serve metrics on {host}:{port}: {exc}") from exc
         bound = runner.addresses[0][1] if runner.addresses else port
-        yield MetricsServer(host, int(bound))
+        yield MetricsServer(host, int(bound), authenticated=token is not None)
     finally:
         await runner.cleanup()

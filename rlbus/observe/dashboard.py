@@ -9,15 +9,22 @@ the server stateless: any number of browsers, reconnects for free, and a snapsho
 `DemoFeed` serves the embedded ``rlbus demo``: it attaches a collector to the demo's in-memory bus once
 the bus exists, and copies what only the demo process knows — trainer step metrics and every worker's
 swap pauses — into it, as heartbeats carry them in a distributed run.
+
+Access (`rlbus.exposure`): with ``$RLBUS_DASHBOARD_TOKEN`` (or a file named by
+``$RLBUS_DASHBOARD_TOKEN_FILE``) set, every path — page, static files, ``/api/snapshot`` — needs it:
+``Authorization: Bearer <token>``, or from a browser HTTP Basic with the token as the password (the
+browser prompts; any user name). Without a token the dashboard binds only loopback: any other host is a
+ConfigError (``dashboard.host``) before anything listens.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import re
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -26,6 +33,7 @@ from aiohttp import web
 from rlbus.aio import wait_event
 from rlbus.bus.base import Bus
 from rlbus.bus.replay import Bound
+from rlbus.exposure import BearerAuth, check_bind, load_token
 from rlbus.observe.collector import Collector
 from rlbus.state.base import StateStore
 
@@ -38,8 +46,8 @@ DEFAULT_PORT = 8480
 Snapshot = Callable[[], dict[str, Any]]
 
 
-def make_app(snapshot: Snapshot) -> web.Application:
-    """The page, its static files and ``/api/snapshot``."""
+def make_app(snapshot: Snapshot, *, token: str | None = None) -> web.Application:
+    """The page, its static files and ``/api/snapshot``; with ``token``, all of them need it."""
 
     async def index(request: web.Request) -> web.FileResponse:
         return web.FileResponse(STATIC / "index.html")
@@ -47,17 +55,31 @@ def make_app(snapshot: Snapshot) -> web.Application:
     async def api_snapshot(request: web.Request) -> web.Response:
         return web.json_response(snapshot(), headers={"Cache-Control": "no-store"})
 
-    app = web.Application()
+    auth = BearerAuth("dashboard", token, browser=True) if token is not None else None
+    app = web.Application(middlewares=[auth.middleware] if auth is not None else [])
     app.router.add_get("/", index)
     app.router.add_get("/api/snapshot", api_snapshot)
     app.router.add_static("/static/", STATIC)
     return app
 
 
+def dashboard_token(token: str | None = None, *, host: str | None,
+                    environ: Mapping[str, str] = os.environ) -> str | None:
+    """``token``, else the one configured in ``environ``; refuses (ConfigError) a host other than loopback
+    without one."""
+    token = token or load_token("dashboard", environ=environ)
+    check_bind(host, service="dashboard", auth_configured=token is not None)
+    return token
+
+
 @contextlib.asynccontextmanager
-async def serving(snapshot: Snapshot, host: str = "127.0.0.1", port: int = DEFAULT_PORT) -> AsyncIterator[str]:
-    """Serve the dashboard while the block runs; yields its URL (``port`` 0 picks a free port)."""
-    runner = web.AppRunner(make_app(snapshot), access_log=None)
+async def serving(snapshot: Snapshot, host: str = "127.0.0.1", port: int = DEFAULT_PORT, *,
+                  token: str | None = None, environ: Mapping[str, str] = os.environ) -> AsyncIterator[str]:
+    """Serve the dashboard while the block runs; yields its URL (``port`` 0 picks a free port). ``token``
+    (else ``$RLBUS_DASHBOARD_TOKEN`` / ``_FILE`` in ``environ``) protects every path; without one, a host
+    other than loopback is a ConfigError before binding."""
+    token = dashboard_token(token, host=host, environ=environ)
+    runner = web.AppRunner(make_app(snapshot, token=token), access_log=None)
     await runner.setup()
     site = web.TCPSite(runner, host, port)
     try:
@@ -81,14 +103,21 @@ class Dashboard:
         host: str = "127.0.0.1",
         port: int = DEFAULT_PORT,
         on_ready: Callable[[str], None] | None = None,
+        token: str | None = None,
+        environ: Mapping[str, str] = os.environ,
     ) -> None:
+        """``token``: see `serving`; resolved and checked against ``host`` here, so a dashboard that may
+        not listen on ``host`` fails before it starts following the run."""
+        self.token = dashboard_token(token, host=host, environ=environ)
         self.collector = Collector(bus=bus, state=state, start=start, model_id=model_id)
         self.host = host
         self.port = port
         self._on_ready = on_ready
+        self._environ = environ
 
     async def run(self, stop: asyncio.Event) -> None:
-        async with serving(self.collector.snapshot, self.host, self.port) as url:
+        async with serving(self.collector.snapshot, self.host, self.port, token=self.token,
+                           environ=self._environ) as url:
             if self._on_ready is not None:
                 self._on_ready(url)
             await self.collector.run(stop)
@@ -141,12 +170,12 @@ class DemoFeed:
 
 
 async def run_demo(demo: Demo, *, host: str = "127.0.0.1", port: int = DEFAULT_PORT,
-                   on_ready: Callable[[str], None] | None = None) -> DemoResult:
+                   on_ready: Callable[[str], None] | None = None, token: str | None = None) -> DemoResult:
     """Run ``demo`` while serving its dashboard (``rlbus demo --dashboard PORT``); the page goes away
-    with the run."""
+    with the run. ``token``: see `serving`."""
     feed = DemoFeed(demo)
     stop = asyncio.Event()
-    async with serving(feed.snapshot, host, port) as url:
+    async with serving(feed.snapshot, host, port, token=token) as url:
         if on_ready is not None:
             on_ready(url)
         async with asyncio.TaskGroup() as tasks:

@@ -59,9 +59,13 @@ class Heartbeat:
         loop_lag = LoopLagMonitor()
         beat = Heartbeat(state=state, role="rollout", worker_id=wid, region=region,
                          info=lambda: {**worker.stats(), **sync.stats(), **loop_lag.stats()})
-        async with serve_metrics(9400, "0.0.0.0"), asyncio.TaskGroup() as tasks:
+        async with serve_metrics(9400, "127.0.0.1"), asyncio.TaskGroup() as tasks:
             for part in (worker, sync, beat, loop_lag):
                 tasks.create_task(part.run(stop))
+
+    (A container binds ``0.0.0.0`` instead — ``run.metrics_host`` / ``$RLBUS_METRICS_HOST`` — so Prometheus
+    can reach it; `serve_metrics` then insists on a metrics token, ``$RLBUS_METRICS_TOKEN`` or
+    ``$RLBUS_METRICS_TOKEN_FILE``, which docker-compose.yml sets: `rlbus.exposure`.)
     """
 
     def __init__(

@@ -11,7 +11,7 @@ API (JSON; every route but ``/healthz`` needs ``Authorization: Bearer <token>``)
 ``POST /v1/feedback``              one object (below) → 202 ``{reward_id, rollout_id, prompt_id, value,
                                    topic, partition, offset}``: where the reward landed on the log
 ``POST /v1/feedback:batch``        a JSON array of up to 500 objects → 202 ``{accepted, results: […]}``
-``GET /healthz``                   200 ``{"ok": true, "published": n}``
+``GET /healthz``                   200 ``{"ok": true}``; with the token also ``"published": n``
 =================================  =====================================================================
 
 Object fields: ``rollout_id`` (str, required), ``signal`` (``"up"`` | ``"down"``, required), ``score``
@@ -39,13 +39,13 @@ offline aggregation. Live feedback is sparse: a policy that waits for ``user`` r
 ``timeout_s``/``min_group`` to release groups most users never rate.
 
 The token comes from ``RLBUS_FEEDBACK_TOKEN`` or a file (``--token-file`` / ``RLBUS_FEEDBACK_TOKEN_FILE``),
-never from the command line, where ``ps`` would show it; it is compared in constant time.
+never from the command line, where ``ps`` would show it; it is compared in constant time
+(`rlbus.exposure.BearerAuth`). A refused request is a 401, logged at WARNING with its path and peer.
 """
 
 from __future__ import annotations
 
 import asyncio
-import hmac
 import logging
 import os
 import re
@@ -64,6 +64,7 @@ from rlbus.bus.topics import REWARDS
 from rlbus.bus.types import RecordMetadata
 from rlbus.config import secret_from
 from rlbus.errors import BusError, ConfigError, FeedbackError, FeedbackRejected
+from rlbus.exposure import BearerAuth, check_bind
 from rlbus.schemas import Reward
 
 log = logging.getLogger("rlbus.producers.feedback")
@@ -197,7 +198,7 @@ class FeedbackServer:
         if len(token) < MIN_TOKEN_CHARS:
             raise ConfigError("feedback.token", f"must be at least {MIN_TOKEN_CHARS} characters")
         self._bus = bus
-        self._token = f"Bearer {token}".encode()
+        self._auth = BearerAuth("feedback", token, open_paths={"/healthz"})
         self._clock = clock
         self._topic = topic
         self._publish_timeout_s = publish_timeout_s
@@ -208,13 +209,14 @@ class FeedbackServer:
         self.listening = asyncio.Event()
 
     def app(self) -> web.Application:
-        app = web.Application(middlewares=[self._auth], client_max_size=MAX_BODY_BYTES)
+        app = web.Application(middlewares=[self._auth.middleware], client_max_size=MAX_BODY_BYTES)
         app.router.add_get("/healthz", self._health)
         app.router.add_post("/v1/feedback", self._one)
         app.router.add_post("/v1/feedback:batch", self._batch)
         return app
 
     async def run(self, stop: asyncio.Event, host: str = "127.0.0.1", port: int = 8471) -> None:
+        check_bind(host, service="feedback", auth_configured=True)  # a token is required: never open
         runner = web.AppRunner(self.app(), access_log=None)
         await runner.setup()
         try:
@@ -226,17 +228,10 @@ class FeedbackServer:
         finally:
             await runner.cleanup()
 
-    @web.middleware
-    async def _auth(self, request: web.Request, handler: Any) -> web.StreamResponse:
-        if request.path != "/healthz":
-            given = request.headers.get("Authorization", "").encode()
-            if not hmac.compare_digest(given, self._token):
-                return _json(401, {"error": "missing or wrong bearer token"},
-                             **{"WWW-Authenticate": 'Bearer realm="rlbus-feedback"'})
-        response: web.StreamResponse = await handler(request)
-        return response
-
     async def _health(self, request: web.Request) -> web.Response:
+        """Open, so a load balancer can probe it; the count only for the token's holder."""
+        if not self._auth.accepts(request):
+            return _json(200, {"ok": True})
         return _json(200, {"ok": True, "published": self.published})
 
     async def _one(self, request: web.Request) -> web.Response:

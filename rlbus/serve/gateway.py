@@ -1,7 +1,7 @@
 """The OpenAI-compatible gateway: production traffic served by the rollout fleet's engine, recorded for RL.
 
 Routes (JSON; every route but ``/healthz`` and ``/metrics`` needs ``Authorization: Bearer <tenant token>``,
-`rlbus.serve.auth`):
+`rlbus.serve.auth`; ``/metrics`` and the details of ``/healthz`` are the operator's, see Access below):
 
 =================================  =====================================================================
 ``POST /v1/chat/completions``      OpenAI chat completions: messages, tools / tool_choice, n, temperature,
@@ -11,9 +11,19 @@ Routes (JSON; every route but ``/healthz`` and ``/metrics`` needs ``Authorizatio
 ``POST /rl/sessions/{id}/reward``  close an agent session with a reward (below) → 202 with where the
                                    rollout and the reward landed
 ``GET /rl/sessions/{id}``          an open session's turns, tokens, edits, oldest version
-``GET /healthz``                   version served, recorder and session counters
-``GET /metrics``                   the process's Prometheus metrics (as vLLM serves them on its port)
+``GET /healthz``                   ``{"ok": true}``; for the operator also the version served, recorder
+                                   and session counters
+``GET /metrics``                   the process's Prometheus metrics (as vLLM serves them on its port), for
+                                   the operator only
 =================================  =====================================================================
+
+Access (`rlbus.exposure`). A gateway never starts without tenant tokens (`rlbus.serve.auth.load_tenants`
+refuses), and `Gateway.run` checks the bind address before listening. A tenant sees only its own sessions:
+another tenant's session id is a 404 (``session_not_found``) on every session route and when a chat
+completion names it in ``X-RL-Session``, exactly as an unknown id. The operator is whoever holds the metrics
+token (``$RLBUS_METRICS_TOKEN`` / ``$RLBUS_METRICS_TOKEN_FILE``, as for `rlbus.metrics.serve_metrics`);
+without one configured, operator routes are open on a loopback bind and closed (401) on any other. Tenant
+tokens never open them. Every 401 is logged at WARNING with path and peer, never the token.
 
 The engine is the one a rollout worker uses (`rlbus.wiring.rollout.rollout_stack`: the torch engine behind
 the batching engine, weights following the trainer through `rlbus.weights.sync.WeightSync`), so served
@@ -77,6 +87,7 @@ from rlbus.bus.topics import REWARDS, ROLLOUTS
 from rlbus.engines.base import Engine, GenerationRequest, GenerationResult
 from rlbus.envs.chat import ChatFormat
 from rlbus.errors import ApiError, BusError
+from rlbus.exposure import BearerAuth, check_bind, is_loopback, load_token
 from rlbus.metrics import (
     CONTENT_TYPE as METRICS_CONTENT_TYPE,
 )
@@ -130,11 +141,13 @@ class Gateway:
         publish_timeout_s: float = 10.0,
         connect: Callable[[], Awaitable[None]] | None = None,
         clock: Callable[[], float] = time.time,
+        metrics_token: str | None = None,
     ) -> None:
         """``recorder`` writes ``rl.served.v1``, ``rollouts`` the rollouts of completions recorded as rollouts
         (both buffered), ``bus`` takes session rollouts and rewards (acknowledged before the 202). Without a
         ``bus`` sessions cannot be closed; without a recorder nothing is recorded. ``connect`` starts a bus
-        that was not started (it may be down), before a session is published."""
+        that was not started (it may be down), before a session is published. ``metrics_token`` (else the
+        configured metrics token, read by `run`) opens the operator routes (module docstring, Access)."""
         self.engine = engine
         self.chat = chat
         self.tenants = tenants
@@ -167,6 +180,9 @@ class Gateway:
         self.own_seconds: deque[float] = deque(maxlen=1000)
         self.address: tuple[str, int] | None = None
         self.listening = asyncio.Event()
+        self.metrics_token = metrics_token
+        self._operator_auth: BearerAuth | None = None
+        self._operator_open = False  # set by run: no metrics token and a loopback bind
 
     def stats(self) -> dict[str, Any]:
         """What the gateway's heartbeat carries (the dashboard's serving card): traffic over the latest
@@ -199,7 +215,16 @@ class Gateway:
         return app
 
     async def run(self, stop: asyncio.Event, host: str = "127.0.0.1", port: int = 8000) -> None:
-        """Serve until ``stop``; the recorders' drain tasks run alongside in one task group."""
+        """Serve until ``stop``; the recorders' drain tasks run alongside in one task group. A bind address
+        other than loopback without tenant tokens, or a bad metrics token, is a ConfigError before anything
+        listens."""
+        check_bind(host, service="serve", auth_configured=bool(self.tenants.names))
+        token = self.metrics_token or load_token("metrics")
+        self._operator_auth = BearerAuth("metrics", token) if token is not None else None
+        self._operator_open = token is None and is_loopback(host)
+        if token is None and not self._operator_open:
+            log.warning("the gateway's /metrics and /healthz details are closed on %s: set RLBUS_METRICS_TOKEN "
+                        "(or RLBUS_METRICS_TOKEN_FILE) to scrape them", host)
         runner = web.AppRunner(self.app(), access_log=None)
         await runner.setup()
         try:
@@ -232,6 +257,9 @@ class Gateway:
         try:
             response = await handler(request)
         except ApiError as exc:
+            if exc.status == 401:  # the reason, the path and the peer; never the token
+                log.warning("serve: refused %s %r from %s: %s", request.method, request.path,
+                            request.remote or "unknown peer", exc.message)
             response = error_response(exc)
         except web.HTTPRequestEntityTooLarge:
             response = error_response(ApiError(413, f"request body exceeds {self.max_body_bytes} bytes",
@@ -249,9 +277,22 @@ class Gateway:
         SERVE_REQUESTS.labels(route, str(response.status)).inc()
         return response
 
+    def _operator_refusal(self, request: web.Request) -> str | None:
+        """None when ``request`` may see the operator routes (module docstring, Access), else why not."""
+        if self._operator_auth is not None:
+            if self._operator_auth.accepts(request):
+                return None
+            return "missing or wrong metrics token: send 'Authorization: Bearer <RLBUS_METRICS_TOKEN>'"
+        if self._operator_open:
+            return None
+        return ("this gateway's metrics are served off-host only with a metrics token: set RLBUS_METRICS_TOKEN "
+                "(or RLBUS_METRICS_TOKEN_FILE) where it runs")
+
     # -- routes ------------------------------------------------------------------------------------------
 
     async def _health(self, request: web.Request) -> web.Response:
+        if self._operator_refusal(request) is not None:
+            return json_response(200, {"ok": True})  # a liveness probe learns nothing more
         return json_response(200, {
             "ok": True, "model": self.model_name, "version": self.engine.policy_version, "served": self.served,
             "sessions_open": len(self.sessions), "history_edits": self.history_edits,
@@ -260,6 +301,9 @@ class Gateway:
         })
 
     async def _metrics(self, request: web.Request) -> web.Response:
+        refusal = self._operator_refusal(request)
+        if refusal is not None:
+            raise ApiError(401, refusal, code="invalid_api_key")
         return web.Response(body=exposition(), headers={"Content-Type": METRICS_CONTENT_TYPE})
 
     async def _models(self, request: web.Request) -> web.Response:

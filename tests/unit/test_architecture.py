@@ -29,7 +29,7 @@ PRIVATE_EXCEPTIONS = {
 #: rlbus ("rlbus" is the package's own __init__).
 LAYERS: list[set[str]] = [
     {"rlbus", "errors", "aio"},
-    {"schemas", "metrics"},
+    {"schemas", "metrics", "exposure"},
     {"blobs"},
     {"bus", "state"},
     {"config", "services", "observe"},

@@ -63,7 +63,9 @@ async def test_auth_is_required_except_for_health(client: TestClient[Any, Any], 
     for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": TOKEN}):
         response = await client.post("/v1/feedback", data=body, headers=headers)
         assert response.status == 401 and response.headers["WWW-Authenticate"].startswith("Bearer")
-    health = await client.get("/healthz")
+    health = await client.get("/healthz")  # open, revealing nothing; the count only with the token
+    assert health.status == 200 and (await health.json()) == {"ok": True}
+    health = await client.get("/healthz", headers=AUTH)
     assert health.status == 200 and (await health.json()) == {"ok": True, "published": 0}
     assert await rewards_on(bus) == []
 
