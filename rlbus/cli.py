@@ -21,7 +21,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from rlbus.errors import RlbusError
+from rlbus.errors import ConfigError, RlbusError
 
 if TYPE_CHECKING:
     from rlbus.bus.base import Bus
@@ -59,6 +59,8 @@ env_app = _typer(
 app.add_typer(env_app, name="env")
 config_app = _typer(help="Run configs: check one before it runs.", no_args_is_help=True)
 app.add_typer(config_app, name="config")
+redis_app = _typer(help="The run's Redis: ACL users per role (least privilege).", no_args_is_help=True)
+app.add_typer(redis_app, name="redis")
 
 console = Console()
 err = Console(stderr=True)
@@ -422,8 +424,16 @@ def kafka_start(
         str | None, typer.Option(help="Create this SCRAM-SHA-512 user; password from $RLBUS_SASL_PASSWORD.")
     ] = None,
     scram_password_file: Annotated[Path | None, typer.Option(help="File holding --scram-user's password.")] = None,
+    secure: Annotated[
+        bool,
+        typer.Option(help="TLS on every listener (a local CA), SCRAM for clients, nothing allowed without an ACL."),
+    ] = False,
+    mtls: Annotated[bool, typer.Option(help="With --secure: clients must also present a certificate.")] = False,
 ) -> None:
-    """Resolve the Kafka jars with Maven, format KRaft storage once, start the broker(s) and wait."""
+    """Resolve the Kafka jars with Maven, format KRaft storage once, start the broker(s) and wait.
+
+    With --secure there is no PLAINTEXT listener: clients use SASL_SSL with the printed CA file, the
+    administrator a client certificate; `rlbus topics create --acls` then gives each role its credential."""
     from rlbus.services import kafka
 
     if brokers not in (1, 3):
@@ -432,13 +442,38 @@ def kafka_start(
         users = kafka.scram_users_from(scram_user, scram_password_file)
         with console.status(f"starting {brokers} Kafka broker(s)…"):
             cluster = kafka.start(brokers=brokers, port=port, fresh=fresh, home=home, sasl_port=sasl_port,
-                                  scram_users=users)
+                                  scram_users=users, secure=secure, mtls=mtls)
     except RlbusError as exc:
         _error(exc)
         raise typer.Exit(1) from None
     console.print(f"Kafka is up: bootstrap [bold]{cluster.bootstrap}[/bold]")
     if cluster.sasl_bootstrap:
         console.print(f"SASL_PLAINTEXT (SCRAM) listeners: [bold]{cluster.sasl_bootstrap}[/bold]")
+    if cluster.secure:
+        from rlbus.services.kafka_secure import describe_secure
+
+        console.print(describe_secure(cluster), highlight=False)
+
+
+@kafka_app.command("acls")
+def kafka_acls(home: Annotated[Path | None, typer.Option(envvar="RLBUS_HOME")] = None) -> None:
+    """List every ACL of the local secure cluster (asked as its administrator)."""
+    from rlbus.services import kafka
+    from rlbus.services.kafka_admin import describe_acls
+
+    cluster = kafka.load_cluster((home or kafka.default_home()).expanduser().resolve())
+    if cluster is None or not cluster.secure:
+        _error(ConfigError("secure", "no secure local cluster here: start one with `rlbus kafka start --secure`"))
+        raise typer.Exit(1)
+    try:
+        acls = describe_acls(kafka.admin_client_properties(cluster))
+    except RlbusError as exc:
+        _error(exc)
+        raise typer.Exit(1) from None
+    table = Table("principal", "permission", "operation", "resource", "name", "pattern")
+    for acl in acls:
+        table.add_row(acl.principal, acl.permission, acl.operation, acl.resource_type, acl.name, acl.pattern)
+    console.print(table)
 
 
 @kafka_app.command("stop")
@@ -477,8 +512,22 @@ def topics_create(
     replication: Annotated[int, typer.Option(help="Replication factor (3 on a 3-broker cluster).")] = 1,
     partitions: Annotated[int | None, typer.Option(help="Override partitions of the data topics.")] = None,
     namespace: Annotated[str, typer.Option(help="A run's namespace: create <namespace>.rl.prompts.v1 …")] = "",
+    acls: Annotated[
+        bool,
+        typer.Option(help="On the local secure cluster: also one SCRAM user per role and its ACLs (least privilege)."),
+    ] = False,
+    credentials: Annotated[
+        Path | None, typer.Option(help="With --acls: where the roles' password files and [bus] snippets go.")
+    ] = None,
+    home: Annotated[
+        Path | None, typer.Option(envvar="RLBUS_HOME", help="With --acls: the local cluster's home.")
+    ] = None,
 ) -> None:
-    """Create every rlbus topic and its dead-letter topic (existing ones are left alone)."""
+    """Create every rlbus topic and its dead-letter topic (existing ones are left alone).
+
+    With --acls (a cluster from `rlbus kafka start --secure`, and --config its admin.bus.toml), also create
+    the namespace's role users (trainer, rollout, reward, producer, gateway, operator) and grant each only
+    what it does; each role's credential is written as <credentials>/<role>.bus.toml + <role>.password."""
     from rlbus.bus.namespace import namespaced
     from rlbus.bus.topics import topic_specs
 
@@ -490,6 +539,30 @@ def topics_create(
 
     created = _run(go)
     console.print(f"created {len(created)} topic(s)" + (": " + ", ".join(created) if created else ""))
+    if acls:
+        _grant_roles(namespace, credentials, home)
+
+
+def _grant_roles(namespace: str, credentials: Path | None, home: Path | None) -> None:
+    from rlbus.services import kafka
+    from rlbus.services.kafka_acl import bindings, grant
+
+    cluster = kafka.load_cluster((home or kafka.default_home()).expanduser().resolve())
+    if cluster is None or not cluster.secure:
+        _error(ConfigError("acls", "--acls needs the local secure cluster (`rlbus kafka start --secure`, --home)"))
+        raise typer.Exit(1)
+    out = credentials or cluster.home / "credentials" / (namespace or "default")
+    try:
+        with console.status("creating the roles' SCRAM users and ACLs (Kafka's Admin client)…"):
+            granted = grant(cluster, namespace, out)
+    except RlbusError as exc:
+        _error(exc)
+        raise typer.Exit(1) from None
+    table = Table("role", "principal", "ACLs", "credential ([bus] table)")
+    for cred in granted:
+        count = len(bindings(namespace, [cred.role]))
+        table.add_row(cred.role, f"User:{cred.user}", str(count), str(cred.bus_file))
+    console.print(table)
 
 
 @topics_app.command("list")
@@ -581,9 +654,14 @@ def blobs_serve(
     upstream: Annotated[
         str | None, typer.Option(help="Origin URL: serve as a read-only pull-through relay for a region.")
     ] = None,
-    upstream_secret: Annotated[str | None, typer.Option(envvar="RLBUS_UPSTREAM_BLOB_SECRET")] = None,
+    upstream_secret: Annotated[str | None, typer.Option(
+        envvar="RLBUS_UPSTREAM_BLOB_SECRET",
+        help="The relay's credential at the origin: a read-only `rlbus blobs key --role relay` key "
+             "(default: the serving secret).")] = None,
 ) -> None:
-    """Serve a blob directory over signed HTTP with range reads; with --upstream, relay an origin."""
+    """Serve a blob directory over signed HTTP with range reads; with --upstream, relay an origin.
+
+    The secret is the master this server verifies requests and scoped keys (`rlbus blobs key`) with."""
     from rlbus.blobs.http import BlobServer, HttpStore, serve
     from rlbus.blobs.local import LocalStore
     from rlbus.config import secret_from
@@ -614,6 +692,53 @@ def blobs_serve(
                 await origin.close()
 
     _run(go)
+
+
+@blobs_app.command("key")
+def blobs_key(
+    role: Annotated[str, typer.Option(help="trainer, worker, relay or operator: sets the permissions.")],
+    prefix: Annotated[
+        str, typer.Option(help="Confine the key to keys under this prefix (run7/); '' is the whole store.")
+    ] = "",
+    ttl: Annotated[
+        str | None, typer.Option(help="Lifetime: 3600s, 30m, 12h, 7d, 2w. Default: never expires.")
+    ] = None,
+    permissions: Annotated[
+        str | None, typer.Option(help="Replace the role's permissions: a subset of read,write,delete,list.")
+    ] = None,
+    name: Annotated[
+        str | None, typer.Option(help="Key id the server logs refusals under. Default: <role>-<6 hex>.")
+    ] = None,
+    secret: Annotated[
+        str | None, typer.Option(envvar="RLBUS_BLOB_SECRET", help="The server's master secret (prefer the env var).")
+    ] = None,
+    secret_file: Annotated[
+        Path | None, typer.Option(envvar="RLBUS_BLOB_SECRET_FILE", help="File holding the master secret.")
+    ] = None,
+) -> None:
+    """Mint a scoped blob key (rlbus/blobs/keys.py) from the master secret; the key alone goes to stdout.
+
+    Give it to a process as its RLBUS_BLOB_SECRET: workers get --role worker (read only), a relay's
+    upstream client --role relay (RLBUS_UPSTREAM_BLOB_SECRET)."""
+    import time
+
+    from rlbus.blobs.keys import PERMISSIONS, ScopedKey, mint_for_role
+    from rlbus.config import secret_from
+
+    try:
+        master = secret_from(secret, secret_file, "RLBUS_BLOB_SECRET", field="blobs.secret")
+        if not master:
+            raise typer.BadParameter("set RLBUS_BLOB_SECRET or RLBUS_BLOB_SECRET_FILE (or --secret-file)")
+        key = mint_for_role(master, role, prefix=prefix, ttl=ttl, permissions=permissions, key_id=name)
+    except RlbusError as exc:
+        _error(exc)
+        raise typer.Exit(1) from None
+    claims = ScopedKey.parse(key).claims
+    until = "never" if claims.expires is None else time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(claims.expires))
+    scope = claims.prefix or "(whole store)"
+    granted = ",".join(p for p in PERMISSIONS if p in claims.permissions)
+    err.print(f"key {claims.key_id}: {granted} on {scope}, expires {until}", markup=False, highlight=False)
+    sys.stdout.write(key + "\n")
 
 
 @blobs_app.command("collect-claims")
@@ -724,7 +849,8 @@ TokenFile = Annotated[
 @feedback_app.command("serve")
 def feedback_serve(
     port: int = 8471,
-    host: str = "127.0.0.1",
+    host: Annotated[str, typer.Option(
+        help="Interface to bind (every request but /healthz needs the token).")] = "127.0.0.1",
     token_file: TokenFile = None,
     bootstrap: Bootstrap = "127.0.0.1:9092",
     config: ConfigFile = None,
@@ -780,7 +906,8 @@ def serve(
     model: Annotated[str | None, typer.Option(help="A shipped model (default smollm2-135m-instruct), a model "
                                                    "directory, a .gguf file, or a preset (tiny, bench, demo).")] = None,
     port: Annotated[int | None, typer.Option(help="Port (default 8000, or the config's serve.port).")] = None,
-    host: Annotated[str, typer.Option(help="Interface, without --config.")] = "127.0.0.1",
+    host: Annotated[str, typer.Option(help="Interface, without --config (tenant tokens are always required; "
+                                           "/metrics off loopback needs $RLBUS_METRICS_TOKEN).")] = "127.0.0.1",
     token_file: Annotated[Path | None, typer.Option(envvar="RLBUS_SERVE_TOKEN_FILE", help=(
         "File of 'tenant: token' lines (else $RLBUS_SERVE_TOKENS='tenant:token,…')."))] = None,
     bootstrap: Bootstrap = "127.0.0.1:9092",
@@ -1124,6 +1251,53 @@ def offline_pairs(
     console.print(f"wrote {len(mined.pairs)} pair(s) to {out}")
 
 
+# --- redis ---------------------------------------------------------------------------------------
+@redis_app.command("users")
+def redis_users(
+    namespace: Annotated[str, typer.Option(
+        envvar="RLBUS_NAMESPACE", help="The run namespace (run.namespace); \"\" for a run without one.")] = "",
+    url: Annotated[
+        str, typer.Option("--url", envvar="RLBUS_REDIS_ADMIN_URL", help="Redis URL of an admin (ACL SETUSER allowed).")
+    ] = "redis://127.0.0.1:6379/0",
+    key_prefix: Annotated[
+        str | None, typer.Option(help="The run's state.key_prefix, when its config sets one.")
+    ] = None,
+    password_dir: Annotated[Path | None, typer.Option(
+        help="One file per role holding its password; missing ones are created (random, mode 0600). "
+             "$RLBUS_REDIS_PASSWORD_<ROLE> wins over a file.")] = None,
+    role: Annotated[
+        list[str] | None, typer.Option("--role", metavar="ROLE", help="Only this role (repeat; default: every role).")
+    ] = None,
+    disable_default: Annotated[bool, typer.Option(
+        "--disable-default", help="Then turn the passwordless default user off, as production does.")] = False,
+) -> None:
+    """Create or update the ACL user of every role of a run (rlbus/services/redis_acl.py), each allowed only
+    its own keys and commands, and print each role's URL (without its password)."""
+    from rlbus.services import redis_acl
+
+    roles = tuple(role) if role else redis_acl.ROLES
+    try:
+        for name in roles:
+            redis_acl.check_role(name)
+        redis_acl.role_rules(roles[0], namespace, key_prefix=key_prefix)  # a bad namespace fails before any file
+        passwords, created = redis_acl.read_passwords(roles, directory=password_dir)
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc)) from None
+    try:
+        users = _run(lambda: redis_acl.apply_users(url, passwords, namespace=namespace, key_prefix=key_prefix,
+                                                   disable_default=disable_default))
+    except ValueError as exc:
+        _error(exc)
+        raise typer.Exit(1) from None
+    for name, user in users.items():
+        source = f"${redis_acl.password_env(name)}" if os.environ.get(redis_acl.password_env(name)) else (
+            f"{password_dir / name}{' (created)' if name in created else ''}" if password_dir else "")
+        console.print(f"{name:<9} {escape(redis_acl.role_url(url, user))}  password: {escape(source)}",
+                      highlight=False, soft_wrap=True)
+    if disable_default:
+        console.print("default user: off", highlight=False)
+
+
 # --- status -------------------------------------------------------------------------------------
 @app.command()
 def status(
@@ -1180,7 +1354,9 @@ def status(
 @app.command()
 def dashboard(
     port: Annotated[int, typer.Option(help="Port to serve the page on.")] = 8480,
-    host: Annotated[str, typer.Option(help="Interface to bind (0.0.0.0 to share it).")] = "127.0.0.1",
+    host: Annotated[str, typer.Option(help=(
+        "Interface to bind; any but loopback (e.g. 0.0.0.0 to share it) needs $RLBUS_DASHBOARD_TOKEN or "
+        "$RLBUS_DASHBOARD_TOKEN_FILE."))] = "127.0.0.1",
     bootstrap: Bootstrap = "127.0.0.1:9092",
     config: ConfigFile = None,
     redis: Annotated[
@@ -1194,7 +1370,7 @@ def dashboard(
     """A web page with live charts of the run: reward by source, versions per worker, lag, staleness,
     delta bytes vs full size, swap pauses, mismatch KL. Reads the topics without joining any group."""
     from rlbus.launch.signals import GracefulStop
-    from rlbus.observe.dashboard import Dashboard, parse_since
+    from rlbus.observe.dashboard import Dashboard, dashboard_token, parse_since
     from rlbus.state import open_state_store
 
     try:
@@ -1203,13 +1379,16 @@ def dashboard(
         raise typer.BadParameter(str(exc), param_hint="--since") from None
 
     async def go() -> None:
+        token = dashboard_token(host=host)  # before connecting: no page open to other hosts without a token
         state = open_state_store(redis, key_prefix=redis_prefix) if redis else None
         try:
             if state is not None:
                 await state.workers()  # fail now, with one line, if Redis is unreachable
             async with _bus(bootstrap, config) as bus:
                 board = Dashboard(bus=bus, state=state, start=start, model_id=model_id, host=host, port=port,
-                                  on_ready=lambda url: console.print(f"dashboard on [bold]{url}[/bold]; Ctrl-C stops"))
+                                  token=token, on_ready=lambda url: console.print(
+                                      f"dashboard on [bold]{url}[/bold]{' (token required)' if token else ''}; "
+                                      "Ctrl-C stops"))
                 with GracefulStop() as stopping:  # SIGTERM or Ctrl-C: stop serving, close cleanly
                     await board.run(stopping.stop)
         finally:

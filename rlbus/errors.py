@@ -18,7 +18,8 @@ rlbus, so callers handle one hierarchy. Each class says whether retrying the sam
     ├── BusError                     transport problems
     │   ├── BusUnavailable           broker unreachable / timed out          (retriable)
     │   ├── TopicNotFound            topic does not exist (auto-create is off)
-    │   ├── BusAuthError             the broker refused the credentials (SASL)
+    │   ├── BusAuthError             the broker refused the credentials (SASL, TLS)
+    │   │   └── BusForbidden         authenticated, but no ACL allows this (topic, group, cluster)
     │   └── CommitFailed             offset commit rejected (e.g. rebalance)   (retriable)
     ├── StateError                   state store problems                      (retriable)
     ├── WeightSyncError              weight versions
@@ -117,6 +118,11 @@ class TopicNotFound(BusError):
 
 class BusAuthError(BusError):
     """The broker refused this client's credentials; retrying with the same ones cannot help."""
+
+
+class BusForbidden(BusAuthError):
+    """The broker knows who this client is and no ACL lets it do this (write that topic, join that group):
+    a deployment error, never retried. The message names the principal's resource and operation."""
 
 
 class CommitFailed(BusError):

@@ -26,18 +26,22 @@ from aiokafka.conn import create_conn
 from aiokafka.errors import (
     AuthenticationFailedError,
     AuthenticationMethodNotSupported,
+    ClusterAuthorizationFailedError,
     CommitFailedError,
+    GroupAuthorizationFailedError,
     KafkaConnectionError,
     KafkaError,
     KafkaTimeoutError,
     RebalanceInProgressError,
     SaslAuthenticationFailed,
+    TopicAuthorizationFailedError,
+    TransactionalIdAuthorizationFailed,
     UnknownTopicOrPartitionError,
 )
 
 from rlbus.bus.base import Bus, Consumer, TopicLike
 from rlbus.bus.types import Headers, Record, RecordMetadata, TopicInfo, TopicPartition, TopicSpec
-from rlbus.errors import BusAuthError, BusError, BusUnavailable, CommitFailed, TopicNotFound
+from rlbus.errors import BusAuthError, BusError, BusForbidden, BusUnavailable, CommitFailed, TopicNotFound
 
 
 @dataclass(frozen=True)
@@ -85,6 +89,40 @@ class KafkaSettings:
         return kwargs
 
 
+#: Kafka's TOPIC_, GROUP_, CLUSTER_ and TRANSACTIONAL_ID_AUTHORIZATION_FAILED.
+_FORBIDDEN_CODES = {29, 30, 31, 53}
+
+
+def _code_error(what: str, code: int, message: str | None = None) -> BusError:
+    """The rlbus error for a Kafka error code in a response (authorisation failures are BusForbidden)."""
+    detail = f"error {code} {message or ''}".strip()
+    if code in _FORBIDDEN_CODES:
+        return BusForbidden(f"{what}: not authorized ({detail})")
+    return BusError(f"{what}: {detail}")
+
+
+def _accept_any_certificate() -> ssl.SSLContext:
+    """Only to tell whether a port speaks TLS at all (nothing is sent but a handshake)."""
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    context.check_hostname = False
+    context.verify_mode = ssl.CERT_NONE
+    return context
+
+
+async def _first_read_error(reader: asyncio.StreamReader, wait_s: float = 1.0) -> str | None:
+    """What the server said right after the handshake: a TLS alert or a closed connection (it refused the
+    client's certificate), or None when it is still listening quietly, as Kafka does before a request."""
+    try:
+        data = await asyncio.wait_for(reader.read(1), wait_s)
+    except TimeoutError:
+        return None
+    except ssl.SSLError as exc:
+        return str(exc.reason or exc)
+    except OSError as exc:
+        return type(exc).__name__
+    return None if data else "connection closed"
+
+
 @contextlib.asynccontextmanager
 async def translated(what: str) -> AsyncIterator[None]:
     """Translate aiokafka errors raised inside the block into rlbus errors naming ``what``."""
@@ -92,6 +130,11 @@ async def translated(what: str) -> AsyncIterator[None]:
         yield
     except UnknownTopicOrPartitionError as exc:
         raise TopicNotFound(f"{what}: topic does not exist ({exc})") from exc
+    except (
+        TopicAuthorizationFailedError, GroupAuthorizationFailedError, ClusterAuthorizationFailedError,
+        TransactionalIdAuthorizationFailed,
+    ) as exc:
+        raise BusForbidden(f"{what}: not authorized ({type(exc).__name__}: {exc})") from exc
     except (CommitFailedError, RebalanceInProgressError) as exc:
         raise CommitFailed(f"{what}: {exc}") from exc
     except (KafkaConnectionError, KafkaTimeoutError) as exc:
@@ -128,10 +171,55 @@ class KafkaBus(Bus):
                 await self._producer.start()
                 await self._admin.start()
                 await self._meta.start()
-        except BusUnavailable:
-            if self.settings.sasl_mechanism:
-                await self._raise_if_credentials_refused()
+        except BaseException as exc:
+            await self.close()  # the clients that did start hold connections and background tasks
+            if isinstance(exc, BusUnavailable):
+                await self._explain_bootstrap_failure()
             raise
+
+    async def _explain_bootstrap_failure(self) -> None:
+        await self._raise_if_tls_refused()
+        if self.settings.sasl_mechanism:
+            await self._raise_if_credentials_refused()
+
+    async def _raise_if_tls_refused(self) -> None:
+        """A TLS mismatch also reads as "unable to bootstrap". Shake hands with the first broker directly
+        and name the cause: PLAINTEXT spoken to a TLS listener, a broker certificate this client's CA did
+        not sign, or a client certificate the broker refused (another CA, expired)."""
+        s = self.settings
+        host, _, port = s.bootstrap.split(",")[0].rpartition(":")
+        tls = s.security_protocol in ("SSL", "SASL_SSL")
+        probe = s.client_kwargs().get("ssl_context") if tls else _accept_any_certificate()
+        try:
+            async with asyncio.timeout(10):
+                reader, writer = await asyncio.open_connection(host, int(port), ssl=probe, server_hostname=host)
+            # TLS 1.3 refuses a client certificate only after the handshake: the alert arrives at the first read.
+            reader_error = await _first_read_error(reader) if tls else None
+            writer.close()
+        except ssl.SSLCertVerificationError as exc:
+            raise BusAuthError(
+                f"Kafka at {host}:{port}: this client does not trust the broker's certificate ({exc.verify_message}); "
+                "check [bus] ssl_cafile"
+            ) from None
+        except ssl.SSLError as exc:
+            if tls:
+                raise BusAuthError(
+                    f"Kafka at {host}:{port} refused the TLS handshake ({exc.reason}): its client certificate check "
+                    "failed (certificate from another CA, or expired), or the port does not speak TLS"
+                ) from None
+            return
+        except (OSError, TimeoutError):
+            return
+        if reader_error is not None and tls:
+            raise BusAuthError(
+                f"Kafka at {host}:{port} closed the connection after the TLS handshake ({reader_error}): it refused "
+                "this client's certificate (another CA, expired, or none given where one is required)"
+            ) from None
+        if not tls:
+            raise BusAuthError(
+                f"Kafka at {host}:{port} speaks TLS but security_protocol is {s.security_protocol}: use SSL or "
+                "SASL_SSL with [bus] ssl_cafile"
+            )
 
     async def _raise_if_credentials_refused(self) -> None:
         """aiokafka reports refused SASL credentials as "unable to bootstrap", which reads like an
@@ -210,7 +298,7 @@ class KafkaBus(Bus):
             )
         for name, code, message in _topic_errors(response):
             if code not in (0, 36):  # 36 = TOPIC_ALREADY_EXISTS (a concurrent creator won)
-                raise BusError(f"create topic {name}: error {code} {message or ''}".strip())
+                raise _code_error(f"create topic {name}", code, message)
         await self._wait_for_leaders([s.name for s in new])
         return [s.name for s in new]
 
@@ -240,7 +328,7 @@ class KafkaBus(Bus):
         if info["error_code"] == 3:
             raise TopicNotFound(f"topic {topic!r} does not exist (create it with `rlbus topics create`)")
         if info["error_code"]:
-            raise BusError(f"describe {topic}: error {info['error_code']}")
+            raise _code_error(f"describe {topic}", info["error_code"])
         return sorted(p["partition"] for p in info["partitions"])
 
     async def describe(self, topic: str) -> TopicInfo:
@@ -248,6 +336,8 @@ class KafkaBus(Bus):
             (info,) = await self.admin.describe_topics([topic])
             if info["error_code"] == 3:
                 raise TopicNotFound(f"topic {topic!r} does not exist")
+            if info["error_code"]:
+                raise _code_error(f"describe {topic}", info["error_code"])
             responses = await self.admin.describe_configs([ConfigResource(ConfigResourceType.TOPIC, topic)])
         config: dict[str, str] = {}
         for response in responses:
@@ -373,6 +463,14 @@ class KafkaConsumer(Consumer):
         self._from_beginning = from_beginning
 
     async def start(self) -> None:
+        try:
+            await self._start()
+        except BaseException:
+            with contextlib.suppress(KafkaError):  # a consumer that never started still warns when collected
+                await self._consumer.stop()
+            raise
+
+    async def _start(self) -> None:
         async with translated(f"start consumer of {self.topics}"):
             for topic in self.topics:
                 await self._bus.partitions(topic)  # raises TopicNotFound early: auto-create is off

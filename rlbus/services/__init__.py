@@ -21,13 +21,23 @@ def free_port(host: str = "127.0.0.1") -> int:
 
 def free_port_pair(host: str = "127.0.0.1") -> int:
     """A port p with p and p + 1 both free right now (a Kafka node's client and controller listeners)."""
-    for _ in range(50):
-        with socket.socket() as first, socket.socket() as second:
-            first.bind((host, 0))
-            port: int = first.getsockname()[1]
-            try:
-                second.bind((host, port + 1))
-            except OSError:
-                continue
+    return free_port_run(2, host)
+
+
+def free_port_run(count: int, host: str = "127.0.0.1") -> int:
+    """A port p with p … p + count - 1 all free right now (a cluster's consecutive listeners)."""
+    for _ in range(100):
+        sockets = [socket.socket()]
+        try:
+            sockets[0].bind((host, 0))
+            port: int = sockets[0].getsockname()[1]
+            for offset in range(1, count):
+                sockets.append(socket.socket())
+                sockets[-1].bind((host, port + offset))
             return port
-    raise RuntimeError("no two adjacent free ports")
+        except OSError:
+            continue
+        finally:
+            for sock in sockets:
+                sock.close()
+    raise RuntimeError(f"no {count} adjacent free ports")

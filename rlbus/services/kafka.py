@@ -12,16 +12,23 @@ follows the size: factor ``min(n, 3)``, min in-sync replicas one less (at least 
 
 Authentication (optional, ``sasl_port = s``): node ``i`` also listens on ``s + (i-1)`` with
 SASL_PLAINTEXT and the SCRAM-SHA-256/512 mechanisms; users are created through the admin API
-(:mod:`rlbus.services.scram`), so no password is ever a command-line argument. The PLAINTEXT listener
-stays for inter-broker traffic and local administration: this authenticates clients for tests and
-development, it is not a hardened deployment (no TLS, no ACLs).
+with Kafka's Admin client (:mod:`rlbus.services.kafka_admin`), so no password is ever a command-line
+argument. The PLAINTEXT listener stays for inter-broker traffic and local administration: this
+authenticates clients for development, it is not a hardened deployment.
+
+Security (``secure = True``, :mod:`rlbus.services.kafka_secure`): no PLAINTEXT anywhere. Clients speak
+SASL_SSL (SCRAM) on the client port, brokers and controllers talk mutual TLS, the administrator holds a
+client certificate for the nodes' internal listener (``internal_port + (i-1)``), and the
+StandardAuthorizer refuses whatever no ACL allows (:mod:`rlbus.services.kafka_acl` grants each role its
+own).
 
 Files::
 
     <cache>/kafka-<version>/jars/       runtime classpath; .resolved holds the pom's sha256
     <home>/kafka/cluster.json           cluster id and layout, written once storage is formatted
     <home>/kafka/node-<i>/              server.properties, log4j2.properties, data/,
-                                        kafka.pid, kafka.out (JVM stdout/stderr), server.log (WARN+)
+                                        kafka.pid, kafka.out (JVM stdout/stderr), server.log (WARN+),
+                                        security.log (denied requests, failed authentications)
 
 ``<cache>`` and ``<home>`` default to ``$RLBUS_HOME`` or ``~/.cache/rlbus``. The pom is found next
 to the package (``<repo>/infra/kafka/pom.xml``) or at ``$RLBUS_KAFKA_POM``; the node templates
@@ -35,7 +42,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import base64
-import hashlib
 import json
 import os
 import shutil
@@ -44,10 +50,8 @@ import socket
 import string
 import subprocess
 import sys
-import tempfile
 import time
 import uuid
-import xml.etree.ElementTree as ET
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -56,14 +60,13 @@ from typing import Any
 from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.errors import KafkaError
 
-import rlbus
 from rlbus.errors import ConfigError, RlbusError, ServiceError
+from rlbus.services import kafka_secure
+from rlbus.services.kafka_jars import default_home, pom_path, require_program, resolve_jars, tail
 
 HOST = "127.0.0.1"
 JVM_OPTS = ("-Xms256m", "-Xmx512m", "-XX:+ExitOnOutOfMemoryError", "-Djava.awt.headless=true")
 STOP_GRACE_S = 30.0
-LOG_TAIL_LINES = 30
-_POM_NS = {"m": "http://maven.apache.org/POM/4.0.0"}
 
 # Nodes launched by this process. Holding the Popen lets poll() reap a node that exited, so a
 # zombie never passes for a live broker, and keeps garbage collection from warning about it.
@@ -80,6 +83,8 @@ class KafkaNode:
     dir: Path
     #: SASL_PLAINTEXT (SCRAM) client listener, when authentication is on.
     sasl_port: int | None = None
+    #: A secure cluster's mutual-TLS listener for inter-broker traffic and the administrator.
+    internal_port: int | None = None
 
     @property
     def config(self) -> Path:
@@ -105,6 +110,11 @@ class KafkaNode:
     def log_file(self) -> Path:
         return self.dir / "server.log"
 
+    @property
+    def security_log(self) -> Path:
+        """Denied requests and failed authentications (see infra/kafka/log4j2.properties)."""
+        return self.dir / "security.log"
+
 
 @dataclass(frozen=True)
 class KafkaCluster:
@@ -113,10 +123,22 @@ class KafkaCluster:
     home: Path
     cluster_id: str
     nodes: tuple[KafkaNode, ...]
+    #: TLS everywhere, SCRAM on the client listener, ACLs enforced (see :mod:`rlbus.services.kafka_secure`).
+    secure: bool = False
+    #: Clients must also present a certificate signed by the cluster's CA (secure clusters only).
+    mtls: bool = False
 
     @property
     def bootstrap(self) -> str:
+        """The client listeners (SASL_SSL on a secure cluster, PLAINTEXT otherwise)."""
         return ",".join(f"{HOST}:{node.port}" for node in self.nodes)
+
+    @property
+    def internal_bootstrap(self) -> str | None:
+        """A secure cluster's mutual-TLS listeners (brokers and the administrator), else None."""
+        if not self.secure:
+            return None
+        return ",".join(f"{HOST}:{node.internal_port}" for node in self.nodes)
 
     @property
     def sasl_bootstrap(self) -> str | None:
@@ -134,103 +156,46 @@ class KafkaCluster:
         return max(1, self.replication_factor - 1)
 
 
-# --- locations -------------------------------------------------------------------------------
-
-
-def default_home() -> Path:
-    """``$RLBUS_HOME`` or ``~/.cache/rlbus``: the jar cache and the default cluster home."""
-    return Path(os.environ.get("RLBUS_HOME") or Path.home() / ".cache" / "rlbus").expanduser()
-
-
-def pom_path() -> Path:
-    """The pom that pins the broker: ``$RLBUS_KAFKA_POM`` or ``<repo>/infra/kafka/pom.xml``."""
-    override = os.environ.get("RLBUS_KAFKA_POM")
-    pom = Path(override) if override else Path(rlbus.__file__).resolve().parents[1] / "infra/kafka/pom.xml"
-    if not pom.is_file():
-        raise ServiceError(f"Kafka pom not found at {pom}; set RLBUS_KAFKA_POM to infra/kafka/pom.xml")
-    return pom
-
-
-def kafka_version(pom: Path) -> str:
-    """The ``kafka.version`` property of the pom."""
-    node = ET.parse(pom).getroot().find("m:properties/m:kafka.version", _POM_NS)
-    if node is None or not node.text:
-        raise ServiceError(f"{pom} has no <kafka.version> property")
-    return node.text.strip()
-
-
-def _require(program: str, package: str) -> str:
-    path = shutil.which(program)
-    if path is None:
-        raise ServiceError(f"{program!r} not found on PATH; install it (Debian: apt-get install -y {package})")
-    return path
-
-
-# --- jars ------------------------------------------------------------------------------------
-
-
-def resolve_jars(cache_dir: Path | None = None) -> Path:
-    """Resolve the broker's runtime jars with Maven into ``<cache>/kafka-<version>/jars``.
-
-    Skipped when the marker file records the same pom, so later calls cost nothing.
-    """
-    pom = pom_path()
-    digest = hashlib.sha256(pom.read_bytes()).hexdigest()
-    jars = (cache_dir or default_home()).expanduser() / f"kafka-{kafka_version(pom)}" / "jars"
-    marker = jars / ".resolved"
-    if marker.is_file() and marker.read_text().strip() == digest:
-        return jars
-    jars.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix="jars.", dir=jars.parent))
-    try:
-        _run_maven(pom, staging)
-        (staging / ".resolved").write_text(digest + "\n")
-        shutil.rmtree(jars, ignore_errors=True)
-        staging.rename(jars)
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
-    return jars
-
-
-def _run_maven(pom: Path, output_dir: Path) -> None:
-    command = [
-        _require("mvn", "maven"),
-        "-q",
-        "-B",
-        "-f",
-        str(pom),
-        "dependency:copy-dependencies",
-        f"-DoutputDirectory={output_dir}",
-        "-DincludeScope=runtime",
-    ]
-    done = subprocess.run(command, capture_output=True, text=True, check=False)
-    if done.returncode != 0:
-        raise ServiceError(f"Maven could not resolve the Kafka jars:\n{_tail(done.stdout + done.stderr)}")
-
-
 # --- cluster layout --------------------------------------------------------------------------
 
 
-def layout(home: Path, brokers: int, port: int, cluster_id: str, sasl_port: int | None = None) -> KafkaCluster:
+def layout(
+    home: Path, brokers: int, port: int, cluster_id: str, sasl_port: int | None = None, *,
+    secure: bool = False, internal_port: int | None = None, mtls: bool = False,
+) -> KafkaCluster:
     """The nodes of a ``brokers``-node cluster whose first client port is ``port`` (and first SASL
-    listener ``sasl_port``, when given)."""
+    listener ``sasl_port``, when given). A ``secure`` cluster's client listeners speak SASL_SSL and its
+    nodes also listen with mutual TLS from ``internal_port`` (default: right after the controllers)."""
     if brokers < 1:
         raise ConfigError("brokers", f"must be at least 1, got {brokers}")
     if not 1 <= port <= 65535 - 2 * brokers:
         raise ConfigError("port", f"{port} leaves no room for {brokers} nodes' ports")
     if sasl_port is not None and not 1 <= sasl_port <= 65535 - brokers:
         raise ConfigError("sasl_port", f"{sasl_port} leaves no room for {brokers} SASL listeners")
+    if secure and sasl_port is not None:
+        raise ConfigError("sasl_port", "a secure cluster's client listeners are SASL_SSL already: drop sasl_port")
+    if mtls and not secure:
+        raise ConfigError("mtls", "mutual TLS needs a secure cluster (secure=True)")
+    if secure and internal_port is None:
+        internal_port = port + 2 * brokers
+    if internal_port is not None and not 1 <= internal_port <= 65535 - brokers:
+        raise ConfigError("internal_port", f"{internal_port} leaves no room for {brokers} internal listeners")
     nodes = tuple(
-        _node(home, i, port + 2 * (i - 1), None if sasl_port is None else sasl_port + i - 1)
+        _node(
+            home, i, port + 2 * (i - 1), None if sasl_port is None else sasl_port + i - 1,
+            None if internal_port is None else internal_port + i - 1,
+        )
         for i in range(1, brokers + 1)
     )
-    return KafkaCluster(home=home, cluster_id=cluster_id, nodes=nodes)
+    return KafkaCluster(home=home, cluster_id=cluster_id, nodes=nodes, secure=secure, mtls=mtls)
 
 
-def _node(home: Path, node_id: int, port: int, sasl_port: int | None = None) -> KafkaNode:
+def _node(
+    home: Path, node_id: int, port: int, sasl_port: int | None = None, internal_port: int | None = None
+) -> KafkaNode:
     return KafkaNode(
         node_id=node_id, port=port, controller_port=port + 1, dir=home / "kafka" / f"node-{node_id}",
-        sasl_port=sasl_port,
+        sasl_port=sasl_port, internal_port=internal_port,
     )
 
 
@@ -244,7 +209,10 @@ def load_cluster(home: Path) -> KafkaCluster | None:
     if not path.is_file():
         return None
     saved = json.loads(path.read_text())
-    return layout(home, saved["brokers"], saved["port"], saved["cluster_id"], saved.get("sasl_port"))
+    return layout(
+        home, saved["brokers"], saved["port"], saved["cluster_id"], saved.get("sasl_port"),
+        secure=saved.get("secure", False), internal_port=saved.get("internal_port"), mtls=saved.get("mtls", False),
+    )
 
 
 def _new_cluster_id() -> str:
@@ -269,32 +237,42 @@ def node_config(cluster: KafkaCluster, node: KafkaNode) -> str:
         replication_factor=cluster.replication_factor,
         min_insync_replicas=cluster.min_insync_replicas,
     )
+    if cluster.secure:
+        settings = kafka_secure.secure_settings(cluster, node, HOST)
+        return with_settings(text, settings, "TLS, SCRAM and ACLs (rlbus kafka start --secure)")
     return text if node.sasl_port is None else _with_sasl_listener(text, node)
 
 
 def _with_sasl_listener(config: str, node: KafkaNode) -> str:
     """Add a SASL_PLAINTEXT listener with the SCRAM mechanisms to a rendered server.properties."""
     sasl = f"SASL_PLAINTEXT://{HOST}:{node.sasl_port}"
-    scram_login = "org.apache.kafka.common.security.scram.ScramLoginModule required;"
     settings = {
         "listeners": f"PLAINTEXT://{HOST}:{node.port},CONTROLLER://{HOST}:{node.controller_port},{sasl}",
         "advertised.listeners": f"PLAINTEXT://{HOST}:{node.port},{sasl}",
         "listener.security.protocol.map": "PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT,SASL_PLAINTEXT:SASL_PLAINTEXT",
         "sasl.enabled.mechanisms": "SCRAM-SHA-256,SCRAM-SHA-512",
-        "listener.name.sasl_plaintext.scram-sha-256.sasl.jaas.config": scram_login,
-        "listener.name.sasl_plaintext.scram-sha-512.sasl.jaas.config": scram_login,
+        "listener.name.sasl_plaintext.scram-sha-256.sasl.jaas.config": kafka_secure.SCRAM_LOGIN,
+        "listener.name.sasl_plaintext.scram-sha-512.sasl.jaas.config": kafka_secure.SCRAM_LOGIN,
     }
+    return with_settings(config, settings, "SASL_PLAINTEXT listener for clients (rlbus kafka start --sasl-port)")
+
+
+def with_settings(config: str, settings: Mapping[str, str], comment: str) -> str:
+    """A rendered server.properties with ``settings`` replacing the template's keys in place and the new
+    ones appended under ``# comment``."""
+    settings = dict(settings)
     lines = []
     for line in config.splitlines():
         key = line.split("=", 1)[0].strip()
         lines.append(f"{key}={settings.pop(key)}" if key in settings else line)
-    lines += ["", "# SASL_PLAINTEXT listener for clients (rlbus kafka start --sasl-port)"]
+    lines += ["", f"# {comment}"]
     lines += [f"{key}={value}" for key, value in settings.items()]
     return "\n".join(lines) + "\n"
 
 
 def _write_node_files(cluster: KafkaCluster, node: KafkaNode) -> None:
     node.dir.mkdir(parents=True, exist_ok=True)
+    node.config.touch(mode=0o600)  # a secure node's file holds its keystore password
     node.config.write_text(node_config(cluster, node))
     shutil.copyfile(pom_path().parent / "log4j2.properties", node.log4j_config)
 
@@ -304,10 +282,11 @@ def _write_node_files(cluster: KafkaCluster, node: KafkaNode) -> None:
 
 def _java_command(node: KafkaNode, jars: Path, heap: Sequence[str], *args: str) -> list[str]:
     return [
-        _require("java", "openjdk-17-jre-headless"),
+        require_program("java", "openjdk-17-jre-headless"),
         *heap,
         f"-Dlog4j2.configurationFile={node.log4j_config}",
         f"-Drlbus.kafka.log={node.log_file}",
+        f"-Drlbus.kafka.dir={node.dir}",
         "-cp",
         f"{jars}/*",
         *args,
@@ -317,6 +296,9 @@ def _java_command(node: KafkaNode, jars: Path, heap: Sequence[str], *args: str) 
 def _format(cluster: KafkaCluster, jars: Path) -> None:
     # A fresh home only: a half-formatted one (no cluster.json) is discarded rather than patched.
     shutil.rmtree(cluster.home / "kafka", ignore_errors=True)
+    if cluster.secure:
+        kafka_secure.issue_certificates(cluster)
+        kafka_secure.admin_bus_file(cluster)
     for node in cluster.nodes:
         _write_node_files(cluster, node)
         tool = ("kafka.tools.StorageTool", "format", "-t", cluster.cluster_id, "-c", str(node.config))
@@ -324,19 +306,22 @@ def _format(cluster: KafkaCluster, jars: Path) -> None:
             _java_command(node, jars, ("-Xmx256m",), *tool), capture_output=True, text=True, check=False
         )
         if done.returncode != 0:
-            raise ServiceError(f"formatting Kafka node {node.node_id} failed:\n{_tail(done.stdout + done.stderr)}")
+            raise ServiceError(f"formatting Kafka node {node.node_id} failed:\n{tail(done.stdout + done.stderr)}")
     saved = {
         "cluster_id": cluster.cluster_id,
         "brokers": len(cluster.nodes),
         "port": cluster.nodes[0].port,
         "sasl_port": cluster.nodes[0].sasl_port,
+        "secure": cluster.secure,
+        "internal_port": cluster.nodes[0].internal_port,
+        "mtls": cluster.mtls,
     }
     _cluster_file(cluster.home).write_text(json.dumps(saved, indent=2) + "\n")
 
 
 def _check_ports_free(nodes: Iterable[KafkaNode]) -> None:
     for node in nodes:
-        for port in (node.port, node.controller_port, node.sasl_port):
+        for port in (node.port, node.controller_port, node.sasl_port, node.internal_port):
             if port is not None and _listening(port):
                 raise ServiceError(f"port {port} for Kafka node {node.node_id} is in use by another process")
 
@@ -396,32 +381,28 @@ def _listening(port: int) -> bool:
         return sock.connect_ex((HOST, port)) == 0
 
 
-def _tail(text: str, lines: int = LOG_TAIL_LINES) -> str:
-    """The last lines of a JVM's output, without stack frames, so exception messages show."""
-    kept = [line for line in text.splitlines() if not line.lstrip().startswith(("at ", "... "))]
-    return "\n".join(kept[-lines:])
 
 
-def log_tail(node: KafkaNode) -> str:
+def logtail(node: KafkaNode) -> str:
     """The last lines of the node's JVM output and of its WARN+ server log."""
     parts = []
     for path in (node.out_file, node.log_file):
         if path.is_file():
-            parts.append(f"--- {path}\n{_tail(path.read_text(errors='replace'))}")
+            parts.append(f"--- {path}\n{tail(path.read_text(errors='replace'))}")
     return "\n".join(parts) or f"(no logs under {node.dir})"
 
 
 # --- readiness -------------------------------------------------------------------------------
 
 
-async def _registered_brokers(bootstrap: str) -> int:
-    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, request_timeout_ms=5000)
+async def _registered_brokers(cluster: KafkaCluster) -> int:
+    admin = AIOKafkaAdminClient(**admin_kwargs(cluster), request_timeout_ms=5000)
     try:
         async with asyncio.timeout(10):
             await admin.start()
         async with asyncio.timeout(10):
-            cluster = await admin.describe_cluster()
-        return len(cluster["brokers"])
+            described = await admin.describe_cluster()
+        return len(described["brokers"])
     except (KafkaError, OSError, TimeoutError):
         return 0
     finally:
@@ -433,14 +414,33 @@ def _wait_ready(cluster: KafkaCluster, timeout_s: float) -> None:
     while True:
         for node in cluster.nodes:
             if node_pid(node) is None:
-                raise ServiceError(f"Kafka node {node.node_id} exited during start-up:\n{log_tail(node)}")
+                raise ServiceError(f"Kafka node {node.node_id} exited during start-up:\n{logtail(node)}")
         if all(_listening(n.port) for n in cluster.nodes):
-            if asyncio.run(_registered_brokers(cluster.bootstrap)) == len(cluster.nodes):
+            if asyncio.run(_registered_brokers(cluster)) == len(cluster.nodes):
                 return
         if time.monotonic() > deadline:
-            tails = "\n".join(log_tail(n) for n in cluster.nodes)
+            tails = "\n".join(logtail(n) for n in cluster.nodes)
             raise ServiceError(f"Kafka at {cluster.bootstrap} not ready after {timeout_s:.0f} s:\n{tails}")
         time.sleep(0.5)
+
+
+def admin_kwargs(cluster: KafkaCluster) -> dict[str, Any]:
+    """aiokafka connection settings with the administrator's rights: PLAINTEXT on a plain cluster, the
+    administrator's certificate on a secure cluster's mutual-TLS listener."""
+    if not cluster.secure:
+        return {"bootstrap_servers": cluster.bootstrap}
+    return {
+        "bootstrap_servers": cluster.internal_bootstrap,
+        "security_protocol": "SSL",
+        "ssl_context": kafka_secure.admin_ssl_context(cluster),
+    }
+
+
+def admin_client_properties(cluster: KafkaCluster) -> dict[str, str]:
+    """The same, as Java client properties (for Kafka's Admin client, :mod:`rlbus.services.kafka_admin`)."""
+    if not cluster.secure:
+        return {"bootstrap.servers": cluster.bootstrap}
+    return kafka_secure.admin_java_properties(cluster)
 
 
 # --- public operations -----------------------------------------------------------------------
@@ -457,6 +457,9 @@ def start(
     sasl_port: int | None = None,
     scram_users: Mapping[str, str] | None = None,
     scram_mechanism: str = "SCRAM-SHA-512",
+    secure: bool = False,
+    internal_port: int | None = None,
+    mtls: bool = False,
 ) -> KafkaCluster:
     """Start (or find running) the local cluster under ``home`` and wait until all brokers serve.
 
@@ -468,6 +471,11 @@ def start(
     ``sasl_port`` adds a SASL_PLAINTEXT (SCRAM) client listener to every node (kept with the
     layout; None keeps whatever the cluster has); ``scram_users`` (name → password) are created or
     updated once the brokers serve, with ``scram_mechanism``.
+
+    ``secure`` formats a cluster with TLS on every listener, SCRAM on the client listeners, the
+    StandardAuthorizer with nothing allowed without an ACL, and a local CA under ``<home>/kafka/tls``
+    (:mod:`rlbus.services.kafka_secure`); ``mtls`` also requires client certificates there. Both are
+    kept with the layout.
     """
     home = (home or default_home()).expanduser().resolve()
     if fresh:
@@ -475,8 +483,16 @@ def start(
         shutil.rmtree(home / "kafka", ignore_errors=True)
     jars = resolve_jars(cache_dir)
     existing = load_cluster(home)
-    cluster = existing or layout(home, brokers, port, _new_cluster_id(), sasl_port)
+    cluster = existing or layout(
+        home, brokers, port, _new_cluster_id(), sasl_port, secure=secure, internal_port=internal_port, mtls=mtls
+    )
     _check_layout(cluster, brokers, port)
+    if (secure or mtls) and (cluster.secure, cluster.mtls) != (secure, mtls):
+        raise ConfigError(
+            "secure",
+            f"{cluster.home} holds a cluster with secure={cluster.secure}, mtls={cluster.mtls}; "
+            "stop it and start with fresh=True to replace it",
+        )
     if sasl_port is not None and cluster.nodes[0].sasl_port != sasl_port:
         raise ConfigError(
             "sasl_port",
@@ -491,11 +507,11 @@ def start(
         _launch(cluster, node, jars)
     _wait_ready(cluster, timeout_s)
     if scram_users:
-        if cluster.sasl_bootstrap is None:
-            raise ConfigError("sasl_port", "SCRAM users need a SASL listener: give a sasl_port")
-        from rlbus.services.scram import upsert_scram_users
+        if cluster.sasl_bootstrap is None and not cluster.secure:
+            raise ConfigError("sasl_port", "SCRAM users need a SASL listener: give a sasl_port or secure=True")
+        from rlbus.services.kafka_admin import upsert_scram_users
 
-        asyncio.run(upsert_scram_users(cluster.bootstrap, scram_users, mechanism=scram_mechanism))
+        upsert_scram_users(admin_client_properties(cluster), scram_users, mechanism=scram_mechanism, jars=jars)
     return cluster
 
 
@@ -556,6 +572,8 @@ def status(home: Path | None = None) -> dict[str, Any]:
         "running": all(n["alive"] and n["listening"] for n in nodes),
         "cluster_id": cluster.cluster_id,
         "bootstrap": cluster.bootstrap,
+        "secure": cluster.secure,
+        "mtls": cluster.mtls,
         "nodes": nodes,
     }
 
@@ -569,6 +587,7 @@ def _node_status(node: KafkaNode) -> dict[str, Any]:
         "port": node.port,
         "controller_port": node.controller_port,
         "sasl_port": node.sasl_port,
+        "internal_port": node.internal_port,
         "listening": pid is not None and _listening(node.port),
         "dir": str(node.dir),
     }
@@ -608,6 +627,9 @@ def _parser() -> argparse.ArgumentParser:
         help="create this SCRAM-SHA-512 user; its password comes from $RLBUS_SASL_PASSWORD or --scram-password-file",
     )
     run.add_argument("--scram-password-file", type=Path, help="file holding the SCRAM user's password")
+    run.add_argument("--secure", action="store_true", help="TLS on every listener, SCRAM for clients, ACLs enforced")
+    run.add_argument("--mtls", action="store_true", help="with --secure: clients must also present a certificate")
+    run.add_argument("--internal-port", type=int, help="with --secure: first mutual-TLS (inter-broker, admin) port")
     for name in ("start", "stop", "status"):
         sub = run if name == "start" else commands.add_parser(name, help=f"{name} the local cluster")
         sub.add_argument("--home", type=Path)
@@ -624,11 +646,14 @@ def main(argv: Sequence[str] | None = None) -> int:
             users = scram_users_from(args.scram_user, args.scram_password_file)
             cluster = start(
                 args.brokers, args.port, args.fresh, args.home, args.timeout, args.cache_dir,
-                sasl_port=args.sasl_port, scram_users=users,
+                sasl_port=args.sasl_port, scram_users=users, secure=args.secure, mtls=args.mtls,
+                internal_port=args.internal_port,
             )
             print(f"kafka ready at {cluster.bootstrap} in {time.monotonic() - began:.1f} s ({cluster.home})")
             if cluster.sasl_bootstrap:
                 print(f"SASL_PLAINTEXT (SCRAM) listeners at {cluster.sasl_bootstrap}")
+            if cluster.secure:
+                print(kafka_secure.describe_secure(cluster))
         elif args.command == "stop":
             stop(args.home)
         else:
