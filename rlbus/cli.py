@@ -1566,6 +1566,11 @@ def bench(
         typer.Option(help="mismatch only: torch (default) or vllm (SmolLM2 and a random Mixtral on vLLM; run it "
                           "with .venv-vllm's rlbus)."),
     ] = None,
+    security: Annotated[
+        str | None,
+        typer.Option(help="bus only: tls-scram measures SASL_SSL + ACLs against PLAINTEXT (two fresh clusters) "
+                          "and runs the refusal matrix."),
+    ] = None,
 ) -> None:
     """Run a benchmark: prints a short table (with its same-run baseline) and optionally writes JSON."""
     if name not in BENCHMARKS:
@@ -1593,6 +1598,10 @@ def bench(
         if name != "mismatch" or engine not in ("torch", "vllm"):
             raise typer.BadParameter("--engine is torch or vllm, for the mismatch benchmark only")
         kwargs["engine"] = engine
+    if security is not None:
+        if name != "bus" or security != "tls-scram":
+            raise typer.BadParameter("--security tls-scram is for the bus benchmark")
+        kwargs["security"] = security
     try:
         result = module.run(quick=quick, json_path=json_path, **kwargs)
     except RlbusError as exc:

@@ -5,6 +5,13 @@ Two measurements per bus, Kafka on loopback and the in-memory bus as the same-ru
   while a group consumer reads, marks and commits per batch; msgs/s from first send to last commit;
 * latency — the producer paces sends at a fixed rate (1,000 msg/s); each message carries its send time
   and the consumer records receive − send; p50/p99 over the run.
+
+``--security tls-scram`` measures what security costs instead: the same two measurements on a fresh
+PLAINTEXT cluster and on a fresh secure one of the same size (``kafka.start(secure=True, mtls=True)``:
+SASL_SSL with SCRAM-SHA-512 and client certificates, ACLs enforced), one after the other on this machine,
+as an ordinary role's credential (the namespace's operator, whose ACLs cover the benchmark's topics and
+groups; the administrator creates the topics). Then it runs the refusal matrix
+(:data:`rlbus.chaos.intrusion.ATTEMPTS`) against the same secure cluster and counts the refusals.
 """
 
 from __future__ import annotations
@@ -21,6 +28,7 @@ from rlbus.bench.common import meta, print_table, write_json
 from rlbus.bus.base import Bus
 from rlbus.bus.memory import MemoryBus
 from rlbus.bus.types import TopicSpec
+from rlbus.errors import ConfigError
 from rlbus.observe.stats import percentile
 
 MESSAGE_BYTES = 16 * 1024
@@ -95,10 +103,16 @@ async def latency(bus: Bus, topic: str, rate: float, seconds: float) -> list[flo
     return latencies[n // 10 :]  # drop the warm-up tenth
 
 
-async def _measure(bus: Bus, n: int, rate: float, seconds: float) -> dict[str, float]:
+async def _measure(
+    bus: Bus, n: int, rate: float, seconds: float, *, admin: Bus | None = None, replication: int = 1
+) -> dict[str, float]:
+    """Throughput and paced latency on two new topics (created through ``admin`` when the measured
+    credential may not create topics)."""
     tput_topic = f"bench.bus.tput.{uuid.uuid4().hex[:8]}"
     lat_topic = f"bench.bus.lat.{uuid.uuid4().hex[:8]}"
-    await bus.create_topics([TopicSpec(tput_topic, partitions=6), TopicSpec(lat_topic, partitions=6)])
+    await (admin or bus).create_topics(
+        [TopicSpec(tput_topic, partitions=6, replication=replication), TopicSpec(lat_topic, 6, replication)]
+    )
     msgs_per_s = await throughput(bus, tput_topic, n)
     lat = await latency(bus, lat_topic, rate, seconds)
     return {
@@ -122,7 +136,13 @@ async def _run(bootstrap: str, quick: bool) -> dict[str, Any]:
     return {"kafka": kafka_result, "memory": memory_result}
 
 
-def run(quick: bool, json_path: Path | None, bootstrap: str = "127.0.0.1:9092") -> dict[str, Any]:
+def run(
+    quick: bool, json_path: Path | None, bootstrap: str = "127.0.0.1:9092", security: str | None = None
+) -> dict[str, Any]:
+    if security is not None:
+        if security != "tls-scram":
+            raise ConfigError("security", f"{security!r}: the one security mode measured is tls-scram")
+        return _run_security(quick, json_path)
     result = asyncio.run(_run(bootstrap, quick))
     k, m = result["kafka"], result["memory"]
     result["targets"] = {
@@ -138,6 +158,82 @@ def run(quick: bool, json_path: Path | None, bootstrap: str = "127.0.0.1:9092") 
             ["kafka (loopback)", k["msgs_per_s"], k["mb_per_s"], k["p50_ms"], k["p99_ms"]],
             ["memory (baseline)", m["msgs_per_s"], m["mb_per_s"], m["p50_ms"], m["p99_ms"]],
         ],
+    )
+    write_json(json_path, result)
+    return result
+
+
+# --- --security tls-scram -------------------------------------------------------------------------------
+
+
+async def _secure_measure(brokers: int, n: int, seconds: float) -> tuple[dict[str, float], list[Any]]:
+    from rlbus.bus.namespace import namespaced
+    from rlbus.chaos import intrusion
+    from rlbus.config import build_bus
+
+    async with intrusion.secure_cluster(brokers=brokers, mtls=True) as rig:
+        namespace = intrusion.NAMESPACES[0]
+        prefix = f"{namespace}."
+        operator = build_bus(rig.bus_config(namespace, "operator"))
+        async with namespaced(operator, prefix) as bus, namespaced(rig.admin_bus(), prefix) as admin:
+            figures = await _measure(bus, n, 1000.0, seconds, admin=admin, replication=rig.cluster.replication_factor)
+        outcomes = await intrusion.run_matrix(rig, redis_admin_url=os.environ.get("RLBUS_REDIS_URL"))
+    return figures, outcomes
+
+
+async def _plaintext_measure(brokers: int, n: int, seconds: float) -> dict[str, float]:
+    import tempfile
+
+    from rlbus.bus.kafka import KafkaBus, KafkaSettings
+    from rlbus.services import free_port_run, kafka
+
+    with tempfile.TemporaryDirectory(prefix="rlbus-plain-") as home:
+        cluster = await asyncio.to_thread(
+            kafka.start, brokers=brokers, port=free_port_run(2 * brokers), fresh=True, home=Path(home), timeout_s=180
+        )
+        try:
+            settings = KafkaSettings(bootstrap=cluster.bootstrap, client_id="rlbus-bench", linger_ms=2)
+            async with KafkaBus(settings) as bus:
+                return await _measure(bus, n, 1000.0, seconds, replication=cluster.replication_factor)
+        finally:
+            await asyncio.to_thread(kafka.stop, Path(home), 15.0)
+
+
+def _run_security(quick: bool, json_path: Path | None) -> dict[str, Any]:
+    brokers, n, seconds = (1, 5_000, 3.0) if quick else (3, 40_000, 10.0)
+    plain = asyncio.run(_plaintext_measure(brokers, n, seconds))
+    secure, outcomes = asyncio.run(_secure_measure(brokers, n, seconds))
+    refused = [o for o in outcomes if o.refused]
+    result: dict[str, Any] = {
+        "plaintext": plain,
+        "sasl_ssl": secure,
+        "matrix": [vars(o) for o in outcomes],
+        "summary": {
+            "secure_msgs_per_s": secure["msgs_per_s"],
+            "plaintext_msgs_per_s": plain["msgs_per_s"],
+            "secure_p99_ms": secure["p99_ms"],
+            "plaintext_p99_ms": plain["p99_ms"],
+            "secure_vs_plaintext_throughput": secure["msgs_per_s"] / plain["msgs_per_s"],
+            "attempts_tried": len(outcomes),
+            "attempts_refused": len(refused),
+            "attempts_logged": sum(1 for o in outcomes if o.logged),
+            "attempts_wrote": sum(1 for o in outcomes if o.written),
+        },
+        "meta": {**meta(), "brokers": brokers, "message_bytes": MESSAGE_BYTES, "quick": quick,
+                 "secure": "SASL_SSL (SCRAM-SHA-512) + client certificates, StandardAuthorizer"},
+    }
+    print_table(
+        f"rlbus bench bus --security tls-scram — 16 KB messages, {brokers} broker(s), group consume + commit",
+        ["listener", "msgs/s", "MB/s", "p50 ms @1k/s", "p99 ms @1k/s"],
+        [
+            ["SASL_SSL + mTLS + ACLs", secure["msgs_per_s"], secure["mb_per_s"], secure["p50_ms"], secure["p99_ms"]],
+            ["PLAINTEXT (baseline)", plain["msgs_per_s"], plain["mb_per_s"], plain["p50_ms"], plain["p99_ms"]],
+        ],
+    )
+    print_table(
+        f"refusal matrix: {len(refused)} of {len(outcomes)} attempts refused",
+        ["who", "tried", "result", "error", "wrote", "logged"],
+        [o.row() for o in outcomes],
     )
     write_json(json_path, result)
     return result

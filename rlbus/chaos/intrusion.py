@@ -55,7 +55,7 @@ class Outcome:
     seconds: float = 0.0
 
     def row(self) -> list[str]:
-        return [self.who, self.what, "refused" if self.refused else "ALLOWED", self.error[:90],
+        return [self.who, self.what, "refused" if self.refused else "ALLOWED", self.error.split(":")[0],
                 {None: "-", True: "yes", False: "no"}[self.written], {None: "-", True: "yes", False: "no"}[self.logged]]
 
 
@@ -447,6 +447,47 @@ async def trainer_writes_other_namespace_ledger(rig: Rig) -> Outcome:
     return await _redis_attempt(rig, ns, "trainer", f"{other}/once:trainer:r1", "write another namespace's ledger")
 
 
+# --- HTTP endpoints ----------------------------------------------------------------------------------------
+
+
+async def unauthenticated_dashboard(rig: Rig) -> Outcome:
+    """A request without the dashboard's token (the page shows the run's counters, workers and rewards)."""
+    import secrets
+
+    import aiohttp
+
+    from rlbus.observe.dashboard import serving
+
+    records: list[logging.LogRecord] = []
+    handler = _Capture(records)
+    exposure_log = logging.getLogger("rlbus.exposure")
+    exposure_log.addHandler(handler)
+    try:
+        async with serving(lambda: {"now": time.time(), "counts": {"trained": 1}}, "127.0.0.1", 0,
+                           token=secrets.token_urlsafe(24)) as url:
+            async with aiohttp.ClientSession() as http, http.get(url + "api/snapshot") as response:
+                status, body = response.status, await response.text()
+    finally:
+        exposure_log.removeHandler(handler)
+    refused = status == 401 and "trained" not in body
+    logged = any("refused" in r.getMessage() for r in records)
+    return Outcome("anyone on the network", "read the dashboard without its token", refused,
+                   f"HTTP {status}" if refused else f"HTTP {status}: {body[:60]}", None, logged)
+
+
+async def dashboard_open_off_host(rig: Rig) -> Outcome:
+    """An operator starting the dashboard on every interface without a token: refused before binding."""
+    from rlbus.errors import ConfigError
+    from rlbus.observe.dashboard import serving
+
+    async def start() -> None:
+        async with serving(lambda: {}, "0.0.0.0", 0, environ={}):  # the attempt itself
+            pass
+
+    refused, error = await _refusal(start(), ConfigError)
+    return Outcome("operator", "serve the dashboard on 0.0.0.0 without a token", refused, error, None, None)
+
+
 Attempt = Callable[[Rig], Awaitable[Outcome]]
 
 KAFKA_ATTEMPTS: tuple[Attempt, ...] = (
@@ -464,11 +505,14 @@ KAFKA_ATTEMPTS: tuple[Attempt, ...] = (
 )
 BLOB_ATTEMPTS: tuple[Attempt, ...] = (worker_key_uploads_manifest, worker_key_reads_other_namespace, expired_blob_key)
 REDIS_ATTEMPTS: tuple[Attempt, ...] = (rollout_writes_ledger, trainer_writes_other_namespace_ledger)
-ATTEMPTS = KAFKA_ATTEMPTS + BLOB_ATTEMPTS + REDIS_ATTEMPTS
+ENDPOINT_ATTEMPTS: tuple[Attempt, ...] = (unauthenticated_dashboard, dashboard_open_off_host)
+ATTEMPTS = KAFKA_ATTEMPTS + BLOB_ATTEMPTS + REDIS_ATTEMPTS + ENDPOINT_ATTEMPTS
 
 
 async def run_matrix(rig: Rig, redis_admin_url: str | None = None) -> list[Outcome]:
-    """Every attempt, one after another (Redis ones only with ``redis_admin_url``)."""
+    """Every attempt, one after another (Redis ones only with ``redis_admin_url``). The gateway's tenant
+    isolation (one tenant's token reading another's session) needs a model behind the gateway and is
+    tested in tests/integration/test_endpoint_auth.py."""
     outcomes = []
     for attempt in KAFKA_ATTEMPTS:
         outcomes.append(await _timed(attempt, rig))
@@ -479,6 +523,8 @@ async def run_matrix(rig: Rig, redis_admin_url: str | None = None) -> list[Outco
         async with redis_users(rig, redis_admin_url):
             for attempt in REDIS_ATTEMPTS:
                 outcomes.append(await _timed(attempt, rig))
+    for attempt in ENDPOINT_ATTEMPTS:
+        outcomes.append(await _timed(attempt, rig))
     return outcomes
 
 

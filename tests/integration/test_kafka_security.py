@@ -79,10 +79,10 @@ def test_every_attempt_is_refused_typed_unwritten_and_logged(
     assert outcome.logged in (None, True), f"{outcome.who}: {outcome.what} was refused but not logged"
 
 
-def test_the_matrix_covers_kafka_blobs_and_redis(outcomes: dict[str, intrusion.Outcome]) -> None:
+def test_the_matrix_covers_kafka_blobs_redis_and_endpoints(outcomes: dict[str, intrusion.Outcome]) -> None:
     assert len(outcomes) == len(intrusion.ATTEMPTS)
     errors = " ".join(o.error for o in outcomes.values())
-    for typed in ("BusForbidden", "BusAuthError", "BlobAuthError", "NoPermissionError"):
+    for typed in ("BusForbidden", "BusAuthError", "BlobAuthError", "NoPermissionError", "HTTP 401", "ConfigError"):
         assert typed in errors
 
 
