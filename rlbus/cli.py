@@ -696,7 +696,7 @@ def blobs_serve(
 
 @blobs_app.command("key")
 def blobs_key(
-    role: Annotated[str, typer.Option(help="trainer, worker, relay or operator: sets the permissions.")],
+    role: Annotated[str, typer.Option(help="trainer, worker, rollout, relay or operator: sets the permissions.")],
     prefix: Annotated[
         str, typer.Option(help="Confine the key to keys under this prefix (run7/); '' is the whole store.")
     ] = "",
@@ -709,6 +709,9 @@ def blobs_key(
     name: Annotated[
         str | None, typer.Option(help="Key id the server logs refusals under. Default: <role>-<6 hex>.")
     ] = None,
+    write_prefix: Annotated[
+        str | None, typer.Option(help="Confine write and delete to keys under this prefix (claims/).")
+    ] = None,
     secret: Annotated[
         str | None, typer.Option(envvar="RLBUS_BLOB_SECRET", help="The server's master secret (prefer the env var).")
     ] = None,
@@ -718,7 +721,8 @@ def blobs_key(
 ) -> None:
     """Mint a scoped blob key (rlbus/blobs/keys.py) from the master secret; the key alone goes to stdout.
 
-    Give it to a process as its RLBUS_BLOB_SECRET: workers get --role worker (read only), a relay's
+    Give it to a process as its RLBUS_BLOB_SECRET: reward workers get --role worker (read only), rollout
+    workers --role rollout --write-prefix claims/ (read; write their claim-checked payloads), a relay's
     upstream client --role relay (RLBUS_UPSTREAM_BLOB_SECRET)."""
     import time
 
@@ -729,7 +733,8 @@ def blobs_key(
         master = secret_from(secret, secret_file, "RLBUS_BLOB_SECRET", field="blobs.secret")
         if not master:
             raise typer.BadParameter("set RLBUS_BLOB_SECRET or RLBUS_BLOB_SECRET_FILE (or --secret-file)")
-        key = mint_for_role(master, role, prefix=prefix, ttl=ttl, permissions=permissions, key_id=name)
+        key = mint_for_role(master, role, prefix=prefix, ttl=ttl, permissions=permissions, key_id=name,
+                            write_prefix=write_prefix)
     except RlbusError as exc:
         _error(exc)
         raise typer.Exit(1) from None
@@ -737,7 +742,8 @@ def blobs_key(
     until = "never" if claims.expires is None else time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(claims.expires))
     scope = claims.prefix or "(whole store)"
     granted = ",".join(p for p in PERMISSIONS if p in claims.permissions)
-    err.print(f"key {claims.key_id}: {granted} on {scope}, expires {until}", markup=False, highlight=False)
+    writes = "" if claims.write_prefix is None else f" (write and delete only under {claims.write_prefix})"
+    err.print(f"key {claims.key_id}: {granted} on {scope}{writes}, expires {until}", markup=False, highlight=False)
     sys.stdout.write(key + "\n")
 
 

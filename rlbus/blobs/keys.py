@@ -34,11 +34,11 @@ A client signs every request with ``derived`` exactly as a master holder signs w
 parameter; ``derived`` itself never travels. Anything that begins ``rbk1.`` is read as a scoped key, so
 a master secret must not.
 
-Roles (:data:`ROLES`): the trainer writes versions and collects old ones (all four), a rollout worker and
+Roles (:data:`ROLES`): the trainer writes versions and collects old ones (all four), a reward worker and
 a regional relay's upstream client only read, an operator inspects and cleans up (read, list, delete). A
-rollout worker whose rollouts are claim-checked (:mod:`rlbus.bus.claimcheck`: MoE routing over 512 KiB)
-also writes ``claims/…``; give it ``--permissions read,write``. A key has one prefix, so such a worker's
-key covers the whole store (or one run's prefix when weights and claims share it).
+rollout worker (and the gateway) also write claim-checked payloads (:mod:`rlbus.bus.claimcheck`: MoE
+routing over 512 KiB) under ``claims/`` and nowhere else: read everywhere, write under ``write_prefix``
+(claim ``wprefix``, optional: keys without it verify as before).
 """
 
 from __future__ import annotations
@@ -69,6 +69,7 @@ METHOD_PERMISSION = {"GET": "read", "HEAD": "read", "PUT": "write", "DELETE": "d
 ROLES: dict[str, frozenset[str]] = {
     "trainer": frozenset({"read", "write", "delete", "list"}),
     "worker": frozenset({"read"}),
+    "rollout": frozenset({"read", "write"}),
     "relay": frozenset({"read"}),
     "operator": frozenset({"read", "list", "delete"}),
 }
@@ -143,6 +144,9 @@ class KeyClaims:
     permissions: frozenset[str]
     prefix: str = ""
     expires: int | None = None
+    #: Where write and delete are confined, inside ``prefix`` (None: all of ``prefix``). A rollout worker
+    #: reads weights anywhere but writes only its claim-checked payloads: ``write_prefix = "claims/"``.
+    write_prefix: str | None = None
 
     def __post_init__(self) -> None:
         if not _KEY_ID.fullmatch(self.key_id):
@@ -151,16 +155,24 @@ class KeyClaims:
             raise ConfigError("permissions", f"a non-empty subset of {', '.join(PERMISSIONS)}")
         if normalise_prefix(self.prefix) != self.prefix:
             raise ConfigError("prefix", f"{self.prefix!r} must be '' or end with '/' (normalise_prefix)")
+        if self.write_prefix is not None:
+            if not self.write_prefix or normalise_prefix(self.write_prefix) != self.write_prefix:
+                raise ConfigError("write_prefix", f"{self.write_prefix!r} must be non-empty and end with '/'")
+            if not self.write_prefix.startswith(self.prefix):
+                raise ConfigError("write_prefix", f"{self.write_prefix!r} is outside the prefix {self.prefix!r}")
 
     def canonical(self) -> bytes:
         """The one byte string these claims are signed as."""
+        fields: dict[str, object] = {
+            "exp": self.expires,
+            "id": self.key_id,
+            "perm": [p for p in PERMISSIONS if p in self.permissions],
+            "prefix": self.prefix,
+        }
+        if self.write_prefix is not None:  # absent, not null: keys minted before it existed stay valid
+            fields["wprefix"] = self.write_prefix
         return json.dumps(
-            {
-                "exp": self.expires,
-                "id": self.key_id,
-                "perm": [p for p in PERMISSIONS if p in self.permissions],
-                "prefix": self.prefix,
-            },
+            fields,
             sort_keys=True,
             separators=(",", ":"),
         ).encode()
@@ -180,9 +192,12 @@ class KeyClaims:
             data = json.loads(raw)
         except (binascii.Error, ValueError) as exc:
             raise ValueError(f"claims are not base64url JSON ({type(exc).__name__})") from None
-        if not isinstance(data, dict) or set(data) != {"exp", "id", "perm", "prefix"}:
-            raise ValueError("claims need exactly exp, id, perm and prefix")
+        if not isinstance(data, dict) or set(data) - {"wprefix"} != {"exp", "id", "perm", "prefix"}:
+            raise ValueError("claims need exactly exp, id, perm and prefix (and maybe wprefix)")
         expires, key_id, perms, prefix = data["exp"], data["id"], data["perm"], data["prefix"]
+        write_prefix = data.get("wprefix")
+        if write_prefix is not None and not isinstance(write_prefix, str):
+            raise ValueError("claim wprefix must be a string")
         if expires is not None and type(expires) is not int:
             raise ValueError("claim exp is not an integer or null")
         if not isinstance(key_id, str) or not isinstance(prefix, str):
@@ -190,7 +205,7 @@ class KeyClaims:
         if not isinstance(perms, list) or not all(isinstance(p, str) for p in perms):
             raise ValueError("claim perm is not a list of names")
         try:
-            claims = cls(key_id, frozenset(perms), prefix, expires)
+            claims = cls(key_id, frozenset(perms), prefix, expires, write_prefix)
         except ConfigError as exc:
             raise ValueError(f"claim {exc.field}: {exc.problem}") from None
         if claims.canonical() != raw or claims.encode() != encoded:
@@ -218,6 +233,10 @@ class KeyClaims:
             return f"key {name}: {blob_key!a} is not a valid blob key"
         if not blob_key.startswith(self.prefix):
             return f"key {name} is scoped to prefix {self.prefix!r}; {blob_key!a} is outside it"
+        if needed in ("write", "delete") and self.write_prefix is not None and not blob_key.startswith(
+            self.write_prefix
+        ):
+            return f"key {name} may {needed} only under {self.write_prefix!r}; {blob_key!a} is outside it"
         return None
 
 
@@ -266,6 +285,7 @@ def mint_for_role(
     permissions: str | Iterable[str] | None = None,
     key_id: str | None = None,
     now: float | None = None,
+    write_prefix: str | None = None,
 ) -> str:
     """A credential for ``role``: its permissions from :data:`ROLES` unless ``permissions`` replaces them,
     confined to ``prefix``, expiring ``ttl`` (seconds, or ``"7d"``-style) after ``now``, named ``key_id``
@@ -277,7 +297,8 @@ def mint_for_role(
         if seconds <= 0:
             raise ConfigError("ttl", f"{ttl!r}: a key's lifetime must be positive")
         expires = int((time.time() if now is None else now) + seconds)
-    claims = KeyClaims(key_id or f"{role}-{secrets.token_hex(3)}", granted, normalise_prefix(prefix), expires)
+    writes = None if write_prefix is None else normalise_prefix(write_prefix)
+    claims = KeyClaims(key_id or f"{role}-{secrets.token_hex(3)}", granted, normalise_prefix(prefix), expires, writes)
     return mint(master, claims)
 
 

@@ -203,3 +203,32 @@ def test_cli_prints_only_the_key_on_stdout() -> None:
     assert bad.exit_code == 1 and "'ttl'" in bad.output
     missing = runner.invoke(app, ["blobs", "key", "--role", "worker"], env={"RLBUS_BLOB_SECRET": ""})
     assert missing.exit_code != 0 and "RLBUS_BLOB_SECRET" in missing.output
+
+
+def test_a_write_prefix_confines_writes_and_deletes_but_not_reads() -> None:
+    key = mint_for_role(MASTER, "rollout", write_prefix="claims/", now=NOW)
+    claims = ScopedKey.parse(key).claims
+    assert claims.permissions == {"read", "write"} and claims.write_prefix == "claims/"
+    assert claims.refusal("PUT", "claims/rl.rollouts.v1/20261202T17/ab", now=NOW) is None
+    assert claims.refusal("GET", "policy/0000000007/manifest.json", now=NOW) is None
+    refusal = claims.refusal("PUT", "policy/0000000008/manifest.json", now=NOW)
+    assert refusal is not None and "only under 'claims/'" in refusal
+    assert claims.refusal("PUT", "claimsX/x", now=NOW) is not None  # a prefix is whole path segments
+
+
+def test_dropping_the_write_prefix_from_the_claims_derives_another_secret() -> None:
+    key = mint_for_role(MASTER, "rollout", write_prefix="claims/", now=NOW)
+    encoded = key.split(".")[1]
+    data = json.loads(base64.urlsafe_b64decode(encoded + "=" * (-len(encoded) % 4)))
+    assert data["wprefix"] == "claims/"
+    del data["wprefix"]
+    widened = KeyClaims(data["id"], frozenset(data["perm"]), data["prefix"], data["exp"])
+    _, expected = verify_claims(MASTER, widened.encode())
+    assert expected != ScopedKey.parse(key).secret
+
+
+def test_a_write_prefix_must_lie_inside_the_prefix() -> None:
+    with pytest.raises(ConfigError, match="write_prefix"):
+        KeyClaims("k", frozenset({"read", "write"}), "run7/", None, "claims/")
+    with pytest.raises(ConfigError, match="write_prefix"):
+        KeyClaims("k", frozenset({"write"}), "", None, "")
