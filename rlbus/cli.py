@@ -1093,6 +1093,9 @@ def up(
     grace: Annotated[float, typer.Option(help="Seconds a child may drain after SIGTERM before it is killed.")] = 30.0,
     serve: Annotated[bool, typer.Option(help="Also run the OpenAI-compatible gateway (the config's serve table).")
                      ] = False,
+    secure: Annotated[bool, typer.Option(
+        help="Run on a secure local Kafka (TLS, SCRAM, ACLs) with one credential per role for Kafka, Redis and "
+             "the blob store; credentials under <run_dir>/credentials.")] = False,
 ) -> None:
     """A local distributed run: Kafka and Redis (started if missing), topics, a blob server, the trainer,
     a reward worker, rollout workers and the prompt producer as processes. Ctrl-C stops them gracefully.
@@ -1106,7 +1109,7 @@ def up(
     from rlbus.launch.up import up as run_up
 
     raise typer.Exit(_run(lambda: run_up(config, rollout_workers=rollout_workers, steps=steps, namespace=namespace,
-                                         grace_s=grace, serve=serve)))
+                                         grace_s=grace, serve=serve, secure=secure)))
 
 
 # --- replay / tail --------------------------------------------------------------------------------

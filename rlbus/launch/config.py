@@ -62,6 +62,9 @@ ENV_NAMESPACE = "RLBUS_NAMESPACE"
 ENV_RUN_DIR = "RLBUS_RUN_DIR"
 ENV_METRICS_PORT = "RLBUS_METRICS_PORT"
 ENV_METRICS_HOST = "RLBUS_METRICS_HOST"
+#: A TOML file whose ``[bus]`` table overlays the run config's (a role's Kafka credential: ``rlbus up --secure``,
+#: ``rlbus topics create --acls``). Applied before ``RLBUS_KAFKA_BOOTSTRAP``.
+ENV_BUS_CONFIG = "RLBUS_BUS_CONFIG"
 
 _STRUCT: dict[str, Any] = {"frozen": True, "forbid_unknown_fields": True, "kw_only": True}
 
@@ -638,6 +641,8 @@ def to_tables(config: RunConfig) -> dict[str, Any]:
 
 
 def _apply_env(tables: dict[str, dict[str, Any]], environ: Mapping[str, str]) -> None:
+    if environ.get(ENV_BUS_CONFIG):
+        tables["bus"].update(_bus_overlay(Path(environ[ENV_BUS_CONFIG])))
     if environ.get(ENV_BOOTSTRAP):
         tables["bus"]["bootstrap"] = environ[ENV_BOOTSTRAP]
     if environ.get(ENV_REDIS):
@@ -653,6 +658,19 @@ def _apply_env(tables: dict[str, dict[str, Any]], environ: Mapping[str, str]) ->
         tables["run"]["metrics_port"] = _int(environ[ENV_METRICS_PORT], "run.metrics_port")
     if environ.get(ENV_METRICS_HOST):
         tables["run"]["metrics_host"] = environ[ENV_METRICS_HOST]
+
+
+def _bus_overlay(path: Path) -> dict[str, Any]:
+    """The ``[bus]`` table of the file ``$RLBUS_BUS_CONFIG`` names (its ``kind`` must be kafka)."""
+    try:
+        bus = tomllib.loads(path.read_text()).get("bus")
+    except (OSError, tomllib.TOMLDecodeError) as exc:
+        raise ConfigError("bus", f"{ENV_BUS_CONFIG}={path}: {exc}") from None
+    if not isinstance(bus, dict):
+        raise ConfigError("bus", f"{ENV_BUS_CONFIG}={path} has no [bus] table")
+    if bus.pop("kind", "kafka") != "kafka":
+        raise ConfigError("bus.kind", f"{ENV_BUS_CONFIG}={path}: the distributed mode runs on Kafka")
+    return bus
 
 
 def _int(text: str, field: str) -> int:

@@ -265,6 +265,7 @@ async def up(
     grace_s: float = 30.0,
     console: Console | None = None,
     serve: bool = False,
+    secure: bool = False,
 ) -> int:
     """Run the local set until Ctrl-C, ``steps`` trainer steps, or a child's exit; returns the exit status.
 
@@ -272,6 +273,8 @@ async def up(
     its own (topics, groups, Redis keys, run log under ``<run_dir>/<namespace>``), since the Redis this
     starts is empty while the topics of an earlier run would still hold its data. ``serve`` adds the
     OpenAI-compatible gateway (`rlbus serve`); without configured tokens it gets a fresh one, printed.
+    ``secure`` runs it on the secure local Kafka with one credential per role for Kafka, Redis and the blob
+    store (:mod:`rlbus.launch.secure`).
     """
     if rollout_workers < 1:
         raise ValueError("rollout_workers must be ≥ 1")
@@ -297,8 +300,9 @@ async def up(
     status = 0
     with GracefulStop(exit=supervisor.kill_now) as stopping:
         try:
-            await _ensure_kafka(config, say)
-            env[ENV_BOOTSTRAP] = config.bus.bootstrap
+            if not secure:
+                await _ensure_kafka(config, say)
+                env[ENV_BOOTSTRAP] = config.bus.bootstrap
             if config.state.url == "memory://" or not _redis_answers(config.state.url):
                 from rlbus.services.redis import start_redis
 
@@ -307,8 +311,9 @@ async def up(
                 redis_server = await asyncio.to_thread(start_redis, dir=run_dir / "redis")
                 env[ENV_REDIS] = redis_server.url
                 say(f"started redis-server at {redis_server.url}")
-            created = await _ensure_topics(config, partitions=max(4, rollout_workers))
-            say(f"run {name}: {len(created)} topics created")
+            if not secure:
+                created = await _ensure_topics(config, partitions=max(4, rollout_workers))
+                say(f"run {name}: {len(created)} topics created")
             if config.store.url is None:
                 secret = os.environ.get(ENV_BLOB_SECRET) or secrets.token_urlsafe(32)
                 port = _free_port()
@@ -327,8 +332,18 @@ async def up(
                 say(f"gateway on http://{config.serve.host}:{config.serve.port}/v1, tenant 'local', token "
                     f"{env['RLBUS_SERVE_TOKENS'].split(':', 1)[1]}")
             rollout_command = vllm_rlbus_command() if config.rollout.engine == "vllm" else None
-            for child in worker_children(config_path, rollout_workers, env, rollout_command=rollout_command,
-                                         serve=serve):
+            children = worker_children(config_path, rollout_workers, env, rollout_command=rollout_command, serve=serve)
+            if secure:
+                from rlbus.launch.secure import prepare
+
+                credentials = await prepare(
+                    config, name, run_dir, partitions=max(4, rollout_workers),
+                    redis_admin_url=env.get(ENV_REDIS, config.state.url), blob_master=env.get(ENV_BLOB_SECRET),
+                    say=say,
+                )
+                for child in children:
+                    child.env.update(credentials.env_for(child.name))
+            for child in children:
                 await supervisor.start(child)
             say(f"{len(supervisor.children)} processes; run log in {run_dir}; Ctrl-C stops them")
             status = await _wait(supervisor, stopping, run_dir, steps, say)
@@ -337,7 +352,8 @@ async def up(
             await supervisor.stop()
             if redis_server is not None:
                 redis_server.stop()
-            say("stopped (Kafka keeps running: `rlbus kafka stop`)")
+            where = " --home <RLBUS_HOME>/secure-kafka" if secure else ""
+            say(f"stopped (Kafka keeps running: `rlbus kafka stop{where}`)")
     failed = [c for c in supervisor.children if c is not blob_server and c.returncode not in (0, None)]
     return status or (1 if failed else 0)
 

@@ -117,6 +117,12 @@ def setup_logging(json: bool = False, level: str | int = "INFO", *, stream: IO[s
     handler: logging.Handler = _StderrHandler() if stream is None else logging.StreamHandler(stream)
     handler.setFormatter(JsonFormatter() if json else HumanFormatter())
     root.addHandler(handler)
-    root.setLevel(parse_level(level))
+    level_no = parse_level(level)
+    root.setLevel(level_no)
+    # aiokafka logs "Authenticated as <user> via SCRAM" at INFO for every connection (a dozen per worker
+    # start on a secure cluster); a refused login is an error it still reports.
+    # DEBUG keeps them.
+    quieter = logging.DEBUG if level_no <= logging.DEBUG else max(level_no, logging.WARNING)
+    logging.getLogger("aiokafka.conn").setLevel(quieter)
     _installed = handler
     return handler

@@ -37,7 +37,9 @@ episode_threads = 8
 """
 
 
-async def up_to_step_1(tmp_path: Path, prefix: str, extra_env: dict[str, str]) -> tuple[str, str]:
+async def up_to_step_1(
+    tmp_path: Path, prefix: str, extra_env: dict[str, str], flags: tuple[str, ...] = ()
+) -> tuple[str, str]:
     """``rlbus up --config run.toml --steps 1`` in the working directory, against the suite's Kafka (checked
     first: ``rlbus up`` would otherwise start a broker of its own) with a Redis of its own; it must stop by
     itself with status 0. Returns the namespace and the output."""
@@ -49,7 +51,7 @@ async def up_to_step_1(tmp_path: Path, prefix: str, extra_env: dict[str, str]) -
     logs = tmp_path / "logs"
     logs.mkdir()
     argv = [*rlbus_command(), "up", "--config", "run.toml", "--rollout-workers", "1", "--steps", "1",
-            "--namespace", namespace, "--grace", "20"]
+            "--namespace", namespace, "--grace", "20", *flags]
     up = Proc("up", argv, env, logs)
     try:
         async def exited() -> bool:
@@ -126,3 +128,34 @@ async def test_rlbus_up_trains_a_users_prompt_file_with_their_reward_function(
     assert [s["step"] for s in read(tmp_path / "runs" / "distributed" / namespace, STEPS)][:1] == [1]
     scored = calls.read_text().split()
     assert len(scored) >= 4 and set(scored) <= {"36", "12"}, scored  # a group of 4, from the user's file
+
+
+async def test_rlbus_up_secure_trains_with_one_credential_per_role(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``rlbus up --secure``: a secure local Kafka of its own (TLS, SCRAM, ACLs), one Kafka user, Redis user
+    and blob key per role — and the run still reaches its first step with no request denied."""
+    import stat
+
+    from rlbus.services import kafka
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "run.toml").write_text(SMALL_RUN)
+    home = tmp_path / "home"
+    try:
+        namespace, out = await up_to_step_1(tmp_path, "it-secure", {"RLBUS_HOME": str(home)}, ("--secure",))
+    finally:
+        kafka.stop(home / "secure-kafka", grace_s=10)
+    assert "secure Kafka at 127.0.0.1:" in out and "Redis users for" in out, out[-4000:]
+    run_dir = tmp_path / "runs" / "distributed" / namespace
+    assert [s["step"] for s in read(run_dir, STEPS)][:1] == [1]
+    credentials = run_dir / "credentials"
+    for role in ("trainer", "rollout", "reward", "producer", "gateway", "operator"):
+        password = credentials / "kafka" / f"{role}.password"
+        assert stat.S_IMODE(password.stat().st_mode) == 0o600
+        assert password.read_text().strip() not in out
+        assert f'sasl_username = "{namespace}.{role}"' in (credentials / "kafka" / f"{role}.bus.toml").read_text()
+    for role in ("trainer", "rollout", "reward", "prompts", "serve"):
+        assert (credentials / "redis" / role).read_text().strip() not in out
+    security_log = (home / "secure-kafka" / "kafka" / "node-1" / "security.log").read_text()
+    assert "Denied" not in security_log, security_log[-2000:]
