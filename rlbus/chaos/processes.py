@@ -49,7 +49,7 @@ from rlbus.bus.namespace import NamespacedBus, namespaced
 from rlbus.bus.topics import PROMPTS, ROLLOUTS, topic_specs
 from rlbus.chaos.blobs import StallingStore
 from rlbus.chaos.harness import Progress
-from rlbus.chaos.ledger import ScenarioReport, audit, fill, read_topic
+from rlbus.chaos.ledger import ScenarioReport, TopicTail, audit, fill, read_topic
 from rlbus.chaos.rig import PARTITIONS, ChaosRig
 from rlbus.schemas import Rollout
 from rlbus.services import free_port
@@ -72,7 +72,7 @@ def run_config(
     """The run's TOML: a tiny policy, groups of 4, one group per step, a checkpoint every step."""
     return f"""
 [bus]
-bootstrap = "{rig.bootstrap}"
+{rig.bus_toml()}
 [state]
 url = "{rig.redis.url}"
 [store]
@@ -137,6 +137,7 @@ class Workers:
         self.join = JoinBuffer(state=self.state, policy=RewardPolicy())
         self.bus = namespaced(rig.bus(client_id=f"chaos-{name}"), f"{self.namespace}.")
         self.progress = Progress()
+        self._tails: dict[str, TopicTail] = {}
 
     async def __aenter__(self) -> Workers:
         await self.bus.start()
@@ -149,8 +150,16 @@ class Workers:
 
     async def __aexit__(self, *exc: object) -> None:
         await asyncio.to_thread(self.stop_all)
+        for tail in self._tails.values():
+            await tail.close()
         await self.bus.close()
         await self.state.close()
+
+    async def records(self, topic: str) -> list[Any]:
+        """Every record of ``topic`` so far (a :class:`TopicTail`: cheap to poll, also over TLS)."""
+        if topic not in self._tails:
+            self._tails[topic] = TopicTail(self.bus, topic)
+        return await self._tails[topic].read()
 
     # --- processes -------------------------------------------------------------------------------
     def start(self, name: str, env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
@@ -537,7 +546,7 @@ def _stepped(w: Workers, after: int) -> bool:
 
 
 async def _rollouts(w: Workers) -> list[Rollout]:
-    return [r for r in await read_topic(w.bus, ROLLOUTS.name) if isinstance(r, Rollout)]
+    return [r for r in await w.records(ROLLOUTS.name) if isinstance(r, Rollout)]
 
 
 async def _produced_by(w: Workers, worker: str, at_least: int = 1) -> bool:
@@ -546,7 +555,7 @@ async def _produced_by(w: Workers, worker: str, at_least: int = 1) -> bool:
 
 async def _unplayed(w: Workers) -> dict[str, int]:
     """Prompts admitted whose group is not yet complete on the rollouts topic (prompt id → group size)."""
-    prompts = {p.prompt_id: p.group_size for p in await read_topic(w.bus, PROMPTS.name) if hasattr(p, "group_size")}
+    prompts = {p.prompt_id: p.group_size for p in await w.records(PROMPTS.name) if hasattr(p, "group_size")}
     have: dict[str, set[int]] = {}
     for r in await _rollouts(w):
         have.setdefault(r.prompt_id, set()).add(r.group_index)

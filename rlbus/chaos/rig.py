@@ -10,16 +10,24 @@ Kafka: RF 3 and ``min.insync.replicas`` 2 on every rlbus topic; producers are id
 ``acks=all`` (:mod:`rlbus.bus.kafka`), so one broker may die without losing an acknowledged write.
 Redis: an append-only file fsynced on every write (``persist=True``), so a SIGKILLed server restarted
 on the same directory holds every write it acknowledged.
+
+``secure=True`` (the suite with ``RLBUS_CHAOS_SECURE=1``) runs the same faults on a secure cluster
+(:mod:`rlbus.services.kafka_secure`: TLS between every broker and controller, SASL_SSL + SCRAM for every
+client, the StandardAuthorizer on): every bus and worker process authenticates as one SCRAM user allowed
+all operations by ACL, so broker deaths, restarts and rebalances are ridden out over TLS with
+re-authentication. (Per-role least privilege is what ``tests/integration/test_kafka_security.py`` and
+``rlbus up --secure`` show; here the scenarios' faults are the point.)
 """
 
 from __future__ import annotations
 
 import asyncio
 import os
+import secrets
 import signal
 import socket
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from rlbus.bus.kafka import KafkaBus, KafkaSettings
@@ -30,6 +38,30 @@ from rlbus.services.redis import RedisServer, start_redis
 from rlbus.state.redis import RedisStateStore
 
 PARTITIONS = 4
+CHAOS_USER = "chaos"
+
+
+def _chaos_user(cluster: kafka.KafkaCluster) -> dict[str, str]:
+    """A SCRAM user allowed every operation by ACL (topics, groups, the cluster: the scenarios delete and
+    create topics), its password in ``<home>/chaos.password``; returns its KafkaSettings fields."""
+    from rlbus.services.kafka_admin import AclBinding, create_acls, upsert_scram_users
+    from rlbus.services.kafka_secure import ca_file
+
+    password = secrets.token_urlsafe(24)
+    password_file = cluster.home / f"{CHAOS_USER}.password"
+    password_file.touch(mode=0o600)
+    password_file.write_text(password + "\n")
+    admin = kafka.admin_client_properties(cluster)
+    upsert_scram_users(admin, {CHAOS_USER: password})
+    user = f"User:{CHAOS_USER}"
+    create_acls(admin, [
+        AclBinding(user, "TOPIC", "*", "ALL"), AclBinding(user, "GROUP", "*", "ALL"),
+        AclBinding(user, "CLUSTER", "kafka-cluster", "ALL"), AclBinding(user, "TRANSACTIONAL_ID", "*", "ALL"),
+    ])
+    return {
+        "security_protocol": "SASL_SSL", "sasl_mechanism": "SCRAM-SHA-512", "sasl_username": CHAOS_USER,
+        "sasl_password": password, "ssl_cafile": str(ca_file(cluster)),
+    }
 
 
 def free_port_block(count: int, host: str = "127.0.0.1") -> int:
@@ -62,20 +94,24 @@ class ChaosRig:
     home: Path
     cluster: kafka.KafkaCluster
     redis: RedisServer
+    #: On a secure cluster: the chaos user's ``[bus]`` settings (SASL_SSL, SCRAM, the CA), else empty.
+    security: dict[str, str] = field(default_factory=dict)
 
     @classmethod
-    def start(cls, home: Path, *, brokers: int = 3, timeout_s: float = 180.0) -> ChaosRig:
+    def start(cls, home: Path, *, brokers: int = 3, timeout_s: float = 180.0, secure: bool = False) -> ChaosRig:
         """Start both (blocking: call it in a thread from async code)."""
         home.mkdir(parents=True, exist_ok=True)
         cluster = kafka.start(
-            brokers=brokers, port=free_port_block(2 * brokers), home=home, timeout_s=timeout_s, fresh=True
+            brokers=brokers, port=free_port_block(2 * brokers), home=home, timeout_s=timeout_s, fresh=True,
+            secure=secure, internal_port=free_port_block(brokers) if secure else None,
         )
         try:
+            security = _chaos_user(cluster) if secure else {}
             redis = start_redis(dir=home / "redis", persist=True)
         except ServiceError:
             kafka.stop(home, grace_s=10)
             raise
-        return cls(home=home, cluster=cluster, redis=redis)
+        return cls(home=home, cluster=cluster, redis=redis, security=security)
 
     def stop(self) -> None:
         self.redis.stop()
@@ -90,7 +126,25 @@ class ChaosRig:
         return self.cluster.replication_factor
 
     def bus(self, client_id: str = "rlbus-chaos") -> KafkaBus:
-        return KafkaBus(KafkaSettings(bootstrap=self.bootstrap, client_id=client_id, request_timeout_ms=15_000))
+        s = self.security
+        return KafkaBus(KafkaSettings(
+            bootstrap=self.bootstrap, client_id=client_id, request_timeout_ms=15_000,
+            security_protocol=s.get("security_protocol", "PLAINTEXT"), sasl_mechanism=s.get("sasl_mechanism"),
+            sasl_username=s.get("sasl_username"), sasl_password=s.get("sasl_password"), ssl_cafile=s.get("ssl_cafile"),
+        ))
+
+    def bus_toml(self) -> str:
+        """The ``[bus]`` lines a worker process's run config needs to reach this cluster."""
+        lines = [f'bootstrap = "{self.bootstrap}"']
+        if self.security:
+            lines += [
+                f'security_protocol = "{self.security["security_protocol"]}"',
+                f'sasl_mechanism = "{self.security["sasl_mechanism"]}"',
+                f'sasl_username = "{self.security["sasl_username"]}"',
+                f'sasl_password_file = "{self.home / CHAOS_USER}.password"',
+                f'ssl_cafile = "{self.security["ssl_cafile"]}"',
+            ]
+        return "\n".join(lines)
 
     def state(self, prefix: str) -> RedisStateStore:
         return RedisStateStore.from_url(self.redis.url, key_prefix=prefix, reconnect=True)
@@ -157,7 +211,8 @@ class ChaosRig:
     def restart_brokers(self, timeout_s: float = 120.0) -> None:
         """Start every stopped node again on its data directory and wait until all brokers serve."""
         kafka.start(
-            brokers=len(self.cluster.nodes), port=self.cluster.nodes[0].port, home=self.home, timeout_s=timeout_s
+            brokers=len(self.cluster.nodes), port=self.cluster.nodes[0].port, home=self.home, timeout_s=timeout_s,
+            secure=self.cluster.secure,
         )
 
     def kill_redis(self) -> None:

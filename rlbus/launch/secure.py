@@ -9,7 +9,8 @@ What it sets up, on top of what ``rlbus up`` does:
   ``<run_dir>/credentials/kafka/<role>.bus.toml`` (+ ``.password``, mode 0600). A child finds its file
   through ``RLBUS_BUS_CONFIG``, whose ``[bus]`` table overlays the run config's.
 * **Redis**: one ACL user per role (:mod:`rlbus.services.redis_acl`), passwords in
-  ``<run_dir>/credentials/redis/<role>``; a child gets ``RLBUS_REDIS_URL`` with its own user. The
+  ``<run_dir>/credentials/redis/<role>``; a child gets ``RLBUS_REDIS_URL`` with its own user. A Redis that
+  ``rlbus up`` starts itself speaks TLS only, with a certificate from the cluster's CA (``rediss://``). The
   ``default`` user stays on for ``rlbus up`` itself (it created the users); a production Redis turns it off
   (``rlbus redis users --disable-default``).
 * **Blobs**: the blob server keeps the master secret, which only the trainer holds (it writes versions and
@@ -35,6 +36,7 @@ from rlbus.launch.config import ENV_BLOB_SECRET, ENV_BOOTSTRAP, ENV_BUS_CONFIG, 
 if TYPE_CHECKING:
     from rlbus.bus.kafka import KafkaBus
     from rlbus.services.kafka import KafkaCluster
+    from rlbus.services.tls import Issued
 
 #: A child's name prefix → its role for Kafka, Redis and the blob store.
 KAFKA_ROLE = {"trainer": "trainer", "reward": "reward", "rollout": "rollout", "serve": "gateway",
@@ -82,17 +84,23 @@ def secure_cluster(say: Callable[[str], None]) -> KafkaCluster:
     return cluster
 
 
+def redis_tls(cluster: KafkaCluster) -> tuple[Issued, Path]:
+    """A server certificate for the run's Redis from the cluster's CA, and the CA file clients verify it with."""
+    from rlbus.services import kafka_secure
+
+    return kafka_secure.ca(cluster).issue("redis", server=True, client=False), kafka_secure.ca_file(cluster)
+
+
 async def prepare(
-    config: RunConfig, namespace: str, run_dir: Path, *, partitions: int, redis_admin_url: str | None,
-    blob_master: str | None, say: Callable[[str], None],
+    config: RunConfig, namespace: str, run_dir: Path, *, cluster: KafkaCluster, partitions: int,
+    redis_admin_url: str | None, blob_master: str | None, say: Callable[[str], None],
 ) -> SecureRun:
-    """Start (or find) the secure cluster, create the run's topics as its administrator, and make every
-    role's Kafka user and ACLs, Redis user and blob key."""
+    """Create the run's topics on the secure ``cluster`` as its administrator, and make every role's Kafka
+    user and ACLs, Redis user and blob key."""
     from rlbus.bus.namespace import namespaced
     from rlbus.bus.topics import topic_specs
     from rlbus.services.kafka_acl import grant
 
-    cluster = await asyncio.to_thread(secure_cluster, say)
     admin_bus = _admin_bus(cluster)
     async with namespaced(admin_bus, f"{namespace}.") as admin:
         specs = topic_specs(partitions=partitions, replication=cluster.replication_factor)

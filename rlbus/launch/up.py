@@ -300,7 +300,12 @@ async def up(
     status = 0
     with GracefulStop(exit=supervisor.kill_now) as stopping:
         try:
-            if not secure:
+            cluster = None
+            if secure:
+                from rlbus.launch.secure import redis_tls, secure_cluster
+
+                cluster = await asyncio.to_thread(secure_cluster, say)
+            else:
                 await _ensure_kafka(config, say)
                 env[ENV_BOOTSTRAP] = config.bus.bootstrap
             if config.state.url == "memory://" or not _redis_answers(config.state.url):
@@ -308,7 +313,8 @@ async def up(
 
                 if config.state.url != "memory://" and urlparse(config.state.url).hostname not in LOCAL_HOSTS:
                     raise ServiceError(f"Redis at {config.state.url} does not answer")
-                redis_server = await asyncio.to_thread(start_redis, dir=run_dir / "redis")
+                tls = None if cluster is None else redis_tls(cluster)
+                redis_server = await asyncio.to_thread(start_redis, dir=run_dir / "redis", tls=tls)
                 env[ENV_REDIS] = redis_server.url
                 say(f"started redis-server at {redis_server.url}")
             if not secure:
@@ -333,11 +339,11 @@ async def up(
                     f"{env['RLBUS_SERVE_TOKENS'].split(':', 1)[1]}")
             rollout_command = vllm_rlbus_command() if config.rollout.engine == "vllm" else None
             children = worker_children(config_path, rollout_workers, env, rollout_command=rollout_command, serve=serve)
-            if secure:
+            if cluster is not None:
                 from rlbus.launch.secure import prepare
 
                 credentials = await prepare(
-                    config, name, run_dir, partitions=max(4, rollout_workers),
+                    config, name, run_dir, cluster=cluster, partitions=max(4, rollout_workers),
                     redis_admin_url=env.get(ENV_REDIS, config.state.url), blob_master=env.get(ENV_BLOB_SECRET),
                     say=say,
                 )

@@ -10,6 +10,11 @@ so a server killed with SIGKILL and started again on the same ``dir`` holds ever
 acknowledged — what the idempotency ledger needs to survive a crash (the chaos suite shows it).
 ``everysec``, Redis's default, would lose up to a second of ledger marks and let a redelivered
 rollout be trained twice.
+
+With ``tls`` (a server certificate and the CA that signed it, :mod:`rlbus.services.tls`) the server
+listens with TLS only (``--port 0 --tls-port P``; Redis 6+ built with OpenSSL, as Debian's is) and its URL
+is ``rediss://host:P/0?ssl_ca_certs=<ca>``: clients verify the server and its address, and authenticate
+with their ACL user (:mod:`rlbus.services.redis_acl`) inside the tunnel.
 """
 
 from __future__ import annotations
@@ -26,6 +31,7 @@ from redis.exceptions import RedisError
 
 from rlbus.errors import ServiceError
 from rlbus.services import free_port
+from rlbus.services.tls import Issued
 
 HOST = "127.0.0.1"
 START_ATTEMPTS = 3
@@ -38,9 +44,13 @@ class RedisServer:
     port: int
     dir: Path
     process: subprocess.Popen[bytes]
+    #: The CA file clients verify a TLS server with (None: plain TCP).
+    ca_file: Path | None = None
 
     @property
     def url(self) -> str:
+        if self.ca_file is not None:
+            return f"rediss://{HOST}:{self.port}/0?ssl_ca_certs={self.ca_file}"
         return f"redis://{HOST}:{self.port}/0"
 
     @property
@@ -67,9 +77,13 @@ class RedisServer:
         self.stop()
 
 
-def start_redis(port: int | None = None, *, dir: Path, timeout_s: float = 10.0, persist: bool = False) -> RedisServer:
+def start_redis(
+    port: int | None = None, *, dir: Path, timeout_s: float = 10.0, persist: bool = False,
+    tls: tuple[Issued, Path] | None = None,
+) -> RedisServer:
     """Start ``redis-server`` on ``port`` (a free one when None) with ``dir`` for its files; with
-    ``persist`` an fsync-always append-only file there (reloaded when a server starts on that dir).
+    ``persist`` an fsync-always append-only file there (reloaded when a server starts on that dir); with
+    ``tls`` (the server's certificate, the CA file) TLS only.
 
     Returns once the server answers PING. Raises ServiceError when the binary is missing or the
     server does not come up; the message carries the end of its log. A relative ``dir`` counts
@@ -81,14 +95,16 @@ def start_redis(port: int | None = None, *, dir: Path, timeout_s: float = 10.0, 
     dir = dir.absolute()
     dir.mkdir(parents=True, exist_ok=True)
     for _ in range(1 if port is not None else START_ATTEMPTS):
-        server = _spawn(binary, port or free_port(HOST), dir, persist)
+        server = _spawn(binary, port or free_port(HOST), dir, persist, tls)
         if _wait_ready(server, timeout_s):
             return server
         server.stop()
     raise ServiceError(f"redis-server on port {server.port} did not come up:\n{_tail(server.log_file)}")
 
 
-def _spawn(binary: str, port: int, dir: Path, persist: bool = False) -> RedisServer:
+def _spawn(
+    binary: str, port: int, dir: Path, persist: bool = False, tls: tuple[Issued, Path] | None = None
+) -> RedisServer:
     options = {
         "port": str(port),
         "bind": HOST,
@@ -100,9 +116,16 @@ def _spawn(binary: str, port: int, dir: Path, persist: bool = False) -> RedisSer
     }
     if persist:
         options["appendfsync"] = "always"
+    if tls is not None:
+        certificate, ca_file = tls
+        options |= {
+            "port": "0", "tls-port": str(port), "tls-cert-file": str(certificate.cert),
+            "tls-key-file": str(certificate.key), "tls-ca-cert-file": str(ca_file),
+            "tls-auth-clients": "no",  # clients prove who they are with their ACL user's password
+        }
     command = [binary, *(arg for name, value in options.items() for arg in (f"--{name}", value))]
     process = subprocess.Popen(command, cwd=dir, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL)
-    return RedisServer(port=port, dir=dir, process=process)
+    return RedisServer(port=port, dir=dir, process=process, ca_file=None if tls is None else tls[1])
 
 
 def _wait_ready(server: RedisServer, timeout_s: float) -> bool:
@@ -110,7 +133,7 @@ def _wait_ready(server: RedisServer, timeout_s: float) -> bool:
 
     The server's own pid is checked so that another Redis already on the port cannot pass for it.
     """
-    client = Redis(host=HOST, port=server.port, socket_connect_timeout=0.5, socket_timeout=0.5)
+    client = Redis.from_url(server.url, socket_connect_timeout=0.5, socket_timeout=0.5)
     deadline = time.monotonic() + timeout_s
     try:
         while server.process.poll() is None and time.monotonic() < deadline:

@@ -4,6 +4,9 @@ Started here, in a temporary directory on free ports (about 20-60 s on two cores
 9092 the rest of the suite uses. When it cannot start (no Java, no Maven cache, no redis-server) every
 chaos test fails with the reason — they never skip.
 
+``RLBUS_CHAOS_SECURE=1`` runs the whole suite on a secure cluster instead (TLS, SASL_SSL + SCRAM, ACLs:
+:class:`rlbus.chaos.rig.ChaosRig`).
+
 Markers (registered in pyproject.toml): every test here is ``chaos``; the ones that take longest (real worker
 processes, a broker's failover) are also ``slow``, so CI can run them in a step of their own
 (``-m "chaos and slow"``).
@@ -11,6 +14,7 @@ processes, a broker's failover) are also ``slow``, so CI can run them in a step 
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 
 import pytest
@@ -22,7 +26,8 @@ from rlbus.errors import RlbusError
 @pytest.fixture(scope="session")
 def rig(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ChaosRig]:
     try:
-        instance = ChaosRig.start(tmp_path_factory.mktemp("chaos-rig"))
+        secure = os.environ.get("RLBUS_CHAOS_SECURE") == "1"
+        instance = ChaosRig.start(tmp_path_factory.mktemp("chaos-rig"), secure=secure)
     except RlbusError as exc:
         pytest.fail(f"the chaos rig (3 Kafka brokers + Redis) could not start: {exc}", pytrace=False)
     try:

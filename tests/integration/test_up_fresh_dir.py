@@ -147,6 +147,7 @@ async def test_rlbus_up_secure_trains_with_one_credential_per_role(
     finally:
         kafka.stop(home / "secure-kafka", grace_s=10)
     assert "secure Kafka at 127.0.0.1:" in out and "Redis users for" in out, out[-4000:]
+    assert "started redis-server at rediss://127.0.0.1:" in out  # TLS only, with the cluster's CA
     run_dir = tmp_path / "runs" / "distributed" / namespace
     assert [s["step"] for s in read(run_dir, STEPS)][:1] == [1]
     credentials = run_dir / "credentials"
