@@ -113,7 +113,8 @@ async def _first_read_error(reader: asyncio.StreamReader, wait_s: float = 1.0) -
     """What the server said right after the handshake: a TLS alert or a closed connection (it refused the
     client's certificate), or None when it is still listening quietly, as Kafka does before a request."""
     try:
-        data = await asyncio.wait_for(reader.read(1), wait_s)
+        async with asyncio.timeout(wait_s):
+            data = await reader.read(1)
     except TimeoutError:
         return None
     except ssl.SSLError as exc:

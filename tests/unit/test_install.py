@@ -31,8 +31,8 @@ def test_the_list_names_what_the_tests_need() -> None:
 
 def test_every_program_the_code_looks_up_is_on_the_list() -> None:
     sources = [*(ROOT / "rlbus").rglob("*.py"), *(ROOT / "tests").rglob("*.py")]
-    looked_up = {name for path in sources
-                 for name in re.findall(r"""(?:shutil\.which|_require)\(\s*["']([\w.-]+)["']""", path.read_text())}
+    lookup = r"""(?:shutil\.which|_require|require_program)\(\s*["']([\w.-]+)["']"""
+    looked_up = {name for path in sources for name in re.findall(lookup, path.read_text())}
     assert {"redis-server", "bwrap", "java", "mvn"} <= looked_up  # the scan still finds them
     checks = " ".join(entries().values())
     assert {name for name in looked_up - NOT_PACKAGES if f"command -v {name}" not in checks} == set()
