@@ -437,8 +437,8 @@ async def serve_metrics(
     token: str | None = None,
     environ: Mapping[str, str] = os.environ,
 ) -> AsyncIterator[MetricsServer]:
-    """Serve ``GET /metrics`` on ``host:port`` while the block runs (``port=0``: any free port, see the
-    yielded server).
+    """Serve ``GET /metrics`` (and an open ``GET /healthz``) on ``host:port`` while the block runs
+    (``port=0``: any free port, see the yielded server).
 
     ``token`` (else ``$RLBUS_METRICS_TOKEN``, or the file ``$RLBUS_METRICS_TOKEN_FILE`` names, in
     ``environ``) makes ``/metrics`` need ``Authorization: Bearer <token>`` (Prometheus: ``authorization:
@@ -453,8 +453,15 @@ async def serve_metrics(
     async def metrics(request: web.Request) -> web.Response:
         return web.Response(body=generate_latest(registry), headers={"Content-Type": CONTENT_TYPE})
 
-    app = web.Application(middlewares=[BearerAuth("metrics", token).middleware] if token is not None else [])
+    async def healthz(request: web.Request) -> web.Response:
+        # Liveness for supervisors (compose healthchecks, Kubernetes probes), which cannot send a secret:
+        # an answer means the worker's event loop runs; it says nothing else, so it stays open.
+        return web.json_response({"ok": True})
+
+    auth = [BearerAuth("metrics", token, open_paths=("/healthz",)).middleware] if token is not None else []
+    app = web.Application(middlewares=auth)
     app.router.add_get("/metrics", metrics)
+    app.router.add_get("/healthz", healthz)
     runner = web.AppRunner(app, access_log=None)
     await runner.setup()
     try:

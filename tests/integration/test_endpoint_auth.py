@@ -151,6 +151,9 @@ async def test_metrics_token_from_a_file_serve_off_loopback_and_none_refuse_it(
     async with serve_metrics(0, "0.0.0.0", environ={"RLBUS_METRICS_TOKEN_FILE": str(secret)}) as server:
         url = f"http://127.0.0.1:{server.port}/metrics"
         assert (await get(url))[0] == 401 and (await get(url, TOKEN))[0] == 200
+        # the probe path of compose healthchecks and Kubernetes probes: open, and says only that it lives
+        status, text, _ = await get(f"http://127.0.0.1:{server.port}/healthz")
+        assert status == 200 and text == '{"ok": true}'
     assert binds == [("0.0.0.0", 0)]
 
 
