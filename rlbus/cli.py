@@ -1056,6 +1056,35 @@ def config_check(
         typer.echo("".join(f"# ok: {note}\n" for note in checked.notes) + "\n" + render_toml(tables), nl=False)
 
 
+@app.command("eval")
+def eval_(
+    config: RunConfigFile = None,
+    checkpoint: Annotated[Path | None, typer.Option(
+        help="A trainer checkpoint file or directory (its newest); default: the model RL starts from.")] = None,
+    n: Annotated[int, typer.Option(help="Held-out prompts to score.", min=1)] = 100,
+    as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
+) -> None:
+    """Held-out accuracy of a run's policy: at a trainer checkpoint, or where RL starts (the run's model with
+    its warm start, rebuilt from the config), greedy through the harness as the demo measures it.
+
+    Example: rlbus eval --config run.toml --checkpoint runs/x/checkpoints
+    """
+    from rlbus.launch.config import load_config
+    from rlbus.launch.evaluation import evaluate_run
+
+    try:
+        result = evaluate_run(load_config(config), checkpoint=checkpoint, n=n)
+    except RlbusError as exc:
+        _error(exc)
+        raise typer.Exit(1) from None
+    if as_json:
+        sys.stdout.write(json.dumps(result.as_dict()) + "\n")
+        return
+    where = "where RL starts" if result.step is None else f"step {result.step} (v{result.version})"
+    console.print(f"held-out accuracy {result.accuracy:.1%} {where}: {result.prompts} prompts of {result.eval_set}, "
+                  f"mean reward {result.mean_reward:.3f}, {result.seconds:.1f} s")
+
+
 @app.command()
 def worker(
     role: Annotated[str, typer.Argument(help="prompts, rollout, reward, trainer or serve (the gateway).")],
@@ -1489,6 +1518,7 @@ BENCHMARKS = {
     "serve": "rlbus.bench.serve",
     "firstsync": "rlbus.bench.firstsync",
     "sim-calibration": "rlbus.bench.sim_calibration",
+    "compose": "rlbus.bench.compose",
 }
 
 
@@ -1621,6 +1651,9 @@ def bench(
         raise typer.Exit(1)
     if name == "swe" and result["summary"]["cheats_scored_zero"] < result["summary"]["cheats_tried"]:
         err.print("[red]a cheat scored above 0 (see the JSON's cheats.rows)[/red]")
+        raise typer.Exit(1)
+    if name == "compose" and not result["summary"]["passed"]:
+        err.print("[red]a compose check failed (see the list above)[/red]")
         raise typer.Exit(1)
     if name == "chaos" and result["summary"]["passed"] < result["summary"]["scenarios"]:
         err.print("[red]a chaos scenario failed its checks (see the table)[/red]")

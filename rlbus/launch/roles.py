@@ -269,7 +269,6 @@ async def trainer_main(
 
     from rlbus.launch.recording import TrainerRecorder
     from rlbus.training.checkpoint import load_checkpoint, model_from_state
-    from rlbus.training.warm import warm_start
     from rlbus.wiring.trainer import trainer_stack
 
     settings = config.trainer
@@ -283,26 +282,8 @@ async def trainer_main(
         if saved is not None:
             model = model_from_state(saved)
             log.info("%s: restoring step %d (v%d) from %s", worker_id, saved.step, saved.version, checkpoints)
-        elif config.model.checkpoint is not None:
-            model = initial_model(config)
-            log.info("%s: starting from %s", worker_id, config.model.checkpoint)
         else:
-            source = await asyncio.to_thread(model_source, config, progress=log.info)
-            model = source.build(seed=config.task.seed)
-            log.info("%s: model %s (%s)", worker_id, source.label, source.kind)
-            if settings.warm_steps:
-                log.info("%s: warm start, %d steps", worker_id, settings.warm_steps)
-                total, every = settings.warm_steps, max(1, settings.warm_steps // 10)
-
-                def progress(step: int, loss: float) -> None:
-                    if (step + 1) % every == 0 or step + 1 == total:
-                        log.info("%s: warm start step %d/%d, loss %.4f", worker_id, step + 1, total, loss)
-
-                await asyncio.to_thread(
-                    lambda: warm_start(model, chat=source.chat, on_step=progress, **warm_start_args(config))
-                )
-            if config.dpo.train.steps:
-                await asyncio.to_thread(_dpo_stage, model, source, config, worker_id)
+            model = await asyncio.to_thread(starting_model, config, worker_id)
         async with connected(config, region, bus=bus, state=state, store=store) as (bus, state, store, store_url):
             runlog = RunLog(config.run_dir) if config.run_dir is not None else None
             recorder: TrainerRecorder | None = None  # needs the stack's publisher and join: made just below
@@ -361,6 +342,37 @@ def _dpo_stage(model: Any, source: Any, config: RunConfig, worker_id: str) -> No
     report = dpo_stage(model, pairs, held_out, dpo, gate_accuracy=gate)
     log.info("%s: DPO done: held-out preference accuracy %s → %s (gate %s)", worker_id, report.accuracy_start,
              report.accuracy_end, gate or "off")
+
+
+def starting_model(config: RunConfig, worker_id: str) -> Any:
+    """The model RL starts from when the trainer has no checkpoint of its own: ``[model] checkpoint``, else
+    the run's model with its warm start (``[trainer] warm_steps``) and DPO stage (``[dpo.train] steps``).
+    Deterministic for a config (seeded by ``[task] seed``), so `rlbus eval` rebuilds the same one to
+    measure where RL started. Blocking."""
+    import torch
+
+    from rlbus.training.warm import warm_start
+
+    settings = config.trainer
+    torch.manual_seed(config.task.seed)
+    if config.model.checkpoint is not None:
+        log.info("%s: starting from %s", worker_id, config.model.checkpoint)
+        return initial_model(config)
+    source = model_source(config, progress=log.info)
+    model = source.build(seed=config.task.seed)
+    log.info("%s: model %s (%s)", worker_id, source.label, source.kind)
+    if settings.warm_steps:
+        log.info("%s: warm start, %d steps", worker_id, settings.warm_steps)
+        total, every = settings.warm_steps, max(1, settings.warm_steps // 10)
+
+        def progress(step: int, loss: float) -> None:
+            if (step + 1) % every == 0 or step + 1 == total:
+                log.info("%s: warm start step %d/%d, loss %.4f", worker_id, step + 1, total, loss)
+
+        warm_start(model, chat=source.chat, on_step=progress, **warm_start_args(config))
+    if config.dpo.train.steps:
+        _dpo_stage(model, source, config, worker_id)
+    return model
 
 
 async def published_version(bus: Bus, model_id: str) -> int:
