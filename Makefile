@@ -6,6 +6,10 @@
 #   make deps  — only the system packages step of `make test`
 #   make up    — start a local Kafka (KRaft) and create the rlbus topics
 #   make distributed — the whole loop as separate processes (`rlbus up`: Kafka, Redis, blobs, every role)
+#   make images — every image docker-compose.yml runs, from Debian's packages, PyPI and Maven Central
+#                 (infra/images/build.sh; as root, it installs Docker and starts dockerd where none runs)
+#   make compose-test — the whole loop in containers, built, run, scaled, a broker killed, checked
+#                 (`rlbus bench compose --quick`; CI runs it)
 PYTHON ?= python3.11
 VENV := .venv
 BIN := $(VENV)/bin
@@ -15,7 +19,7 @@ KAFKA_FIRST := $(firstword $(subst $(comma), ,$(RLBUS_KAFKA_BOOTSTRAP)))
 KAFKA_HOST := $(firstword $(subst :, ,$(KAFKA_FIRST)))
 KAFKA_PORT := $(lastword $(subst :, ,$(KAFKA_FIRST)))
 
-.PHONY: deps venv demo up distributed test lint bench-bus bench-codec
+.PHONY: deps venv demo up distributed test lint bench-bus bench-codec images-deps images compose-test
 
 $(BIN)/rlbus: pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -57,6 +61,17 @@ test: deps venv
 ifneq ($(VLLM_TESTS),)
 	RLBUS_REQUIRE_VLLM=1 $(VLLM_PY) -m pytest -q -p no:cacheprovider -m vllm $(VLLM_TEST_FILES)
 endif
+
+images-deps:
+	PYTHON=$(PYTHON) infra/install-deps.sh infra/images/system-packages.txt
+	infra/images/dockerd.sh start
+
+images: images-deps venv
+	infra/images/build.sh
+
+compose-test: images-deps venv
+	mkdir -p $(or $(RLBUS_ARTIFACTS),artifacts)
+	$(BIN)/rlbus bench compose --quick --json $(or $(RLBUS_ARTIFACTS),artifacts)/compose.json
 
 lint: venv
 	$(BIN)/ruff check rlbus tests

@@ -1,7 +1,9 @@
-"""docker-compose.yml stays valid: `docker compose config` accepts it with and without the cluster profile.
+"""docker-compose.yml and docker-compose.cluster.yml stay valid and say what the README says they run;
+the Kafka image's entrypoint turns the environment into broker properties as the official image does.
 
-Skipped only where no docker client is installed. Where the client lacks the compose plugin,
-Debian's standalone ``docker-compose`` (which .ci/run installs) does the validation instead.
+`docker compose config` needs a docker client (skipped only where none is installed; where the client lacks
+the compose plugin, Debian's standalone ``docker-compose``, which .ci/run installs, does the validation).
+Running the files for real is `rlbus bench compose` (`make compose-test`), which CI runs.
 """
 
 from __future__ import annotations
@@ -10,15 +12,18 @@ import os
 import shutil
 import subprocess
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-COMPOSE_FILE = Path(__file__).resolve().parents[2] / "docker-compose.yml"
+ROOT = Path(__file__).resolve().parents[2]
+COMPOSE_FILE = ROOT / "docker-compose.yml"
+CLUSTER_FILE = ROOT / "docker-compose.cluster.yml"
 #: The distributed run's services and the role each runs.
 WORKERS = {"trainer": "trainer", "rollout": "rollout", "rollout-us": "rollout", "reward": "reward",
-           "prompts": "prompts", "serve": "serve", "serve-us": "serve"}
+           "prompts": "prompts"}
+GATEWAYS = {"serve": "serve", "serve-us": "serve"}
 DEFAULT = {"kafka", "topics", "redis", "blobs", *WORKERS}
-CLUSTER = DEFAULT | {"kafka-1", "kafka-2", "kafka-3", "topics-cluster"}
 
 
 def _compose_command() -> list[str]:
@@ -31,33 +36,38 @@ def _compose_command() -> list[str]:
     pytest.fail("the docker client has no compose: install the compose plugin or Debian's docker-compose")
 
 
-def _compose(*args: str) -> str:
-    env = {k: v for k, v in os.environ.items() if k != "COMPOSE_PROFILES"}
-    command = [*_compose_command(), "-f", str(COMPOSE_FILE), *args]
+def _compose(*args: str, files: tuple[Path, ...] = (COMPOSE_FILE,)) -> str:
+    env = {k: v for k, v in os.environ.items() if k not in ("COMPOSE_PROFILES", "RLBUS_COMPOSE_KAFKA_PORT")}
+    command = [*_compose_command(), *(a for f in files for a in ("-f", str(f))), *args]
     done = subprocess.run(command, capture_output=True, text=True, env=env, check=False, timeout=60)
     assert done.returncode == 0, f"{' '.join(command)} failed:\n{done.stderr}"
     return done.stdout
 
 
-@pytest.mark.parametrize("profile", [[], ["--profile", "cluster"]], ids=["default", "cluster"])
-def test_compose_file_is_valid(profile: list[str]) -> None:
-    _compose(*profile, "config", "-q")
+def _services(*args: str, files: tuple[Path, ...] = (COMPOSE_FILE,)) -> dict[str, Any]:
+    import yaml
+
+    return yaml.safe_load(_compose(*args, "config", files=files))["services"]
 
 
-def test_compose_services() -> None:
+@pytest.mark.parametrize("files", [(COMPOSE_FILE,), (COMPOSE_FILE, CLUSTER_FILE)], ids=["one-broker", "cluster"])
+def test_compose_files_are_valid(files: tuple[Path, ...]) -> None:
+    _compose("config", "-q", files=files)
+    _compose("--profile", "serve", "config", "-q", files=files)
+
+
+def test_up_runs_the_loop_and_the_gateway_is_a_profile() -> None:
     default = set(_compose("config", "--services").split())
-    cluster = set(_compose("--profile", "cluster", "config", "--services").split())
-    # Compose v1 lists every service regardless of profile; v2 lists only the enabled ones.
-    assert DEFAULT <= default <= CLUSTER
-    assert cluster == CLUSTER
+    with_serve = set(_compose("--profile", "serve", "config", "--services").split())
+    assert DEFAULT <= default and with_serve == default | set(GATEWAYS)
+    # Compose v1 lists every service whatever the profile; v2 only the enabled ones: both end up here.
+    assert default in (DEFAULT, DEFAULT | set(GATEWAYS))
 
 
 def test_worker_services_run_one_role_each_with_the_mounted_config() -> None:
-    import yaml
-
-    services = yaml.safe_load(_compose("config"))["services"]
+    services = _services("--profile", "serve")
     regions = {}
-    for name, role in WORKERS.items():
+    for name, role in (WORKERS | GATEWAYS).items():
         service = services[name]
         assert service["command"][:3] == ["rlbus", "worker", role], name
         env = service["environment"]
@@ -65,18 +75,75 @@ def test_worker_services_run_one_role_each_with_the_mounted_config() -> None:
         assert any(str(v).endswith("/etc/rlbus/run.toml:ro") for v in service["volumes"])
         assert "9400" in [str(p) for p in service["expose"]]
         assert not any("secret" in str(arg).lower() for arg in service["command"])  # secrets: environment only
+        assert "/healthz" in " ".join(service["healthcheck"]["test"])  # open, unlike /metrics
+        assert not service.get("privileged"), name
         regions[name] = env.get("RLBUS_REGION")
     assert regions["rollout"] and regions["rollout-us"] and regions["rollout"] != regions["rollout-us"]
+    assert regions["serve"] and regions["serve-us"] and regions["serve"] != regions["serve-us"]
     assert "container_name" not in services["rollout"] and "ports" not in services["rollout"]  # --scale works
     assert services["blobs"]["command"][:3] == ["rlbus", "blobs", "serve"]
-
-
-def test_gateways_serve_per_region_and_scale() -> None:
-    import yaml
-
-    services = yaml.safe_load(_compose("config"))["services"]
-    regions = {services[name]["environment"]["RLBUS_REGION"] for name in ("serve", "serve-us")}
-    assert len(regions) == 2
-    for name in ("serve", "serve-us"):
+    for name in GATEWAYS:
         assert "8000" in [str(p) for p in services[name]["expose"]] and "ports" not in services[name]
         assert services[name]["environment"]["RLBUS_SERVE_TOKENS"]  # tokens from the environment, not the command
+
+
+def _published(service: dict[str, Any]) -> list[str]:
+    """host_ip of each published port (v1 and v2 render ports differently)."""
+    out = []
+    for port in service.get("ports", []):
+        out.append(port.get("host_ip", "") if isinstance(port, dict) else str(port).rsplit(":", 2)[0])
+    return out
+
+
+def test_only_loopback_is_published_and_images_are_the_ones_make_images_builds() -> None:
+    for files in ((COMPOSE_FILE,), (COMPOSE_FILE, CLUSTER_FILE)):
+        services = _services("--profile", "serve", files=files)
+        for name, service in services.items():
+            assert all(ip == "127.0.0.1" for ip in _published(service)), (name, service.get("ports"))
+            assert str(service["image"]).startswith("rlbus/"), name  # infra/images/build.sh's images
+
+
+def test_cluster_file_makes_three_brokers_with_three_replicas_and_workers_bootstrap_from_all() -> None:
+    services = _services("--profile", "serve", files=(COMPOSE_FILE, CLUSTER_FILE))
+    brokers = {name: s["environment"] for name, s in services.items() if name in ("kafka", "kafka-2", "kafka-3")}
+    assert sorted(env["KAFKA_NODE_ID"] for env in brokers.values()) == ["1", "2", "3"]
+    assert {env["KAFKA_CONTROLLER_QUORUM_VOTERS"] for env in brokers.values()} == {
+        "1@kafka:9093,2@kafka-2:9093,3@kafka-3:9093"}
+    durability = {(e["KAFKA_DEFAULT_REPLICATION_FACTOR"], e["KAFKA_MIN_INSYNC_REPLICAS"]) for e in brokers.values()}
+    assert durability == {("3", "2")}
+    assert len({env["CLUSTER_ID"] for env in brokers.values()}) == 1
+    assert "--replication" in services["topics"]["command"]
+    for name in WORKERS | GATEWAYS:
+        assert services[name]["environment"]["RLBUS_KAFKA_BOOTSTRAP"] == "kafka:19092,kafka-2:19092,kafka-3:19092"
+
+
+def test_kafka_entrypoint_turns_the_environment_into_properties(tmp_path: Path) -> None:
+    """The official image's convention ('_' → '.', '__' → '_', '___' → '-'), the JVM's own variables kept
+    out, storage formatted only while it is empty, then exec of the broker."""
+    fake = tmp_path / "bin"
+    fake.mkdir()
+    calls = tmp_path / "calls"
+    (fake / "java").write_text(f'#!/bin/sh\necho "$*" >> {calls}\n')
+    (fake / "java").chmod(0o755)
+    data = tmp_path / "data"
+    env = {"PATH": f"{fake}:/usr/bin:/bin", "CLUSTER_ID": "Dk6djo5ETZaK5NdoBkjZyg", "KAFKA_NODE_ID": "2",
+           "KAFKA_LISTENER_SECURITY_PROTOCOL_MAP": "INTERNAL:PLAINTEXT", "KAFKA_SOME__UNDERSCORE": "u",
+           "KAFKA_A___DASH": "d", "KAFKA_HEAP_OPTS": "-Xmx64m", "KAFKA_LOG_DIRS": str(data),
+           "RLBUS_KAFKA_PROPERTIES": str(tmp_path / "server.properties")}
+    entry = ROOT / "infra/kafka/entrypoint.sh"
+    subprocess.run([str(entry)], env=env, check=True, timeout=30)
+    properties = dict(line.split("=", 1) for line in (tmp_path / "server.properties").read_text().splitlines()
+                      if line and not line.startswith("#"))
+    assert properties == {"node.id": "2", "listener.security.protocol.map": "INTERNAL:PLAINTEXT",
+                          "some_underscore": "u", "a-dash": "d", "log.dirs": str(data)}
+    format_call, start_call = calls.read_text().splitlines()
+    assert "-Xmx64m" in format_call and "kafka.tools.StorageTool format -t Dk6djo5ETZaK5NdoBkjZyg" in format_call
+    assert start_call.endswith(f"kafka.Kafka {tmp_path / 'server.properties'}")
+    # formatted already (meta.properties there): straight to the broker
+    data.mkdir()
+    (data / "meta.properties").write_text("cluster.id=Dk6djo5ETZaK5NdoBkjZyg\n")
+    calls.unlink()
+    subprocess.run([str(entry)], env=env, check=True, timeout=30)
+    assert [c.split()[-2] for c in calls.read_text().splitlines()] == ["kafka.Kafka"]
+    missing = subprocess.run([str(entry)], env={**env, "CLUSTER_ID": ""}, capture_output=True, text=True, check=False)
+    assert missing.returncode != 0 and "CLUSTER_ID" in missing.stderr
