@@ -19,7 +19,7 @@ KAFKA_FIRST := $(firstword $(subst $(comma), ,$(RLBUS_KAFKA_BOOTSTRAP)))
 KAFKA_HOST := $(firstword $(subst :, ,$(KAFKA_FIRST)))
 KAFKA_PORT := $(lastword $(subst :, ,$(KAFKA_FIRST)))
 
-.PHONY: deps venv demo up distributed test lint bench-bus bench-codec images-deps images compose-test
+.PHONY: deps venv demo up distributed test lint bench-bus bench-codec images-deps images compose-test kustomize
 
 $(BIN)/rlbus: pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -54,7 +54,12 @@ VLLM_TESTS := $(or $(filter 1,$(RLBUS_REQUIRE_VLLM)),$(wildcard $(VLLM_PY)))
 
 # A broker that already answers is used as it is, whoever started it (`rlbus kafka start` would refuse its port
 # when it belongs to another RLBUS_HOME, Docker or another checkout).
-test: deps venv
+# The pinned kustomize tests/unit/test_k8s.py renders deploy/k8s with (${RLBUS_HOME:-~/.cache/rlbus}/bin/kustomize,
+# built with `go install` from the Go module proxy; nothing is done when that version is there).
+kustomize:
+	bash infra/k8s/install-kustomize.sh
+
+test: deps venv kustomize
 	$(BIN)/python -c 'import socket; socket.create_connection(("$(KAFKA_HOST)", $(KAFKA_PORT)), 2).close()' \
 	  2>/dev/null && echo "Kafka answers at $(KAFKA_FIRST)" || $(BIN)/rlbus kafka start --port $(KAFKA_PORT)
 	$(BIN)/python -m pytest -q $(if $(VLLM_TESTS),-m 'not vllm')
