@@ -69,6 +69,7 @@ endif
 
 images-deps:
 	PYTHON=$(PYTHON) infra/install-deps.sh infra/images/system-packages.txt
+	infra/images/compose-plugin.sh
 	infra/images/dockerd.sh start
 
 images: images-deps venv

@@ -24,6 +24,7 @@ Every project is removed with its volumes at the end (``down -v``), also when a 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import shutil
@@ -31,7 +32,7 @@ import subprocess
 import tempfile
 import time
 import tomllib
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -93,7 +94,6 @@ class Project:
     name: str
     files: Sequence[Path]
     env: dict[str, str] = field(default_factory=dict)
-    log: Callable[[str], None] = print
 
     def __post_init__(self) -> None:
         self.command = compose_command()
@@ -297,13 +297,36 @@ def evaluate(project: Project, *args: str) -> dict[str, Any]:
 
 
 # --- phase 2: the loop on one broker ----------------------------------------------------------------------------
+@contextlib.contextmanager
+def running(project: Project, log: Callable[[str], None]) -> Iterator[float]:
+    """``docker compose up -d`` (yields the time it started); on the way out the project goes with its volumes,
+    and a failure first prints the end of every service's log, where an operator looks first."""
+    started = time.time()
+    try:
+        project("up", "-d")
+        yield started
+    except BaseException:
+        log(f"failed; the end of the services' logs:\n{project.logs(tail=30)[-8000:]}")
+        raise
+    finally:
+        project.down()
+
+
+async def wind_down(project: Project, observer: Observer, run_dir: str, plan: Plan,
+                    log: Callable[[str], None]) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """Drain (see `drain`), read the trainer's steps while its container runs, stop the workers (the trainer
+    checkpoints and settles), then audit: (steps, figures)."""
+    drain_s = await drain(project, observer, run_dir, plan.deadline_s, log)
+    steps = steps_of(project, run_dir)
+    project("stop", "-t", "90", "trainer", "rollout", "rollout-us", "reward")
+    return steps, {"drain_s": drain_s, **await observer.audit()}
+
+
 async def run_loop(plan: Plan, log: Callable[[str], None]) -> dict[str, Any]:
     run_dir, checkpoints = _run_paths()
-    project = Project(f"rlbus-bench-{os.getpid()}", [COMPOSE_FILE], log=log)
+    project = Project(f"rlbus-bench-{os.getpid()}", [COMPOSE_FILE])
     figures: dict[str, Any] = {"project": project.name}
-    try:
-        started = time.time()
-        project("up", "-d")
+    with running(project, log) as started:
         log(f"docker compose up -d: {project.name}, Kafka at {project.bootstrap}, Redis at {project.redis_url}")
 
         async def first_step() -> list[dict[str, Any]]:
@@ -321,10 +344,8 @@ async def run_loop(plan: Plan, log: Callable[[str], None]) -> dict[str, Any]:
                 return bool(found) and found[-1]["step"] >= plan.steps
 
             await until(f"trainer step {plan.steps}", target, plan.deadline_s, project)
-            figures["drain_s"] = await drain(project, observer, run_dir, plan.deadline_s, log)
-            steps = steps_of(project, run_dir)  # read while the trainer's container runs
-            project("stop", "-t", "90", "trainer", "rollout", "rollout-us", "reward")
-            figures |= await observer.audit()
+            steps, audited = await wind_down(project, observer, run_dir, plan, log)
+        figures |= audited
         figures["replayed"] = replay_count(project)
         figures["steps"] = steps[-1]["step"] if steps else 0
         figures["train_s"] = (steps[-1]["t"] - steps[0]["t"]) if steps else 0.0
@@ -334,12 +355,7 @@ async def run_loop(plan: Plan, log: Callable[[str], None]) -> dict[str, Any]:
                     "checkpoint_step": after["step"], "eval_prompts": after["prompts"]}
         log(f"held-out accuracy {before['accuracy']:.0%} where RL started, {after['accuracy']:.0%} at step "
             f"{after['step']}")
-        return figures
-    except BaseException:
-        figures["logs"] = project.logs(tail=60)[-8000:]
-        raise
-    finally:
-        project.down()
+    return figures
 
 
 async def scale(project: Project, observer: Observer, plan: Plan, log: Callable[[str], None]) -> dict[str, Any]:
@@ -379,11 +395,9 @@ def replay_count(project: Project) -> int:
 # --- phase 3: the cluster, one broker killed ---------------------------------------------------------------------
 async def run_cluster(plan: Plan, log: Callable[[str], None]) -> dict[str, Any]:
     run_dir, _ = _run_paths()
-    project = Project(f"rlbus-bench-cluster-{os.getpid()}", [COMPOSE_FILE, CLUSTER_FILE], log=log)
+    project = Project(f"rlbus-bench-cluster-{os.getpid()}", [COMPOSE_FILE, CLUSTER_FILE])
     figures: dict[str, Any] = {"project": project.name}
-    try:
-        started = time.time()
-        project("up", "-d")
+    with running(project, log) as started:
         log(f"docker compose up -d (three brokers): {project.name}")
 
         def steps_past(n: int) -> Callable[[], Awaitable[list[dict[str, Any]]]]:
@@ -406,17 +420,10 @@ async def run_cluster(plan: Plan, log: Callable[[str], None]) -> dict[str, Any]:
         project("start", "kafka-2")
         log(f"{len(after)} steps with kafka-2 down; started it again")
         async with Observer(project) as observer:
-            figures["drain_s"] = await drain(project, observer, run_dir, plan.deadline_s, log)
-            steps = steps_of(project, run_dir)
-            project("stop", "-t", "90", "trainer", "rollout", "rollout-us", "reward")
-            figures |= await observer.audit()
+            steps, audited = await wind_down(project, observer, run_dir, plan, log)
+        figures |= audited
         figures["steps"] = steps[-1]["step"] if steps else 0
-        return figures
-    except BaseException:
-        figures["logs"] = project.logs(tail=60)[-8000:]
-        raise
-    finally:
-        project.down()
+    return figures
 
 
 # --- the benchmark ------------------------------------------------------------------------------------------
