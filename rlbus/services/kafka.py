@@ -16,6 +16,11 @@ each partition's replicas over the racks and a consumer with ``client.rack`` rea
 region (KIP-392 follower fetching). ``RLBUS_KAFKA_REQUEST_LOG=debug`` in the environment of ``start`` makes
 every node log each request it serves to ``requests.log`` (which broker served which client's fetch).
 
+Region listeners (``region_ports = {region: (l, a)}``, for an emulated WAN, :mod:`rlbus.services.wan`): node
+``i`` also listens on ``l + (i-1)`` (PLAINTEXT, listener ``WAN_<REGION>``) and advertises ``a + (i-1)`` there,
+the port of that region's proxy in front of it, so a client that bootstraps from its region's proxies keeps
+talking to every broker through them.
+
 Authentication (optional, ``sasl_port = s``): node ``i`` also listens on ``s + (i-1)`` with
 SASL_PLAINTEXT and the SCRAM-SHA-256/512 mechanisms; users are created through the admin API
 with Kafka's Admin client (:mod:`rlbus.services.kafka_admin`), so no password is ever a command-line
@@ -85,6 +90,20 @@ _children: dict[int, subprocess.Popen[bytes]] = {}
 
 
 @dataclass(frozen=True)
+class RegionListener:
+    """A node's listener for the clients of one region: it binds ``port`` and advertises ``advertised_port``."""
+
+    region: str
+    port: int
+    advertised_port: int
+
+    @property
+    def name(self) -> str:
+        """The Kafka listener name, ``WAN_US_EAST`` for ``us-east``."""
+        return "WAN_" + "".join(c if c.isalnum() else "_" for c in self.region.upper())
+
+
+@dataclass(frozen=True)
 class KafkaNode:
     """One combined broker + controller process and the directory that holds its state."""
 
@@ -98,6 +117,14 @@ class KafkaNode:
     internal_port: int | None = None
     #: ``broker.rack``: the region this node stands for (None on a single node).
     rack: str | None = None
+    #: Listeners for an emulated WAN's regions (see :mod:`rlbus.services.wan`).
+    region_listeners: tuple[RegionListener, ...] = ()
+
+    def region_listener(self, region: str) -> RegionListener:
+        for listener in self.region_listeners:
+            if listener.region == region:
+                return listener
+        raise ConfigError("region_ports", f"node {self.node_id} has no listener for region {region!r}")
 
     @property
     def config(self) -> Path:
@@ -173,6 +200,15 @@ class KafkaCluster:
         return tuple(node.rack or "" for node in self.nodes)
 
     @property
+    def region_ports(self) -> dict[str, tuple[int, int]]:
+        """Per region, the first node's (listener port, advertised port); empty without region listeners."""
+        return {r.region: (r.port, r.advertised_port) for r in self.nodes[0].region_listeners}
+
+    def region_bootstrap(self, region: str) -> str:
+        """The advertised addresses of ``region``'s listeners (its proxies, in an emulated WAN)."""
+        return ",".join(f"{HOST}:{node.region_listener(region).advertised_port}" for node in self.nodes)
+
+    @property
     def replication_factor(self) -> int:
         return min(len(self.nodes), 3)
 
@@ -187,7 +223,7 @@ class KafkaCluster:
 def layout(
     home: Path, brokers: int, port: int, cluster_id: str, sasl_port: int | None = None, *,
     secure: bool = False, internal_port: int | None = None, mtls: bool = False,
-    racks: Sequence[str] | None = None,
+    racks: Sequence[str] | None = None, region_ports: Mapping[str, Sequence[int]] | None = None,
 ) -> KafkaCluster:
     """The nodes of a ``brokers``-node cluster whose first client port is ``port`` (and first SASL
     listener ``sasl_port``, when given). A ``secure`` cluster's client listeners speak SASL_SSL and its
@@ -209,10 +245,19 @@ def layout(
     if internal_port is not None and not 1 <= internal_port <= 65535 - brokers:
         raise ConfigError("internal_port", f"{internal_port} leaves no room for {brokers} internal listeners")
     node_racks = _racks(brokers, racks)
+    if region_ports and secure:
+        raise ConfigError("region_ports", "region listeners are PLAINTEXT (an emulated WAN): not on a secure cluster")
+    for region, (first, advertised) in (region_ports or {}).items():
+        if not 1 <= min(first, advertised) <= max(first, advertised) <= 65535 - brokers:
+            raise ConfigError("region_ports", f"{region}: {first}, {advertised} leave no room for {brokers} nodes")
     nodes = tuple(
         _node(
             home, i, port + 2 * (i - 1), None if sasl_port is None else sasl_port + i - 1,
             None if internal_port is None else internal_port + i - 1, node_racks[i - 1],
+            tuple(
+                RegionListener(region, first + i - 1, advertised + i - 1)
+                for region, (first, advertised) in (region_ports or {}).items()
+            ),
         )
         for i in range(1, brokers + 1)
     )
@@ -234,11 +279,11 @@ def _racks(brokers: int, racks: Sequence[str] | None) -> list[str | None]:
 
 def _node(
     home: Path, node_id: int, port: int, sasl_port: int | None = None, internal_port: int | None = None,
-    rack: str | None = None,
+    rack: str | None = None, region_listeners: tuple[RegionListener, ...] = (),
 ) -> KafkaNode:
     return KafkaNode(
         node_id=node_id, port=port, controller_port=port + 1, dir=home / "kafka" / f"node-{node_id}",
-        sasl_port=sasl_port, internal_port=internal_port, rack=rack,
+        sasl_port=sasl_port, internal_port=internal_port, rack=rack, region_listeners=region_listeners,
     )
 
 
@@ -255,7 +300,7 @@ def load_cluster(home: Path) -> KafkaCluster | None:
     return layout(
         home, saved["brokers"], saved["port"], saved["cluster_id"], saved.get("sasl_port"),
         secure=saved.get("secure", False), internal_port=saved.get("internal_port"), mtls=saved.get("mtls", False),
-        racks=saved.get("racks") or (),
+        racks=saved.get("racks") or (), region_ports=saved.get("region_ports"),
     )
 
 
@@ -286,6 +331,8 @@ def node_config(cluster: KafkaCluster, node: KafkaNode) -> str:
         text = with_settings(text, settings, "TLS, SCRAM and ACLs (rlbus kafka start --secure)")
     elif node.sasl_port is not None:
         text = _with_sasl_listener(text, node)
+    if node.region_listeners:
+        text = _with_region_listeners(text, node)
     if node.rack is None:
         return text
     racks = {"broker.rack": node.rack, "replica.selector.class": RACK_AWARE_SELECTOR}
@@ -306,6 +353,22 @@ def _with_sasl_listener(config: str, node: KafkaNode) -> str:
     return with_settings(config, settings, "SASL_PLAINTEXT listener for clients (rlbus kafka start --sasl-port)")
 
 
+def _with_region_listeners(config: str, node: KafkaNode) -> str:
+    """Add one PLAINTEXT listener per region, advertising that region's proxy (see :mod:`rlbus.services.wan`)."""
+    current = dict(line.split("=", 1) for line in config.splitlines() if "=" in line and not line.startswith("#"))
+    wan = node.region_listeners
+    settings = {
+        "listeners": ",".join([current["listeners"], *(f"{r.name}://{HOST}:{r.port}" for r in wan)]),
+        "advertised.listeners": ",".join(
+            [current["advertised.listeners"], *(f"{r.name}://{HOST}:{r.advertised_port}" for r in wan)]
+        ),
+        "listener.security.protocol.map": ",".join(
+            [current["listener.security.protocol.map"], *(f"{r.name}:PLAINTEXT" for r in wan)]
+        ),
+    }
+    return with_settings(config, settings, "One listener per region, advertised as its proxy (rlbus.services.wan)")
+
+
 def with_settings(config: str, settings: Mapping[str, str], comment: str) -> str:
     """A rendered server.properties with ``settings`` replacing the template's keys in place and the new
     ones appended under ``# comment``."""
@@ -314,8 +377,9 @@ def with_settings(config: str, settings: Mapping[str, str], comment: str) -> str
     for line in config.splitlines():
         key = line.split("=", 1)[0].strip()
         lines.append(f"{key}={settings.pop(key)}" if key in settings else line)
-    lines += ["", f"# {comment}"]
-    lines += [f"{key}={value}" for key, value in settings.items()]
+    if settings:
+        lines += ["", f"# {comment}"]
+        lines += [f"{key}={value}" for key, value in settings.items()]
     return "\n".join(lines) + "\n"
 
 
@@ -365,13 +429,15 @@ def _format(cluster: KafkaCluster, jars: Path) -> None:
         "internal_port": cluster.nodes[0].internal_port,
         "mtls": cluster.mtls,
         "racks": cluster.racks,
+        "region_ports": cluster.region_ports or None,
     }
     _cluster_file(cluster.home).write_text(json.dumps(saved, indent=2) + "\n")
 
 
 def _check_ports_free(nodes: Iterable[KafkaNode]) -> None:
     for node in nodes:
-        for port in (node.port, node.controller_port, node.sasl_port, node.internal_port):
+        ports = (node.port, node.controller_port, node.sasl_port, node.internal_port)
+        for port in (*ports, *(r.port for r in node.region_listeners)):
             if port is not None and _listening(port):
                 raise ServiceError(f"port {port} for Kafka node {node.node_id} is in use by another process")
 
@@ -511,6 +577,7 @@ def start(
     internal_port: int | None = None,
     mtls: bool = False,
     racks: Sequence[str] | None = None,
+    region_ports: Mapping[str, Sequence[int]] | None = None,
 ) -> KafkaCluster:
     """Start (or find running) the local cluster under ``home`` and wait until all brokers serve.
 
@@ -529,7 +596,8 @@ def start(
     kept with the layout.
 
     ``racks`` names each node's ``broker.rack`` on a new cluster (see :func:`layout`); given for an existing
-    cluster, they must be its racks.
+    cluster, they must be its racks. ``region_ports`` (``{region: (first listener port, first advertised
+    port)}``) adds a listener per region (see the module docstring); kept with the layout likewise.
     """
     home = (home or default_home()).expanduser().resolve()
     if fresh:
@@ -539,7 +607,7 @@ def start(
     existing = load_cluster(home)
     cluster = existing or layout(
         home, brokers, port, _new_cluster_id(), sasl_port, secure=secure, internal_port=internal_port, mtls=mtls,
-        racks=racks,
+        racks=racks, region_ports=region_ports,
     )
     _check_layout(cluster, brokers, port)
     if (secure or mtls) and (cluster.secure, cluster.mtls) != (secure, mtls):
@@ -558,6 +626,12 @@ def start(
         raise ConfigError(
             "racks",
             f"{cluster.home} holds a cluster with racks {cluster.racks}, not {tuple(racks)}; "
+            "stop it and start with fresh=True to replace it",
+        )
+    if region_ports is not None and cluster.region_ports != {r: tuple(p) for r, p in region_ports.items()}:
+        raise ConfigError(
+            "region_ports",
+            f"{cluster.home} holds a cluster with region listeners {cluster.region_ports}, not {dict(region_ports)}; "
             "stop it and start with fresh=True to replace it",
         )
     stopped = [node for node in cluster.nodes if node_pid(node) is None]

@@ -1,4 +1,5 @@
-"""Racks of the local Kafka cluster's nodes: defaults, validation, what each node's server.properties says."""
+"""Racks and region listeners of the local Kafka cluster's nodes: defaults, validation, what each node's
+server.properties says."""
 
 from __future__ import annotations
 
@@ -59,3 +60,24 @@ def test_the_racks_are_kept_with_the_layout(tmp_path: Path) -> None:
     (tmp_path / "kafka" / "cluster.json").write_text(json.dumps(saved))
     loaded = kafka.load_cluster(tmp_path)
     assert loaded is not None and loaded.racks is None
+
+
+def test_region_listeners_advertise_the_regions_proxies() -> None:
+    ports = {"eu-west": (20000, 20003), "us-east": (20006, 20009)}
+    cluster = kafka.layout(Path("/h"), brokers=3, port=9092, cluster_id="id", region_ports=ports)
+    config = _config(cluster, cluster.nodes[1])
+    assert config["listeners"] == (
+        "PLAINTEXT://127.0.0.1:9094,CONTROLLER://127.0.0.1:9095,"
+        "WAN_EU_WEST://127.0.0.1:20001,WAN_US_EAST://127.0.0.1:20007"
+    )
+    assert config["advertised.listeners"] == (
+        "PLAINTEXT://127.0.0.1:9094,WAN_EU_WEST://127.0.0.1:20004,WAN_US_EAST://127.0.0.1:20010"
+    )
+    assert config["listener.security.protocol.map"].endswith(",WAN_EU_WEST:PLAINTEXT,WAN_US_EAST:PLAINTEXT")
+    assert config["inter.broker.listener.name"] == "PLAINTEXT"
+    assert cluster.region_bootstrap("us-east") == "127.0.0.1:20009,127.0.0.1:20010,127.0.0.1:20011"
+    assert cluster.region_ports == ports
+    with pytest.raises(ConfigError, match="secure"):
+        kafka.layout(Path("/h"), brokers=3, port=9092, cluster_id="id", secure=True, region_ports=ports)
+    with pytest.raises(ConfigError, match="no listener"):
+        cluster.nodes[0].region_listener("ap-south")

@@ -8,63 +8,15 @@ from __future__ import annotations
 
 import re
 import socket
-import socketserver
-import threading
-import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from rlbus.errors import ConfigError, RlbusError, ServiceError
+from rlbus.errors import ConfigError, RlbusError
 from rlbus.services import toxiproxy
+from tests.fixtures.tcp import round_trips
 
 INSTALL_SCRIPT = Path(__file__).resolve().parents[3] / "infra" / "toxiproxy" / "install.sh"
-
-
-class _Echo(socketserver.BaseRequestHandler):
-    def handle(self) -> None:
-        while data := self.request.recv(65536):
-            self.request.sendall(data)
-
-
-@pytest.fixture(scope="module")
-def echo() -> Iterator[str]:
-    server = socketserver.ThreadingTCPServer(("127.0.0.1", 0), _Echo)
-    server.daemon_threads = True
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"127.0.0.1:{server.server_address[1]}"
-    finally:
-        server.shutdown()
-        server.server_close()
-
-
-@pytest.fixture(scope="module")
-def proxies() -> Iterator[toxiproxy.Toxiproxy]:
-    try:
-        with toxiproxy.running() as client:
-            yield client
-    except ServiceError as exc:
-        pytest.fail(f"toxiproxy-server could not start: {exc}", pytrace=False)
-
-
-def _round_trips(port: int, count: int = 5, size: int = 64) -> list[float]:
-    """Seconds per echo of ``size`` bytes over one connection through the proxy."""
-    took = []
-    with socket.create_connection(("127.0.0.1", port), timeout=5) as sock:
-        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        for _ in range(count):
-            began = time.perf_counter()
-            sock.sendall(b"x" * size)
-            got = 0
-            while got < size:
-                chunk = sock.recv(65536)
-                assert chunk, "the proxy closed the connection"
-                got += len(chunk)
-            took.append(time.perf_counter() - began)
-    return took
 
 
 def test_the_server_is_the_pinned_release(proxies: toxiproxy.Toxiproxy) -> None:
@@ -76,13 +28,13 @@ def test_the_server_is_the_pinned_release(proxies: toxiproxy.Toxiproxy) -> None:
 def test_a_link_adds_its_latency_both_ways(proxies: toxiproxy.Toxiproxy, echo: str) -> None:
     proxy = proxies.proxy("latency", "127.0.0.1:0", echo)
     try:
-        assert max(_round_trips(proxy.port)) < 0.05
+        assert max(round_trips(proxy.port)) < 0.05
         proxy.shape(toxiproxy.Link(latency_ms=40, jitter_ms=5))
-        trips = _round_trips(proxy.port)
+        trips = round_trips(proxy.port)
         assert min(trips) >= 2 * (40 - 5) / 1000, trips
         assert sorted(trips)[len(trips) // 2] < 0.3, trips
         proxy.shape(toxiproxy.Link())
-        assert max(_round_trips(proxy.port)) < 0.05
+        assert max(round_trips(proxy.port)) < 0.05
     finally:
         proxies.delete("latency")
 
@@ -91,7 +43,7 @@ def test_a_link_caps_the_bandwidth(proxies: toxiproxy.Toxiproxy, echo: str) -> N
     proxy = proxies.proxy("bandwidth", "127.0.0.1:0", echo)
     try:
         proxy.shape(toxiproxy.Link(bandwidth_mbit=2.0))  # 250 KB/s each way
-        (took,) = _round_trips(proxy.port, count=1, size=100_000)
+        (took,) = round_trips(proxy.port, count=1, size=100_000)
         assert took >= 0.3, took  # 100 KB at 250 KB/s: 0.4 s
     finally:
         proxies.delete("bandwidth")
@@ -108,7 +60,7 @@ def test_a_cut_blocks_traffic_until_restored(proxies: toxiproxy.Toxiproxy, echo:
         with pytest.raises(OSError):
             socket.create_connection(("127.0.0.1", proxy.port), timeout=2).close()
         proxy.restore()
-        assert len(_round_trips(proxy.port, count=1)) == 1
+        assert len(round_trips(proxy.port, count=1)) == 1
     finally:
         proxies.delete("cut")
 
