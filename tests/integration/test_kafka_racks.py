@@ -1,6 +1,7 @@
-"""Rack-aware Kafka: brokers in three regions, replicas spread over them, a region's consumer served by its own.
+"""Rack-aware Kafka: brokers in two regions, replicas spread over them, a region's consumer served by its own.
 
-Starts its own three-broker cluster (racks eu-west, us-east, ap-south) in a temporary home on free ports with
+Starts its own three-broker cluster (racks eu-west, eu-west, us-east: with two brokers in one region, only a
+rack-aware placement puts every partition's two replicas in both regions) in a temporary home on free ports with
 ``RLBUS_KAFKA_REQUEST_LOG=debug``, so every broker writes each request it serves to its ``requests.log``. The
 proof of follower fetching (KIP-392) comes from the brokers' side: the leader, in eu-west, answers a us-east
 consumer's first fetch with no records and ``preferredReadReplica`` = the us-east broker, and that broker serves
@@ -25,7 +26,7 @@ from rlbus.config import KafkaBusConfig, build_bus, parse
 from rlbus.errors import RlbusError
 from rlbus.services import free_port_run, kafka
 
-RACKS = ("eu-west", "us-east", "ap-south")
+RACKS = ("eu-west", "eu-west", "us-east")
 RECORDS = 50
 VALUE = b"x" * 1000
 
@@ -37,7 +38,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[kafka.KafkaClu
     os.environ["RLBUS_KAFKA_REQUEST_LOG"] = "debug"  # read by each broker's log4j2 configuration at start
     try:
         try:
-            started = kafka.start(brokers=3, port=free_port_run(6), home=home, timeout_s=150)
+            started = kafka.start(brokers=3, port=free_port_run(6), home=home, timeout_s=150, racks=RACKS)
         except RlbusError as exc:
             pytest.fail(f"the three-broker Kafka cluster could not start: {exc}", pytrace=False)
         yield started
@@ -59,13 +60,20 @@ async def _create(bootstrap: str, *topics: NewTopic) -> None:
         await admin.close()
 
 
-async def _placement(bootstrap: str, topic: str) -> tuple[dict[int, str], dict[int, tuple[int, ...]]]:
-    """Each broker's rack, and each partition's replicas (leader first), from the cluster's metadata."""
+async def _placement(
+    bootstrap: str, topic: str, partitions: int
+) -> tuple[dict[int, str], dict[int, tuple[int, ...]]]:
+    """Each broker's rack, and each partition's replicas (leader first), once the metadata has them all."""
     admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
     await admin.start()
     try:
         cluster = await admin.describe_cluster()
-        (described,) = await admin.describe_topics([topic])
+        async with asyncio.timeout(30):
+            while True:
+                (described,) = await admin.describe_topics([topic])
+                if len(described["partitions"]) == partitions:
+                    break
+                await asyncio.sleep(0.2)
     finally:
         await admin.close()
     racks = {broker["node_id"]: broker["rack"] for broker in cluster["brokers"]}
@@ -79,13 +87,13 @@ def test_brokers_carry_their_racks_and_replicas_spread_over_them(cluster: kafka.
     for node in cluster.nodes:
         assert f"broker.rack={node.rack}" in node.config.read_text()
     topic = f"test.racks.spread.{uuid.uuid4().hex[:8]}"
-    asyncio.run(_create(cluster.bootstrap, NewTopic(topic, num_partitions=6, replication_factor=2)))
-    racks, replicas = asyncio.run(_placement(cluster.bootstrap, topic))
-    assert racks == {1: "eu-west", 2: "us-east", 3: "ap-south"}
+    asyncio.run(_create(cluster.bootstrap, NewTopic(topic, num_partitions=12, replication_factor=2)))
+    racks, replicas = asyncio.run(_placement(cluster.bootstrap, topic, partitions=12))
+    assert racks == {1: "eu-west", 2: "eu-west", 3: "us-east"}
     for partition, nodes in replicas.items():
-        assert len({racks[node] for node in nodes}) == 2, (partition, nodes)
-    # Kafka's rack-aware assignment also rotates leaders over the racks.
-    assert {racks[nodes[0]] for nodes in replicas.values()} == set(RACKS)
+        assert {racks[node] for node in nodes} == {"eu-west", "us-east"}, (partition, nodes)
+    # The leaders rotate over the racks too.
+    assert {racks[nodes[0]] for nodes in replicas.values()} == {"eu-west", "us-east"}
 
 
 def _fetches(node: kafka.KafkaNode, client_id: str) -> list[dict[str, Any]]:
@@ -124,9 +132,9 @@ async def _produce_then_consume(bootstrap: str, topic: str, region: str) -> tupl
 
 @pytest.mark.timeout(240)
 def test_a_regions_consumer_is_served_by_the_replica_in_its_region(cluster: kafka.KafkaCluster) -> None:
-    leader, follower, other = cluster.nodes
+    leader, other, follower = cluster.nodes
     topic = f"test.racks.follower.{uuid.uuid4().hex[:8]}"
-    # One partition led by node 1 (eu-west), replicated to us-east and ap-south.
+    # One partition led by node 1 (eu-west), replicated to node 2 (eu-west) and node 3 (us-east).
     asyncio.run(_create(cluster.bootstrap, NewTopic(topic, -1, -1, replica_assignments={0: [1, 2, 3]})))
     client_id, got = asyncio.run(_produce_then_consume(cluster.bootstrap, topic, region="us-east"))
     assert got == RECORDS
