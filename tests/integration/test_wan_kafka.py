@@ -93,7 +93,7 @@ def test_each_broker_is_as_far_as_its_region(emulated: tuple[kafka.KafkaCluster,
     near = _api_versions_round_trip(made.proxies["us-east", "kafka-2"].port)  # us-east's own broker
     far = _api_versions_round_trip(made.proxies["us-east", "kafka-1"].port)  # eu-west, 40 ms each way
     farther = _api_versions_round_trip(made.proxies["ap-south", "kafka-1"].port)  # 90 ms each way
-    assert near < 0.04, near
+    assert near < 0.04, near  # each the fastest of three: a loaded machine adds delay, never removes it
     assert 0.08 <= far < 0.2, far
     assert farther >= 0.18, farther
 

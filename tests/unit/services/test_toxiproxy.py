@@ -28,13 +28,13 @@ def test_the_server_is_the_pinned_release(proxies: toxiproxy.Toxiproxy) -> None:
 def test_a_link_adds_its_latency_both_ways(proxies: toxiproxy.Toxiproxy, echo: str) -> None:
     proxy = proxies.proxy("latency", "127.0.0.1:0", echo)
     try:
-        assert max(round_trips(proxy.port)) < 0.05
+        assert min(round_trips(proxy.port)) < 0.05  # the minimum: a loaded machine adds delay, never removes it
         proxy.shape(toxiproxy.Link(latency_ms=40, jitter_ms=5))
         trips = round_trips(proxy.port)
         assert min(trips) >= 2 * (40 - 5) / 1000, trips
         assert sorted(trips)[len(trips) // 2] < 0.3, trips
         proxy.shape(toxiproxy.Link())
-        assert max(round_trips(proxy.port)) < 0.05
+        assert min(round_trips(proxy.port)) < 0.05
     finally:
         proxies.delete("latency")
 
