@@ -432,6 +432,10 @@ def kafka_start(
         typer.Option(help="TLS on every listener (a local CA), SCRAM for clients, nothing allowed without an ACL."),
     ] = False,
     mtls: Annotated[bool, typer.Option(help="With --secure: clients must also present a certificate.")] = False,
+    racks: Annotated[
+        str | None,
+        typer.Option(help="Each broker's rack (region), comma-separated; default eu-west,us-east,ap-south on 3."),
+    ] = None,
 ) -> None:
     """Resolve the Kafka jars with Maven, format KRaft storage once, start the broker(s) and wait.
 
@@ -445,11 +449,14 @@ def kafka_start(
         users = kafka.scram_users_from(scram_user, scram_password_file)
         with console.status(f"starting {brokers} Kafka broker(s)…"):
             cluster = kafka.start(brokers=brokers, port=port, fresh=fresh, home=home, sasl_port=sasl_port,
-                                  scram_users=users, secure=secure, mtls=mtls)
+                                  scram_users=users, secure=secure, mtls=mtls,
+                                  racks=None if racks is None else kafka.parse_racks(racks))
     except RlbusError as exc:
         _error(exc)
         raise typer.Exit(1) from None
     console.print(f"Kafka is up: bootstrap [bold]{cluster.bootstrap}[/bold]")
+    if cluster.racks:
+        console.print(f"racks (node 1..{len(cluster.nodes)}): [bold]{','.join(cluster.racks)}[/bold]")
     if cluster.sasl_bootstrap:
         console.print(f"SASL_PLAINTEXT (SCRAM) listeners: [bold]{cluster.sasl_bootstrap}[/bold]")
     if cluster.secure:
