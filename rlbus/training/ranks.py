@@ -12,6 +12,10 @@ final norm, LM head), with a `MixedPrecisionPolicy` from `FSDPConfig`. Gradients
 count (`rlbus.training.step`), so the sum is the one-process gradient. The transport is gloo on CPU and
 NCCL on GPU (objects always travel over gloo).
 
+A MoE expert that a rank routed no token to still joins the reduction with a zero gradient (the ranks'
+reductions must match); one no rank routed to is then decayed and stepped by AdamW with a zero gradient,
+where a one-process trainer leaves a parameter without gradient untouched: dense models match exactly.
+
 Published weights are the full tensors, gathered on rank 0 with ``get_model_state_dict(full_state_dict=True,
 cpu_offload=True)``: the publisher sees exactly what the one-process trainer hands it. Encoding a delta per
 shard on each rank (no gather) is a later step; `full_weights` is the one place it would plug in.
@@ -135,6 +139,7 @@ def shard_model(model: TrainableLM, ranks: Ranks, config: FSDPConfig) -> Trainab
         if hasattr(part, "set_gradient_divide_factor"):  # (a plain SUM: gloo has no pre-multiplied sum)
             part.set_gradient_divide_factor(1.0)
             part.set_force_sum_reduction_for_comms(True)
+            part.set_reduce_scatter_unused_params(True, recurse=False)  # experts one rank routed nothing to
     return model
 
 
