@@ -171,3 +171,17 @@ def test_each_rank_runs_its_slice_and_as_many_passes_as_the_others(
     rows: int, size: int, world: int, want: list[list[tuple[int, int] | None]]
 ) -> None:
     assert [_plan(0, rows, size, Ranks(rank=r, world=world)) for r in range(world)] == want
+
+
+def test_one_rank_joins_no_process_group_and_a_launch_must_match_the_config(monkeypatch: pytest.MonkeyPatch) -> None:
+    import torch.distributed as dist
+
+    from rlbus.training.ranks import join_ranks
+
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    assert join_ranks(1) is None and not dist.is_initialized()
+    with pytest.raises(ValueError, match="torchrun --nproc-per-node"):
+        join_ranks(2)
+    monkeypatch.setenv("WORLD_SIZE", "4")
+    with pytest.raises(ValueError, match="launched on 4"):
+        join_ranks(2)
