@@ -4,7 +4,7 @@ One trainer, several processes (``torchrun --nproc-per-node N -m rlbus.cli worke
 world_size = N`` under ``rlbus up``). Rank 0, the *leader*, is the only one on the bus: it consumes and
 joins, keeps the ledger, publishes and names checkpoints; every step it broadcasts the command and its
 batch (`Ranks.broadcast`) and the other ranks, the *followers*, run the same command
-(`rlbus.training.trainer.Trainer.follow`). Nothing but rank 0 opens a consumer (docs/architecture.md §9.3).
+(`rlbus.training.trainer.Trainer.follow`). Nothing but rank 0 opens a consumer (docs/architecture.md §9.6).
 
 Sharding is PyTorch's own FSDP2: ``fully_shard`` on each transformer block, then on the root (embedding,
 final norm, LM head), with a `MixedPrecisionPolicy` from `FSDPConfig`. Gradients are *summed* across ranks
