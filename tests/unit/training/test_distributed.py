@@ -35,13 +35,13 @@ GRPO = GRPOConfig(max_grad_norm=0.0, micro_batch_rows=3)  # 6 rows a step: what 
 STEPS = 6
 
 
-def batch(step: int) -> list[Group]:
-    """Step ``step``'s groups: 2 groups of 3 samples (6 rows) sampled by the version before it, v(step − 1)."""
+def batch(step: int, sizes: tuple[int, ...] = (3, 3)) -> list[Group]:
+    """Step ``step``'s groups (default 2 of 3 samples: 6 rows) sampled by the version before it, v(step − 1)."""
     g = torch.Generator().manual_seed(step)
     groups = []
-    for _ in range(2):
+    for size in sizes:
         samples = []
-        for _ in range(3):
+        for _ in range(size):
             T = int(torch.randint(4, 9, (), generator=g))
             mask = torch.arange(T) >= 2
             samples.append(Sample(
@@ -49,7 +49,7 @@ def batch(step: int) -> list[Group]:
                 logprobs=torch.where(mask, -4.0 + torch.rand(T, generator=g), 0.0),
                 versions=torch.where(mask, step - 1, -1),
             ))
-        groups.append(Group(samples=tuple(samples), rewards=torch.rand(3, generator=g)))
+        groups.append(Group(samples=tuple(samples), rewards=torch.rand(size, generator=g)))
     return groups
 
 
@@ -108,16 +108,49 @@ def rank_main(rank: int, port: int, directory: str, out: str) -> None:
         dist.destroy_process_group()
 
 
+UNEVEN = GRPOConfig(minibatches=2, micro_batch_rows=1, max_grad_norm=0.5)  # 5 rows: slices of 2 and 1 per minibatch
+
+
+def uneven_steps(ranks: Ranks | None) -> tuple[list[float], dict[str, torch.Tensor]]:
+    """Two steps of two minibatches on 5 rows, one row per pass, the clip active: the losses and the weights."""
+    from rlbus.training.ranks import full_weights, shard_model
+    from rlbus.training.step import build_optimizer, grpo_step
+
+    torch.manual_seed(0)
+    model = Policy(CFG)
+    if ranks is not None:
+        shard_model(model, ranks, FSDPConfig())
+    optimizer = build_optimizer(model, OptimConfig(lr=1e-2))
+    losses = [grpo_step(model, optimizer, batch(k, (3, 2)), config=UNEVEN, version=k - 1, ranks=ranks).loss
+              for k in (1, 2)]
+    return losses, full_weights(model) if ranks is not None else weight_tensors(model)
+
+
+def uneven_rank_main(rank: int, port: int, out: str) -> None:
+    import torch.distributed as dist
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
+    try:
+        losses, weights = uneven_steps(Ranks(rank=rank, world=2))
+        if rank == 0:
+            torch.save({"losses": losses, "weights": weights}, out)
+    finally:
+        dist.destroy_process_group()
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
 
 
-def two_ranks(directory: Path, out: Path) -> dict[str, Any]:
+def two_ranks(directory: Path | None, out: Path) -> dict[str, Any]:
+    """Run `rank_main` (with a checkpoint ``directory``) or `uneven_rank_main` on two ranks; rank 0's results."""
     ctx = mp.get_context("spawn")
     port = free_port()
-    procs = [ctx.Process(target=rank_main, args=(r, port, str(directory), str(out))) for r in range(2)]
+    procs = [ctx.Process(target=rank_main, args=(r, port, str(directory), str(out))) if directory is not None
+             else ctx.Process(target=uneven_rank_main, args=(r, port, str(out))) for r in range(2)]
     for p in procs:
         p.start()
     for p in procs:
@@ -159,6 +192,16 @@ async def test_two_ranks_train_publish_and_checkpoint_exactly_like_one(tmp_path:
     assert await back.restore() is not None and back.step == 4
     assert await steps(back, 5, STEPS) == ref_losses[4:]
     assert same(weight_tensors(back.model), weight_tensors(ref.model))
+
+
+def test_uneven_slices_several_minibatches_and_an_active_clip_agree_to_float_rounding(tmp_path: Path) -> None:
+    """Rank 1 has fewer rows (zero-weighted passes), the proximal forward runs per rank, the clip divides
+    by a norm summed over shards: the same update up to the summation order of floats."""
+    want_losses, want = uneven_steps(None)
+    got = two_ranks(None, tmp_path / "out.pt")
+    assert got["losses"] == pytest.approx(want_losses, rel=1e-5)
+    for name, tensor in want.items():
+        torch.testing.assert_close(got["weights"][name], tensor, rtol=0, atol=1e-6)
 
 
 @pytest.mark.parametrize(("rows", "size", "world", "want"), [
