@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Sequence
+from datetime import timedelta
 from typing import Any, cast
 
 import torch
@@ -35,6 +36,10 @@ from rlbus.models.base import TrainableLM
 from rlbus.training.config import FSDPConfig
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+#: How long a collective may wait. The followers wait in a broadcast for as long as rank 0 waits for data
+#: (a run with no rollouts for an hour is not broken), so it is long; a rank that dies is noticed at once
+#: anyway, by its closed connections, and torchrun then stops the others.
+COLLECTIVE_TIMEOUT = timedelta(days=7)
 
 
 class Ranks:
@@ -93,7 +98,8 @@ def join_ranks(world_size: int) -> Ranks | None:
         device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
         torch.cuda.set_device(device)
     if not dist.is_initialized():
-        dist.init_process_group(backend="cpu:gloo,cuda:nccl" if device.type == "cuda" else "gloo")
+        dist.init_process_group(backend="cpu:gloo,cuda:nccl" if device.type == "cuda" else "gloo",
+                                timeout=COLLECTIVE_TIMEOUT)
     return Ranks(rank=dist.get_rank(), world=dist.get_world_size(), device=device)
 
 
