@@ -95,6 +95,9 @@ class Trainer:
         self.keep_checkpoints = keep_checkpoints
         self.clock = clock
         self.ranks = ranks
+        #: The step whose DCP shards this trainer wrote or restored: a second checkpoint at that step (a
+        #: graceful stop right after a cadence checkpoint) reuses them instead of rewriting what `latest` names.
+        self._sharded_step: int | None = None
         self.step = 0
         self.version = 0 if publisher is None else publisher.version
         self.offsets: dict[str, int] = {}
@@ -194,6 +197,7 @@ class Trainer:
                     self.optimizer.load_state_dict(state.optimizer)
             else:  # DCP shards, or a one-process checkpoint into a sharded model
                 await asyncio.to_thread(self._collective, "restore", str(file))
+                self._sharded_step = state.step if state.sharded is not None and self.ranks is not None else None
             restore_rng(state.rng)
             self.step, self.version, self.offsets = state.step, state.version, dict(state.offsets)
             self.rollouts_trained = state.rollouts_trained
@@ -230,8 +234,9 @@ class Trainer:
             model, optimizer = self.model.state_dict(), self.optimizer.state_dict()
         else:  # shards first; the file that names them (and `latest`) after
             sharded = sharded_name(self.step)
-            model = await asyncio.to_thread(self._collective, "save", str(self.checkpoint_dir / sharded))
-            optimizer = None
+            write = self._sharded_step != self.step  # no update since the shards of this step were written
+            model = await asyncio.to_thread(self._collective, "save", str(self.checkpoint_dir / sharded), write)
+            self._sharded_step, optimizer = self.step, None
         state = TrainerState(
             step=self.step,
             version=self.version,
@@ -265,7 +270,9 @@ class Trainer:
         if command == "weights":
             return full_weights(self.model)
         if command == "save":
-            save_sharded(Path(args[0]), self.model, self.optimizer)
+            path, write = args
+            if write:
+                save_sharded(Path(path), self.model, self.optimizer)
             return full_state(self.model)
         if command == "restore":
             file = Path(args[0])
