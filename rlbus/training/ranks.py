@@ -32,6 +32,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from rlbus.errors import ConfigError
 from rlbus.models.base import TrainableLM
 from rlbus.training.config import FSDPConfig
 
@@ -134,6 +135,9 @@ def shard_model(model: TrainableLM, ranks: Ranks, config: FSDPConfig) -> Trainab
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard, register_fsdp_forward_method
 
+    if hasattr(model, "hf"):  # its state_dict renames keys, which get_model_state_dict cannot map back yet
+        raise ConfigError("trainer.world_size", "the trainer on N ranks shards the in-repo policy only for now; "
+                          "a Hugging Face model trains on one rank (world_size = 1)")
     mesh = init_device_mesh(ranks.device.type, (ranks.world,))
     policy = MixedPrecisionPolicy(param_dtype=DTYPES[config.param_dtype], reduce_dtype=DTYPES[config.reduce_dtype])
     module: Any = model
