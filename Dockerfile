@@ -19,10 +19,10 @@ ENV PYTHONUNBUFFERED=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1 \
     PATH=/opt/rlbus/bin:$PATH
 
-# The sandbox (bubblewrap + prlimit) and git for the coding environment's patches (env "swe"); already in
-# the Debian base, so there this layer only checks.
-RUN command -v bwrap git prlimit >/dev/null || { apt-get update \
-    && apt-get install -y --no-install-recommends bubblewrap util-linux git && rm -rf /var/lib/apt/lists/*; }
+# The sandbox (bubblewrap + prlimit), git for the coding environment's patches (env "swe") and openssl for
+# `rlbus secrets issue` (docker-compose.secure.yml); already in the Debian base, so there this layer only checks.
+RUN command -v bwrap git prlimit openssl >/dev/null || { apt-get update \
+    && apt-get install -y --no-install-recommends bubblewrap util-linux git openssl && rm -rf /var/lib/apt/lists/*; }
 # A venv, so the same steps work on Debian's externally managed python3.11 and on python:3.11-slim.
 RUN python3.11 -m venv /opt/rlbus
 # The worker user; the mount points of the compose volumes (blob store, run logs and checkpoints) owned by it so

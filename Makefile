@@ -19,7 +19,7 @@ KAFKA_FIRST := $(firstword $(subst $(comma), ,$(RLBUS_KAFKA_BOOTSTRAP)))
 KAFKA_HOST := $(firstword $(subst :, ,$(KAFKA_FIRST)))
 KAFKA_PORT := $(lastword $(subst :, ,$(KAFKA_FIRST)))
 
-.PHONY: deps venv demo up distributed test lint bench-bus bench-codec images-deps images compose-test kustomize
+.PHONY: deps venv demo up distributed test lint bench-bus bench-codec images-deps images compose-test kustomize toxiproxy
 
 $(BIN)/rlbus: pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -59,7 +59,11 @@ VLLM_TESTS := $(or $(filter 1,$(RLBUS_REQUIRE_VLLM)),$(wildcard $(VLLM_PY)))
 kustomize:
 	bash infra/k8s/install-kustomize.sh
 
-test: deps venv kustomize
+# The pinned Toxiproxy (the WAN between regions, rlbus/services/toxiproxy.py), built the same way into the same bin.
+toxiproxy:
+	bash infra/toxiproxy/install.sh
+
+test: deps venv kustomize toxiproxy
 	$(BIN)/python -c 'import socket; socket.create_connection(("$(KAFKA_HOST)", $(KAFKA_PORT)), 2).close()' \
 	  2>/dev/null && echo "Kafka answers at $(KAFKA_FIRST)" || $(BIN)/rlbus kafka start --port $(KAFKA_PORT)
 	$(BIN)/python -m pytest -q $(if $(VLLM_TESTS),-m 'not vllm')

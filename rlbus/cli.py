@@ -61,6 +61,9 @@ config_app = _typer(help="Run configs: check one before it runs.", no_args_is_he
 app.add_typer(config_app, name="config")
 redis_app = _typer(help="The run's Redis: ACL users per role (least privilege).", no_args_is_help=True)
 app.add_typer(redis_app, name="redis")
+secrets_app = _typer(help="A deployment's credentials: issue one set per role, and probe what a role may not do.",
+                     no_args_is_help=True)
+app.add_typer(secrets_app, name="secrets")
 
 console = Console()
 err = Console(stderr=True)
@@ -429,6 +432,10 @@ def kafka_start(
         typer.Option(help="TLS on every listener (a local CA), SCRAM for clients, nothing allowed without an ACL."),
     ] = False,
     mtls: Annotated[bool, typer.Option(help="With --secure: clients must also present a certificate.")] = False,
+    racks: Annotated[
+        str | None,
+        typer.Option(help="Each broker's rack (region), comma-separated; default eu-west,us-east,ap-south on 3."),
+    ] = None,
 ) -> None:
     """Resolve the Kafka jars with Maven, format KRaft storage once, start the broker(s) and wait.
 
@@ -442,11 +449,14 @@ def kafka_start(
         users = kafka.scram_users_from(scram_user, scram_password_file)
         with console.status(f"starting {brokers} Kafka broker(s)…"):
             cluster = kafka.start(brokers=brokers, port=port, fresh=fresh, home=home, sasl_port=sasl_port,
-                                  scram_users=users, secure=secure, mtls=mtls)
+                                  scram_users=users, secure=secure, mtls=mtls,
+                                  racks=None if racks is None else kafka.parse_racks(racks))
     except RlbusError as exc:
         _error(exc)
         raise typer.Exit(1) from None
     console.print(f"Kafka is up: bootstrap [bold]{cluster.bootstrap}[/bold]")
+    if cluster.racks:
+        console.print(f"racks (node 1..{len(cluster.nodes)}): [bold]{','.join(cluster.racks)}[/bold]")
     if cluster.sasl_bootstrap:
         console.print(f"SASL_PLAINTEXT (SCRAM) listeners: [bold]{cluster.sasl_bootstrap}[/bold]")
     if cluster.secure:
@@ -1334,6 +1344,66 @@ def redis_users(
                       highlight=False, soft_wrap=True)
     if disable_default:
         console.print("default user: off", highlight=False)
+
+
+# --- secrets -------------------------------------------------------------------------------------
+@secrets_app.command("issue")
+def secrets_issue(
+    out: Annotated[Path, typer.Option(help="Where the directories go: one per consumer, each mounted by only it.")],
+    broker: Annotated[list[str] | None, typer.Option(
+        "--broker", metavar="HOST",
+        help="A broker's host name as the containers reach it (repeat; default kafka).")] = None,
+    redis: Annotated[str, typer.Option(help="Redis as the containers reach it (host:port).")] = "redis:6379",
+    namespace: Annotated[str, typer.Option(envvar="RLBUS_NAMESPACE", help="The run's namespace (\"\": none).")] = "",
+    chown: Annotated[bool, typer.Option(
+        help="Give each directory to the uid of the image that reads it (as root, in docker-compose.secure.yml).")
+    ] = False,
+) -> None:
+    """Issue a container deployment's credentials (rlbus/services/credentials.py): a CA, a certificate per broker,
+    the administrator's certificate and the roles' SCRAM users and ACLs (for Kafka's Admin client), Redis's TLS
+    certificate and ACL file, the blob master and one scoped blob key per role. A second run reissues nothing:
+    the same CA, passwords and certificates; blob keys are minted again (they expire)."""
+    from rlbus.services.credentials import issue
+
+    try:
+        written = issue(out, brokers=tuple(broker or ("kafka",)), redis=redis, namespace=namespace, chown=chown)
+    except (RlbusError, ValueError) as exc:
+        _error(exc)
+        raise typer.Exit(1) from None
+    for directory in written:
+        names = ", ".join(sorted(p.name for p in directory.iterdir()))
+        console.print(f"{directory.name:<9} {escape(str(directory))}: {names}", highlight=False, soft_wrap=True)
+
+
+@secrets_app.command("probe")
+def secrets_probe(
+    config: RunConfigFile = None,
+    json_out: Annotated[bool, typer.Option("--json", help="One JSON object per attempt instead of the table.")] = False,
+) -> None:
+    """Try, with this process's own credentials (as `rlbus worker` reads them), what its role must not do:
+    publish weights, join the trainer's group, create a topic, log in wrongly or in plain text, trust another CA,
+    write the trainer's ledger, use Redis without a user or without TLS, upload a manifest (rlbus/chaos/probe.py).
+    Exit status 1 when any attempt was allowed. Run it in a role's container: docker compose exec rollout
+    rlbus secrets probe."""
+    import dataclasses
+    import json
+
+    from rlbus.chaos.probe import probe
+    from rlbus.launch.config import load_config
+
+    outcomes = _run(lambda: probe(load_config(config)))
+    if json_out:
+        for outcome in outcomes:
+            print(json.dumps(dataclasses.asdict(outcome)))
+    else:
+        table = Table("who", "tried", "result", "error")
+        for outcome in outcomes:
+            row = outcome.row()
+            table.add_row(*(escape(cell) for cell in row[:4]))
+        console.print(table)
+    if not all(outcome.refused for outcome in outcomes):
+        err.print("[red]an attempt was allowed: this role's credentials are wider than its role[/red]")
+        raise typer.Exit(1)
 
 
 # --- status -------------------------------------------------------------------------------------

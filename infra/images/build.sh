@@ -28,7 +28,7 @@ set -euo pipefail
 cd "$(dirname "$0")/../.."
 
 base_image="rlbus/debian:bookworm"
-base_packages=(python3 python3.11-venv ca-certificates git bubblewrap util-linux procps)
+base_packages=(python3 python3.11-venv ca-certificates git bubblewrap util-linux procps openssl)
 home="${RLBUS_HOME:-$HOME/.cache/rlbus}/images"
 wheel_port="${RLBUS_WHEELHOUSE_PORT:-3141}"  # fixed: the dependency layer's cache key includes the address
 python="${RLBUS_PYTHON:-.venv/bin/python}"  # the checkout's venv: rlbus resolves the Kafka jars
@@ -148,6 +148,10 @@ build_kafka() {
   rm -rf "$context" && mkdir -p "$context"
   cp -l "$jars"/*.jar "$context/" 2>/dev/null || cp "$jars"/*.jar "$context/"
   cp infra/kafka/Dockerfile infra/kafka/entrypoint.sh infra/kafka/healthcheck.py infra/kafka/log4j2-container.properties "$context/"
+  # Kafka's Admin client driven by rlbus (SCRAM users and ACLs: docker-compose.secure.yml's `acls`), compiled
+  # here with the host's JDK against the same jars, so the image needs only the JRE
+  mkdir "$context/tools"
+  cp "$("$python" -c 'import sys; from pathlib import Path; from rlbus.services.kafka_admin import compiled; print(compiled(Path(sys.argv[1])))' "$jars")"/*.class "$context/tools/"
   dbuild --build-arg "BASE=${base:-$base_image}" -t "rlbus/kafka:$version" "$context"
 }
 

@@ -17,6 +17,11 @@ and checked. CI runs it; it fails (exit 1) when a check does not hold.
 3. **The cluster** (docker-compose.cluster.yml over it: three brokers, RF 3, min ISR 2): one broker
    ``docker compose kill``-ed while the loop trains, training goes on, the broker is started again, then
    the same drain and audit.
+4. **Least privilege** (docker-compose.secure.yml over it: TLS, a SCRAM user, Redis user and blob key per role,
+   ACLs): time to the first step with security on; ``rlbus secrets probe`` in the rollout, reward, prompts and
+   trainer containers (each tries, with its own credentials, what its role may not: `rlbus.chaos.probe`) and
+   from the host against the published ports (PLAINTEXT Kafka, plain Redis); every attempt must be refused.
+   Then the same drain and audit, from the host as the operator (its credentials read out of its volume).
 
 Every project is removed with its volumes at the end (``down -v``), also when a phase fails.
 """
@@ -43,6 +48,7 @@ from rlbus.errors import RlbusError
 ROOT = Path(__file__).resolve().parents[2]
 COMPOSE_FILE = ROOT / "docker-compose.yml"
 CLUSTER_FILE = ROOT / "docker-compose.cluster.yml"
+SECURE_FILE = ROOT / "docker-compose.secure.yml"
 BUILD = ROOT / "infra/images/build.sh"
 RUN_CONFIG = ROOT / "infra/rlbus/run.toml"
 #: Seconds between polls of the run log and the registry.
@@ -57,10 +63,14 @@ class Plan:
     steps_after_kill: int
     #: Bound on each wait (first step, scaling, the target step, the drain).
     deadline_s: float
+    #: Steps the secure loop trains before the probes.
+    secure_steps: int = 3
 
 
 QUICK = Plan(steps=25, steps_after_kill=3, deadline_s=600.0)
-FULL = Plan(steps=60, steps_after_kill=10, deadline_s=1500.0)
+FULL = Plan(steps=60, steps_after_kill=10, deadline_s=1500.0, secure_steps=10)
+#: The services whose containers probe their own credentials (the gateway is a profile the bench leaves off).
+PROBED = ("rollout", "reward", "prompts", "trainer")
 
 
 def _run_paths() -> tuple[str, str]:
@@ -198,14 +208,26 @@ async def until(what: str, condition: Callable[[], Awaitable[Any]], deadline_s: 
 class Observer:
     """The compose run's Kafka and Redis, from the host (the published loopback ports)."""
 
-    def __init__(self, project: Project) -> None:
+    def __init__(self, project: Project, operator: Path | None = None) -> None:
+        """``operator``: a directory with the operator's credentials (`operator_credentials`), for a secure
+        project; the published ports then speak SASL_SSL and rediss."""
         from rlbus.bus.kafka import KafkaBus, KafkaSettings
         from rlbus.state.join import JoinBuffer, RewardPolicy
         from rlbus.state.redis import RedisStateStore
 
+        security: dict[str, Any] = {}
+        redis_url = project.redis_url
+        if operator is not None:
+            bus = tomllib.loads((operator / "bus.toml").read_text())["bus"]
+            security = {"security_protocol": "SASL_SSL", "sasl_mechanism": bus["sasl_mechanism"],
+                        "sasl_username": bus["sasl_username"], "ssl_cafile": str(operator / "ca.pem"),
+                        "sasl_password": (operator / "kafka.password").read_text().strip()}
+            url = (operator / "redis.url").read_text().strip()
+            redis_url = (url.replace("@redis:6379/", f"@127.0.0.1:{project.redis_port}/")
+                         .replace("/run/secrets/rlbus/ca.pem", str(operator / "ca.pem")))
         self.bus = KafkaBus(KafkaSettings(bootstrap=project.bootstrap, client_id="rlbus-bench-compose",
-                                          request_timeout_ms=15_000))
-        self.state = RedisStateStore.from_url(project.redis_url, reconnect=True)
+                                          request_timeout_ms=15_000, **security))
+        self.state = RedisStateStore.from_url(redis_url, reconnect=True)
         self.join = JoinBuffer(state=self.state, policy=RewardPolicy())
 
     async def __aenter__(self) -> Observer:
@@ -426,8 +448,95 @@ async def run_cluster(plan: Plan, log: Callable[[str], None]) -> dict[str, Any]:
     return figures
 
 
+# --- phase 4: least privilege ----------------------------------------------------------------------------------
+def operator_credentials(project: Project, into: Path) -> Path:
+    """The operator's credentials, read out of its volume by a one-off container (as the uid they belong to)."""
+    into.mkdir(mode=0o700, parents=True, exist_ok=True)
+    for name in ("bus.toml", "kafka.password", "redis.url", "ca.pem"):
+        done = subprocess.run(["docker", "run", "--rm", "-v", f"{project.name}_secrets-operator:/s:ro",
+                               "--entrypoint", "cat", "rlbus/rlbus:dev", f"/s/{name}"],
+                              capture_output=True, text=True, check=True, timeout=120)
+        path = into / name
+        path.touch(mode=0o600)
+        path.write_text(done.stdout)
+    return into
+
+
+def probe_containers(project: Project, log: Callable[[str], None]) -> list[dict[str, Any]]:
+    """``rlbus secrets probe --json`` in each of :data:`PROBED`: what its own credentials may not do."""
+    rows: list[dict[str, Any]] = []
+    for service in PROBED:
+        out = project("exec", "-T", service, "rlbus", "secrets", "probe", "--json", check=False, timeout_s=600)
+        found = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
+        if not found:
+            raise RlbusError(f"rlbus secrets probe in {service} printed no attempt:\n{out[-2000:]}")
+        rows += [{**row, "where": service} for row in found]
+        log(f"{service}: {sum(r['refused'] for r in found)}/{len(found)} attempts refused")
+    return rows
+
+
+async def probe_host(project: Project) -> list[dict[str, Any]]:
+    """From the host, on the published loopback ports: a PLAINTEXT Kafka client and a plain Redis client."""
+    from redis.asyncio import Redis
+
+    from rlbus.bus.kafka import KafkaBus, KafkaSettings
+
+    async def kafka_plaintext() -> None:
+        async with KafkaBus(KafkaSettings(bootstrap=project.bootstrap, client_id="rlbus-bench-plaintext",
+                                          request_timeout_ms=10_000)) as bus:
+            await bus.list_topics()
+
+    async def redis_plaintext() -> None:
+        client = Redis.from_url(project.redis_url, socket_connect_timeout=5, socket_timeout=10)
+        try:
+            await client.ping()
+        finally:
+            await client.aclose()
+
+    rows = []
+    for what, attempt in (("PLAINTEXT Kafka client on the published port", kafka_plaintext),
+                          ("plain Redis client on the published port", redis_plaintext)):
+        try:
+            async with asyncio.timeout(90):
+                await attempt()
+            refused, error = False, "allowed"
+        except Exception as exc:  # any failure to get through is the refusal; the type is recorded
+            refused, error = True, f"{type(exc).__name__}: {exc}"[:200]
+        rows.append({"who": "the host", "what": what, "refused": refused, "error": error, "where": "host"})
+    return rows
+
+
+async def run_secure(plan: Plan, log: Callable[[str], None]) -> dict[str, Any]:
+    run_dir, _ = _run_paths()
+    project = Project(f"rlbus-bench-secure-{os.getpid()}", [COMPOSE_FILE, SECURE_FILE])
+    figures: dict[str, Any] = {"project": project.name}
+    with running(project, log) as started, tempfile.TemporaryDirectory(prefix="rlbus-operator-") as tmp:
+        log(f"docker compose up -d (secure): {project.name}")
+
+        async def steps_done() -> list[dict[str, Any]]:
+            found = steps_of(project, run_dir)
+            return found if found and found[-1]["step"] >= plan.secure_steps else []
+
+        steps = await until(f"trainer step {plan.secure_steps} with security on", steps_done, plan.deadline_s,
+                            project, ("trainer", "acls", "topics", "secrets"))
+        figures["first_step_s"] = steps[0]["t"] - started
+        log(f"first trained step {figures['first_step_s']:.0f} s after docker compose up (TLS, SCRAM, ACLs)")
+        attempts = probe_containers(project, log) + await probe_host(project)
+        figures |= {"attempts": attempts, "attempts_tried": len(attempts),
+                    "attempts_refused": sum(bool(a["refused"]) for a in attempts)}
+        for row in attempts:
+            if not row["refused"]:
+                log(f"ALLOWED in {row['where']}: {row['who']} could {row['what']}")
+        async with Observer(project, operator_credentials(project, Path(tmp))) as observer:
+            steps, audited = await wind_down(project, observer, run_dir, plan, log)
+        figures |= audited
+        figures["steps"] = steps[-1]["step"] if steps else 0
+    return figures
+
+
 # --- the benchmark ------------------------------------------------------------------------------------------
-def checks(images: dict[str, Any], loop: dict[str, Any], cluster: dict[str, Any]) -> dict[str, bool]:
+def checks(images: dict[str, Any], loop: dict[str, Any], cluster: dict[str, Any],
+           secure: dict[str, Any]) -> dict[str, bool]:
     return {
         "a code change rebuilds in under a third of the build": (
             images["rebuild_after_code_change_s"] < max(60.0, images["build_s"] / 3) if images["cold"]
@@ -441,6 +550,11 @@ def checks(images: dict[str, Any], loop: dict[str, Any], cluster: dict[str, Any]
         "training went on with a broker down": cluster["steps_while_down"] >= 1,
         "nothing lost (three brokers, one killed)": cluster["lost"] == 0 and cluster["multiple_outcomes"] == 0,
         "nothing trained twice (three brokers)": cluster["duplicates_trained"] == 0,
+        "the loop trained with TLS, SCRAM and ACLs": secure["steps"] >= 1 and secure["rollouts_trained"] > 0,
+        "every attempt the roles' credentials may not make was refused": (
+            secure["attempts_tried"] >= 20 and secure["attempts_refused"] == secure["attempts_tried"]),
+        "nothing lost or trained twice (secure)": (
+            secure["lost"] == 0 and secure["multiple_outcomes"] == 0 and secure["duplicates_trained"] == 0),
     }
 
 
@@ -455,7 +569,8 @@ def run(*, quick: bool = False, json_path: Path | None = None) -> dict[str, Any]
     images = build_images(log)
     loop = asyncio.run(run_loop(plan, log))
     cluster = asyncio.run(run_cluster(plan, log))
-    held = checks(images, loop, cluster)
+    secure = asyncio.run(run_secure(plan, log))
+    held = checks(images, loop, cluster, secure)
     summary = {
         "build_s": images["build_s"], "build_cold": images["cold"],
         "rebuild_after_code_change_s": images["rebuild_after_code_change_s"],
@@ -466,10 +581,13 @@ def run(*, quick: bool = False, json_path: Path | None = None) -> dict[str, Any]
         "cluster_steps_while_down": cluster["steps_while_down"], "cluster_held": cluster["held"],
         "cluster_lost": cluster["lost"],
         "cluster_rollouts_trained": cluster["rollouts_trained"],
+        "secure_first_step_s": secure["first_step_s"], "secure_rollouts_trained": secure["rollouts_trained"],
+        "secure_lost": secure["lost"], "attempts_tried": secure["attempts_tried"],
+        "attempts_refused": secure["attempts_refused"],
         "passed": all(held.values()),
     }
     result = {"meta": meta(), "quick": quick, "plan": plan.__dict__, "summary": summary, "checks": held,
-              "images": images, "loop": loop, "cluster": cluster}
+              "images": images, "loop": loop, "cluster": cluster, "secure": secure}
     print_table("rlbus bench compose", ["figure", "value"], [
         ["images built (s)" + (" cold" if images["cold"] else ""), images["build_s"]],
         ["rebuild after a one-line code change (s)", images["rebuild_after_code_change_s"]],
@@ -484,6 +602,10 @@ def run(*, quick: bool = False, json_path: Path | None = None) -> dict[str, Any]
         ["three brokers, one killed: steps while down", cluster["steps_while_down"]],
         ["three brokers: rollouts trained / held / lost / trained twice",
          f"{cluster['rollouts_trained']} / {cluster['held']} / {cluster['lost']} / {cluster['duplicates_trained']}"],
+        ["secure: docker compose up → first trained step (s)", secure["first_step_s"]],
+        ["secure: attempts refused / tried", f"{secure['attempts_refused']} / {secure['attempts_tried']}"],
+        ["secure: rollouts trained / held / lost / trained twice",
+         f"{secure['rollouts_trained']} / {secure['held']} / {secure['lost']} / {secure['duplicates_trained']}"],
     ])
     for name, ok in held.items():
         print(f"  {'ok  ' if ok else 'FAIL'} {name}")

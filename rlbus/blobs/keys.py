@@ -310,3 +310,12 @@ def verify_claims(master: str, encoded: str) -> tuple[KeyClaims, str]:
     ValueError when the claims do not even parse."""
     claims = KeyClaims.decode(encoded)
     return claims, derive(master, claims)
+
+
+def fleet_keys(master: str, *, ttl: str | int | None) -> dict[str, str]:
+    """Each worker role's credential in a secure fleet (``rlbus up --secure``, docker-compose.secure.yml): the
+    trainer the master (it writes versions and collects old ones); rollout workers and the gateway (``serve``)
+    read everywhere and write ``claims/`` only; the reward worker and the prompt producer read only."""
+    writer = mint_for_role(master, "rollout", write_prefix="claims/", ttl=ttl)
+    reader = mint_for_role(master, "worker", ttl=ttl)
+    return {"trainer": master, "rollout": writer, "serve": writer, "reward": reader, "prompts": reader}

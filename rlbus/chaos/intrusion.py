@@ -117,7 +117,7 @@ async def _end_total(rig: Rig, topic: str) -> int:
         return sum((await admin.end_offsets(topic)).values())
 
 
-async def _refusal(action: Awaitable[Any], *errors: type[BaseException]) -> tuple[bool, str]:
+async def refusal(action: Awaitable[Any], *errors: type[BaseException]) -> tuple[bool, str]:
     """Run ``action``; (refused, "ErrorType: message")."""
     try:
         async with asyncio.timeout(60):
@@ -153,12 +153,12 @@ async def _wait_logged(rig: Rig, before: dict[Path, int], *needles: str, timeout
     return False
 
 
-async def _produce(config: KafkaBusConfig, topic: str) -> None:
+async def produce_one(config: KafkaBusConfig, topic: str) -> None:
     async with build_bus(config) as bus:
         await bus.send_raw(topic, b"intrusion", key=b"intrusion")
 
 
-async def _consume(config: KafkaBusConfig, topic: str, group: str | None) -> None:
+async def consume_briefly(config: KafkaBusConfig, topic: str, group: str | None) -> None:
     async with build_bus(config) as bus, bus.consumer([topic], group=group) as consumer:
         for _ in range(10):
             await consumer.getmany(timeout_s=0.5)
@@ -171,7 +171,7 @@ async def rollout_publishes_weights(rig: Rig) -> Outcome:
     ns = NAMESPACES[0]
     topic = f"{ns}.{WEIGHTS.name}"
     before_log, before = rig.security_log(), await _end_total(rig, topic)
-    refused, error = await _refusal(_produce(rig.bus_config(ns, "rollout"), topic), BusAuthError)
+    refused, error = await refusal(produce_one(rig.bus_config(ns, "rollout"), topic), BusAuthError)
     written = await _end_total(rig, topic) != before
     logged = await _wait_logged(rig, before_log, f"User:{ns}.rollout", "Denied", "WRITE", topic)
     return Outcome(f"{ns}.rollout", f"produce to {topic}", refused, error, written, logged)
@@ -181,7 +181,7 @@ async def rollout_joins_trainer_group(rig: Rig) -> Outcome:
     ns = NAMESPACES[0]
     topic, group = f"{ns}.{PROMPTS.name}", f"{ns}.trainer"
     before_log = rig.security_log()
-    refused, error = await _refusal(_consume(rig.bus_config(ns, "rollout"), topic, group), BusAuthError)
+    refused, error = await refusal(consume_briefly(rig.bus_config(ns, "rollout"), topic, group), BusAuthError)
     logged = await _wait_logged(rig, before_log, f"User:{ns}.rollout", "Denied", group)
     return Outcome(f"{ns}.rollout", f"join consumer group {group}", refused, error, None, logged)
 
@@ -190,7 +190,7 @@ async def rollout_reads_other_namespace(rig: Rig) -> Outcome:
     ns, other = NAMESPACES
     topic = f"{other}.{PROMPTS.name}"
     before_log = rig.security_log()
-    refused, error = await _refusal(_consume(rig.bus_config(ns, "rollout"), topic, None), BusAuthError)
+    refused, error = await refusal(consume_briefly(rig.bus_config(ns, "rollout"), topic, None), BusAuthError)
     logged = await _wait_logged(rig, before_log, f"User:{ns}.rollout", "Denied", topic)
     return Outcome(f"{ns}.rollout", f"read {topic} (another namespace)", refused, error, None, logged)
 
@@ -199,7 +199,7 @@ async def trainer_writes_other_namespace(rig: Rig) -> Outcome:
     ns, other = NAMESPACES
     topic = f"{other}.{WEIGHTS.name}"
     before_log, before = rig.security_log(), await _end_total(rig, topic)
-    refused, error = await _refusal(_produce(rig.bus_config(ns, "trainer"), topic), BusAuthError)
+    refused, error = await refusal(produce_one(rig.bus_config(ns, "trainer"), topic), BusAuthError)
     written = await _end_total(rig, topic) != before
     logged = await _wait_logged(rig, before_log, f"User:{ns}.trainer", "Denied", topic)
     return Outcome(f"{ns}.trainer", f"produce to {topic} (another namespace)", refused, error, written, logged)
@@ -214,7 +214,7 @@ async def producer_creates_topic(rig: Rig) -> Outcome:
         async with build_bus(rig.bus_config(ns, "producer")) as bus:
             await bus.create_topics([TopicSpec(topic, partitions=1, replication=rig.cluster.replication_factor)])
 
-    refused, error = await _refusal(create(), BusAuthError)
+    refused, error = await refusal(create(), BusAuthError)
     async with rig.admin_bus() as admin:
         written = topic in await admin.list_topics()
     logged = await _wait_logged(rig, before_log, f"User:{ns}.producer", "Denied", "CREATE")
@@ -230,7 +230,7 @@ async def wrong_password(rig: Rig) -> Outcome:
     secret.write_text("not-the-password\n")
     before_log = rig.security_log()
     config = rig.bus_config(ns, "rollout", sasl_password_file=str(secret))
-    refused, error = await _refusal(_produce(config, f"{ns}.{PROMPTS.name}"), BusAuthError)
+    refused, error = await refusal(produce_one(config, f"{ns}.{PROMPTS.name}"), BusAuthError)
     logged = await _wait_logged(rig, before_log, "Failed authentication", "invalid credentials")
     return Outcome(f"{ns}.rollout", "log in with a wrong password", refused, error, None, logged)
 
@@ -239,7 +239,7 @@ async def plaintext_to_tls(rig: Rig) -> Outcome:
     ns = NAMESPACES[0]
     before_log = rig.security_log()
     config = rig.bus_config(ns, "rollout", security_protocol="SASL_PLAINTEXT")
-    refused, error = await _refusal(_produce(config, f"{ns}.{PROMPTS.name}"), BusAuthError)
+    refused, error = await refusal(produce_one(config, f"{ns}.{PROMPTS.name}"), BusAuthError)
     logged = await _wait_logged(rig, before_log, "Failed authentication")
     return Outcome(f"{ns}.rollout", "speak SASL_PLAINTEXT to the TLS listener", refused, error, None, logged)
 
@@ -248,7 +248,7 @@ async def trust_another_ca(rig: Rig) -> Outcome:
     """A client pointed at a broker its CA did not sign (what a man in the middle looks like)."""
     ns = NAMESPACES[0]
     config = rig.bus_config(ns, "rollout", ssl_cafile=str(rig.rogue_ca().cert))
-    refused, error = await _refusal(_produce(config, f"{ns}.{PROMPTS.name}"), BusAuthError)
+    refused, error = await refusal(produce_one(config, f"{ns}.{PROMPTS.name}"), BusAuthError)
     return Outcome(f"{ns}.rollout", "connect trusting another CA (man in the middle)", refused, error, None, None)
 
 
@@ -264,7 +264,7 @@ async def _admin_with(rig: Rig, cert: Path, key: Path) -> None:
 async def forged_admin_certificate(rig: Rig) -> Outcome:
     forged = rig.rogue_ca().issue(kafka_secure.ADMIN, client=True)
     before_log = rig.security_log()
-    refused, error = await _refusal(_admin_with(rig, forged.cert, forged.key), BusAuthError)
+    refused, error = await refusal(_admin_with(rig, forged.cert, forged.key), BusAuthError)
     logged = await _wait_logged(rig, before_log, "Failed authentication")
     return Outcome("forger", "administrator certificate signed by another CA", refused, error, None, logged)
 
@@ -272,7 +272,7 @@ async def forged_admin_certificate(rig: Rig) -> Outcome:
 async def expired_admin_certificate(rig: Rig) -> Outcome:
     expired = kafka_secure.ca(rig.cluster).issue("rlbus-admin-expired", client=True, expired=True)
     before_log = rig.security_log()
-    refused, error = await _refusal(_admin_with(rig, expired.cert, expired.key), BusAuthError)
+    refused, error = await refusal(_admin_with(rig, expired.cert, expired.key), BusAuthError)
     logged = await _wait_logged(rig, before_log, "Failed authentication")
     return Outcome("ex-administrator", "expired certificate from the cluster's CA", refused, error, None, logged)
 
@@ -285,7 +285,7 @@ async def client_certificate_from_another_ca(rig: Rig) -> Outcome:
     forged = rig.rogue_ca().issue(f"{ns}.rollout", client=True)
     before_log = rig.security_log()
     config = rig.bus_config(ns, "rollout", ssl_certfile=str(forged.cert), ssl_keyfile=str(forged.key))
-    refused, error = await _refusal(_produce(config, f"{ns}.{PROMPTS.name}"), BusAuthError)
+    refused, error = await refusal(produce_one(config, f"{ns}.{PROMPTS.name}"), BusAuthError)
     logged = await _wait_logged(rig, before_log, "Failed authentication")
     return Outcome(f"{ns}.rollout", "SCRAM + a client certificate from another CA", refused, error, None, logged)
 
@@ -325,7 +325,7 @@ async def _blob_attempt(rig: Rig, who: str, what: str, key: str, secret: str, me
     try:
         async with HttpStore(rig.blob_url, secret=secret) as store:
             action = store.put(key, b"forged manifest") if method == "PUT" else store.get(key)
-            refused, error = await _refusal(action, BlobAuthError)
+            refused, error = await refusal(action, BlobAuthError)
     finally:
         blob_log.removeHandler(handler)
     async with HttpStore(rig.blob_url, secret=rig.blob_master) as owner:
@@ -426,7 +426,7 @@ async def _redis_attempt(rig: Rig, namespace: str, role: str, key: str, what: st
     try:
         await admin.set(full_key, b"ledger entry")
         await admin.acl_log_reset()
-        refused, error = await _refusal(client.set(full_key, b"forged"), NoPermissionError)
+        refused, error = await refusal(client.set(full_key, b"forged"), NoPermissionError)
         written = await admin.get(full_key) != b"ledger entry"
         entries = await admin.acl_log()
         logged = any(str(e.get("username")) == user for e in entries)
@@ -484,7 +484,7 @@ async def dashboard_open_off_host(rig: Rig) -> Outcome:
         async with serving(lambda: {}, "0.0.0.0", 0, environ={}):  # the attempt itself
             pass
 
-    refused, error = await _refusal(start(), ConfigError)
+    refused, error = await refusal(start(), ConfigError)
     return Outcome("operator", "serve the dashboard on 0.0.0.0 without a token", refused, error, None, None)
 
 

@@ -58,6 +58,10 @@ ENV_BOOTSTRAP = "RLBUS_KAFKA_BOOTSTRAP"
 ENV_REDIS = "RLBUS_REDIS_URL"
 ENV_BLOB_URL = "RLBUS_BLOB_URL"
 ENV_BLOB_SECRET = "RLBUS_BLOB_SECRET"
+#: Files holding the Redis URL (with a password in it) and the blob secret: Docker's ``*_FILE`` convention,
+#: for secrets mounted from a volume (docker-compose.secure.yml) instead of sitting in the environment.
+ENV_REDIS_FILE = "RLBUS_REDIS_URL_FILE"
+ENV_BLOB_SECRET_FILE = "RLBUS_BLOB_SECRET_FILE"
 ENV_NAMESPACE = "RLBUS_NAMESPACE"
 ENV_RUN_DIR = "RLBUS_RUN_DIR"
 ENV_METRICS_PORT = "RLBUS_METRICS_PORT"
@@ -652,8 +656,9 @@ def _apply_env(tables: dict[str, dict[str, Any]], environ: Mapping[str, str]) ->
         tables["bus"].update(_bus_overlay(Path(environ[ENV_BUS_CONFIG])))
     if environ.get(ENV_BOOTSTRAP):
         tables["bus"]["bootstrap"] = environ[ENV_BOOTSTRAP]
-    if environ.get(ENV_REDIS):
-        tables["state"]["url"] = environ[ENV_REDIS]
+    redis_url = secret_from(None, None, ENV_REDIS, field="state.url", file_env=ENV_REDIS_FILE, environ=environ)
+    if redis_url:
+        tables["state"]["url"] = redis_url
     if environ.get(ENV_BLOB_URL):
         tables["store"]["url"] = environ[ENV_BLOB_URL]
         tables["store"].pop("dir", None)
@@ -691,7 +696,7 @@ def blob_secret(store: StoreSection, environ: Mapping[str, str] | None = None) -
     """The HMAC secret of an HTTP store: the contents of ``secret_file`` when it is given, else
     ``RLBUS_BLOB_SECRET`` (`rlbus.config.secret_from`, like every secret rlbus reads)."""
     secret = secret_from(None, store.secret_file, ENV_BLOB_SECRET, field="store.secret_file",
-                         environ=os.environ if environ is None else environ)
+                         file_env=ENV_BLOB_SECRET_FILE, environ=os.environ if environ is None else environ)
     if secret is None:
         raise ConfigError("store.secret_file", f"an HTTP blob store needs a secret: set {ENV_BLOB_SECRET} or give "
                           "secret_file")

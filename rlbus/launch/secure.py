@@ -97,6 +97,7 @@ async def prepare(
 ) -> SecureRun:
     """Create the run's topics on the secure ``cluster`` as its administrator, and make every role's Kafka
     user and ACLs, Redis user and blob key."""
+    from rlbus.blobs.keys import fleet_keys
     from rlbus.bus.namespace import namespaced
     from rlbus.bus.topics import topic_specs
     from rlbus.services.kafka_acl import grant
@@ -113,7 +114,7 @@ async def prepare(
         run.redis_urls = await _redis_users(redis_admin_url, namespace, config.state_prefix, credentials / "redis")
         say(f"Redis users for {', '.join(sorted(run.redis_urls))}")
     if blob_master is not None:
-        run.blob_keys = _blob_keys(blob_master)
+        run.blob_keys = fleet_keys(blob_master, ttl=BLOB_KEY_TTL)
         say("blob keys: trainer holds the master; rollout and serve write claims/ only; reward, prompts read")
     return run
 
@@ -139,12 +140,3 @@ async def _redis_users(admin_url: str, namespace: str, key_prefix: str, director
     except ValueError as exc:
         raise ServiceError(f"creating the run's Redis users failed: {exc}") from None
     return {role: role_url(admin_url, names[role], passwords[role]) for role in roles}
-
-
-def _blob_keys(master: str) -> dict[str, str]:
-    from rlbus.blobs.keys import mint_for_role
-
-    writer = mint_for_role(master, "rollout", write_prefix="claims/", ttl=BLOB_KEY_TTL)
-    reader = mint_for_role(master, "worker", ttl=BLOB_KEY_TTL)
-    return {"trainer": master, "rollout": writer, "serve": writer, "reward": reader, "prompts": reader}
-

@@ -10,6 +10,17 @@ Ports, for ``brokers = n`` and ``port = p``: node ``i`` (1..n) serves clients on
 its controller on ``p + 2(i-1) + 1``; one broker takes p and p+1, three take p..p+5. Replication
 follows the size: factor ``min(n, 3)``, min in-sync replicas one less (at least 1).
 
+Racks: on more than one node, node ``i`` gets ``broker.rack`` = ``racks[i-1]`` (a region name; default
+``eu-west``, ``us-east``, ``ap-south`` in turn) and the RackAwareReplicaSelector, so topic creation spreads
+each partition's replicas over the racks and a consumer with ``client.rack`` reads from a replica in its own
+region (KIP-392 follower fetching). ``RLBUS_KAFKA_REQUEST_LOG=debug`` in the environment of ``start`` makes
+every node log each request it serves to ``requests.log`` (which broker served which client's fetch).
+
+Region listeners (``region_ports = {region: (l, a)}``, for an emulated WAN, :mod:`rlbus.services.wan`): node
+``i`` also listens on ``l + (i-1)`` (PLAINTEXT, listener ``WAN_<REGION>``) and advertises ``a + (i-1)`` there,
+the port of that region's proxy in front of it, so a client that bootstraps from its region's proxies keeps
+talking to every broker through them.
+
 Authentication (optional, ``sasl_port = s``): node ``i`` also listens on ``s + (i-1)`` with
 SASL_PLAINTEXT and the SCRAM-SHA-256/512 mechanisms; users are created through the admin API
 with Kafka's Admin client (:mod:`rlbus.services.kafka_admin`), so no password is ever a command-line
@@ -28,7 +39,8 @@ Files::
     <home>/kafka/cluster.json           cluster id and layout, written once storage is formatted
     <home>/kafka/node-<i>/              server.properties, log4j2.properties, data/,
                                         kafka.pid, kafka.out (JVM stdout/stderr), server.log (WARN+),
-                                        security.log (denied requests, failed authentications)
+                                        security.log (denied requests, failed authentications),
+                                        requests.log (with RLBUS_KAFKA_REQUEST_LOG=debug)
 
 ``<cache>`` and ``<home>`` default to ``$RLBUS_HOME`` or ``~/.cache/rlbus``. The pom is found next
 to the package (``<repo>/infra/kafka/pom.xml``) or at ``$RLBUS_KAFKA_POM``; the node templates
@@ -67,10 +79,28 @@ from rlbus.services.kafka_jars import default_home, pom_path, require_program, r
 HOST = "127.0.0.1"
 JVM_OPTS = ("-Xms256m", "-Xmx512m", "-XX:+ExitOnOutOfMemoryError", "-Djava.awt.headless=true")
 STOP_GRACE_S = 30.0
+#: The racks (regions) of a multi-node cluster's nodes when none are given, in turn.
+DEFAULT_RACKS = ("eu-west", "us-east", "ap-south")
+#: Lets a follower in the consumer's ``client.rack`` serve its fetches (KIP-392).
+RACK_AWARE_SELECTOR = "org.apache.kafka.common.replica.RackAwareReplicaSelector"
 
 # Nodes launched by this process. Holding the Popen lets poll() reap a node that exited, so a
 # zombie never passes for a live broker, and keeps garbage collection from warning about it.
 _children: dict[int, subprocess.Popen[bytes]] = {}
+
+
+@dataclass(frozen=True)
+class RegionListener:
+    """A node's listener for the clients of one region: it binds ``port`` and advertises ``advertised_port``."""
+
+    region: str
+    port: int
+    advertised_port: int
+
+    @property
+    def name(self) -> str:
+        """The Kafka listener name, ``WAN_US_EAST`` for ``us-east``."""
+        return "WAN_" + "".join(c if c.isalnum() else "_" for c in self.region.upper())
 
 
 @dataclass(frozen=True)
@@ -85,6 +115,16 @@ class KafkaNode:
     sasl_port: int | None = None
     #: A secure cluster's mutual-TLS listener for inter-broker traffic and the administrator.
     internal_port: int | None = None
+    #: ``broker.rack``: the region this node stands for (None on a single node).
+    rack: str | None = None
+    #: Listeners for an emulated WAN's regions (see :mod:`rlbus.services.wan`).
+    region_listeners: tuple[RegionListener, ...] = ()
+
+    def region_listener(self, region: str) -> RegionListener:
+        for listener in self.region_listeners:
+            if listener.region == region:
+                return listener
+        raise ConfigError("region_ports", f"node {self.node_id} has no listener for region {region!r}")
 
     @property
     def config(self) -> Path:
@@ -114,6 +154,11 @@ class KafkaNode:
     def security_log(self) -> Path:
         """Denied requests and failed authentications (see infra/kafka/log4j2.properties)."""
         return self.dir / "security.log"
+
+    @property
+    def request_log(self) -> Path:
+        """Every request the node served, when started with ``RLBUS_KAFKA_REQUEST_LOG=debug``."""
+        return self.dir / "requests.log"
 
 
 @dataclass(frozen=True)
@@ -148,6 +193,22 @@ class KafkaCluster:
         return ",".join(f"{HOST}:{node.sasl_port}" for node in self.nodes)
 
     @property
+    def racks(self) -> tuple[str, ...] | None:
+        """Each node's ``broker.rack``, or None when the nodes have none."""
+        if self.nodes[0].rack is None:
+            return None
+        return tuple(node.rack or "" for node in self.nodes)
+
+    @property
+    def region_ports(self) -> dict[str, tuple[int, int]]:
+        """Per region, the first node's (listener port, advertised port); empty without region listeners."""
+        return {r.region: (r.port, r.advertised_port) for r in self.nodes[0].region_listeners}
+
+    def region_bootstrap(self, region: str) -> str:
+        """The advertised addresses of ``region``'s listeners (its proxies, in an emulated WAN)."""
+        return ",".join(f"{HOST}:{node.region_listener(region).advertised_port}" for node in self.nodes)
+
+    @property
     def replication_factor(self) -> int:
         return min(len(self.nodes), 3)
 
@@ -162,10 +223,13 @@ class KafkaCluster:
 def layout(
     home: Path, brokers: int, port: int, cluster_id: str, sasl_port: int | None = None, *,
     secure: bool = False, internal_port: int | None = None, mtls: bool = False,
+    racks: Sequence[str] | None = None, region_ports: Mapping[str, Sequence[int]] | None = None,
 ) -> KafkaCluster:
     """The nodes of a ``brokers``-node cluster whose first client port is ``port`` (and first SASL
     listener ``sasl_port``, when given). A ``secure`` cluster's client listeners speak SASL_SSL and its
-    nodes also listen with mutual TLS from ``internal_port`` (default: right after the controllers)."""
+    nodes also listen with mutual TLS from ``internal_port`` (default: right after the controllers).
+    ``racks`` names each node's ``broker.rack`` (default: :data:`DEFAULT_RACKS` in turn on more than one
+    node, none on a single node; an empty sequence: none)."""
     if brokers < 1:
         raise ConfigError("brokers", f"must be at least 1, got {brokers}")
     if not 1 <= port <= 65535 - 2 * brokers:
@@ -180,22 +244,46 @@ def layout(
         internal_port = port + 2 * brokers
     if internal_port is not None and not 1 <= internal_port <= 65535 - brokers:
         raise ConfigError("internal_port", f"{internal_port} leaves no room for {brokers} internal listeners")
+    node_racks = _racks(brokers, racks)
+    if region_ports and secure:
+        raise ConfigError("region_ports", "region listeners are PLAINTEXT (an emulated WAN): not on a secure cluster")
+    for region, (first, advertised) in (region_ports or {}).items():
+        if not 1 <= min(first, advertised) <= max(first, advertised) <= 65535 - brokers:
+            raise ConfigError("region_ports", f"{region}: {first}, {advertised} leave no room for {brokers} nodes")
     nodes = tuple(
         _node(
             home, i, port + 2 * (i - 1), None if sasl_port is None else sasl_port + i - 1,
-            None if internal_port is None else internal_port + i - 1,
+            None if internal_port is None else internal_port + i - 1, node_racks[i - 1],
+            tuple(
+                RegionListener(region, first + i - 1, advertised + i - 1)
+                for region, (first, advertised) in (region_ports or {}).items()
+            ),
         )
         for i in range(1, brokers + 1)
     )
     return KafkaCluster(home=home, cluster_id=cluster_id, nodes=nodes, secure=secure, mtls=mtls)
 
 
+def _racks(brokers: int, racks: Sequence[str] | None) -> list[str | None]:
+    if racks is None:
+        return [None] if brokers == 1 else [DEFAULT_RACKS[i % len(DEFAULT_RACKS)] for i in range(brokers)]
+    if not racks:
+        return [None] * brokers
+    if len(racks) != brokers:
+        raise ConfigError("racks", f"{len(racks)} racks for {brokers} brokers: give one per broker")
+    for rack in racks:
+        if not rack or not all(c.isalnum() or c in "-_." for c in rack):
+            raise ConfigError("racks", f"{rack!r} is not a rack name (letters, digits, '-', '_', '.')")
+    return list(racks)
+
+
 def _node(
-    home: Path, node_id: int, port: int, sasl_port: int | None = None, internal_port: int | None = None
+    home: Path, node_id: int, port: int, sasl_port: int | None = None, internal_port: int | None = None,
+    rack: str | None = None, region_listeners: tuple[RegionListener, ...] = (),
 ) -> KafkaNode:
     return KafkaNode(
         node_id=node_id, port=port, controller_port=port + 1, dir=home / "kafka" / f"node-{node_id}",
-        sasl_port=sasl_port, internal_port=internal_port,
+        sasl_port=sasl_port, internal_port=internal_port, rack=rack, region_listeners=region_listeners,
     )
 
 
@@ -212,6 +300,7 @@ def load_cluster(home: Path) -> KafkaCluster | None:
     return layout(
         home, saved["brokers"], saved["port"], saved["cluster_id"], saved.get("sasl_port"),
         secure=saved.get("secure", False), internal_port=saved.get("internal_port"), mtls=saved.get("mtls", False),
+        racks=saved.get("racks") or (), region_ports=saved.get("region_ports"),
     )
 
 
@@ -239,8 +328,15 @@ def node_config(cluster: KafkaCluster, node: KafkaNode) -> str:
     )
     if cluster.secure:
         settings = kafka_secure.secure_settings(cluster, node, HOST)
-        return with_settings(text, settings, "TLS, SCRAM and ACLs (rlbus kafka start --secure)")
-    return text if node.sasl_port is None else _with_sasl_listener(text, node)
+        text = with_settings(text, settings, "TLS, SCRAM and ACLs (rlbus kafka start --secure)")
+    elif node.sasl_port is not None:
+        text = _with_sasl_listener(text, node)
+    if node.region_listeners:
+        text = _with_region_listeners(text, node)
+    if node.rack is None:
+        return text
+    racks = {"broker.rack": node.rack, "replica.selector.class": RACK_AWARE_SELECTOR}
+    return with_settings(text, racks, "This node's region; consumers read from a replica in theirs (KIP-392)")
 
 
 def _with_sasl_listener(config: str, node: KafkaNode) -> str:
@@ -257,6 +353,22 @@ def _with_sasl_listener(config: str, node: KafkaNode) -> str:
     return with_settings(config, settings, "SASL_PLAINTEXT listener for clients (rlbus kafka start --sasl-port)")
 
 
+def _with_region_listeners(config: str, node: KafkaNode) -> str:
+    """Add one PLAINTEXT listener per region, advertising that region's proxy (see :mod:`rlbus.services.wan`)."""
+    current = dict(line.split("=", 1) for line in config.splitlines() if "=" in line and not line.startswith("#"))
+    wan = node.region_listeners
+    settings = {
+        "listeners": ",".join([current["listeners"], *(f"{r.name}://{HOST}:{r.port}" for r in wan)]),
+        "advertised.listeners": ",".join(
+            [current["advertised.listeners"], *(f"{r.name}://{HOST}:{r.advertised_port}" for r in wan)]
+        ),
+        "listener.security.protocol.map": ",".join(
+            [current["listener.security.protocol.map"], *(f"{r.name}:PLAINTEXT" for r in wan)]
+        ),
+    }
+    return with_settings(config, settings, "One listener per region, advertised as its proxy (rlbus.services.wan)")
+
+
 def with_settings(config: str, settings: Mapping[str, str], comment: str) -> str:
     """A rendered server.properties with ``settings`` replacing the template's keys in place and the new
     ones appended under ``# comment``."""
@@ -265,8 +377,9 @@ def with_settings(config: str, settings: Mapping[str, str], comment: str) -> str
     for line in config.splitlines():
         key = line.split("=", 1)[0].strip()
         lines.append(f"{key}={settings.pop(key)}" if key in settings else line)
-    lines += ["", f"# {comment}"]
-    lines += [f"{key}={value}" for key, value in settings.items()]
+    if settings:
+        lines += ["", f"# {comment}"]
+        lines += [f"{key}={value}" for key, value in settings.items()]
     return "\n".join(lines) + "\n"
 
 
@@ -315,13 +428,16 @@ def _format(cluster: KafkaCluster, jars: Path) -> None:
         "secure": cluster.secure,
         "internal_port": cluster.nodes[0].internal_port,
         "mtls": cluster.mtls,
+        "racks": cluster.racks,
+        "region_ports": cluster.region_ports or None,
     }
     _cluster_file(cluster.home).write_text(json.dumps(saved, indent=2) + "\n")
 
 
 def _check_ports_free(nodes: Iterable[KafkaNode]) -> None:
     for node in nodes:
-        for port in (node.port, node.controller_port, node.sasl_port, node.internal_port):
+        ports = (node.port, node.controller_port, node.sasl_port, node.internal_port)
+        for port in (*ports, *(r.port for r in node.region_listeners)):
             if port is not None and _listening(port):
                 raise ServiceError(f"port {port} for Kafka node {node.node_id} is in use by another process")
 
@@ -460,6 +576,8 @@ def start(
     secure: bool = False,
     internal_port: int | None = None,
     mtls: bool = False,
+    racks: Sequence[str] | None = None,
+    region_ports: Mapping[str, Sequence[int]] | None = None,
 ) -> KafkaCluster:
     """Start (or find running) the local cluster under ``home`` and wait until all brokers serve.
 
@@ -476,6 +594,10 @@ def start(
     StandardAuthorizer with nothing allowed without an ACL, and a local CA under ``<home>/kafka/tls``
     (:mod:`rlbus.services.kafka_secure`); ``mtls`` also requires client certificates there. Both are
     kept with the layout.
+
+    ``racks`` names each node's ``broker.rack`` on a new cluster (see :func:`layout`); given for an existing
+    cluster, they must be its racks. ``region_ports`` (``{region: (first listener port, first advertised
+    port)}``) adds a listener per region (see the module docstring); kept with the layout likewise.
     """
     home = (home or default_home()).expanduser().resolve()
     if fresh:
@@ -484,7 +606,8 @@ def start(
     jars = resolve_jars(cache_dir)
     existing = load_cluster(home)
     cluster = existing or layout(
-        home, brokers, port, _new_cluster_id(), sasl_port, secure=secure, internal_port=internal_port, mtls=mtls
+        home, brokers, port, _new_cluster_id(), sasl_port, secure=secure, internal_port=internal_port, mtls=mtls,
+        racks=racks, region_ports=region_ports,
     )
     _check_layout(cluster, brokers, port)
     if (secure or mtls) and (cluster.secure, cluster.mtls) != (secure, mtls):
@@ -497,6 +620,18 @@ def start(
         raise ConfigError(
             "sasl_port",
             f"{cluster.home} holds a cluster with SASL port {cluster.nodes[0].sasl_port}, not {sasl_port}; "
+            "stop it and start with fresh=True to replace it",
+        )
+    if racks is not None and cluster.racks != (tuple(racks) or None):
+        raise ConfigError(
+            "racks",
+            f"{cluster.home} holds a cluster with racks {cluster.racks}, not {tuple(racks)}; "
+            "stop it and start with fresh=True to replace it",
+        )
+    if region_ports is not None and cluster.region_ports != {r: tuple(p) for r, p in region_ports.items()}:
+        raise ConfigError(
+            "region_ports",
+            f"{cluster.home} holds a cluster with region listeners {cluster.region_ports}, not {dict(region_ports)}; "
             "stop it and start with fresh=True to replace it",
         )
     stopped = [node for node in cluster.nodes if node_pid(node) is None]
@@ -574,6 +709,7 @@ def status(home: Path | None = None) -> dict[str, Any]:
         "bootstrap": cluster.bootstrap,
         "secure": cluster.secure,
         "mtls": cluster.mtls,
+        "racks": cluster.racks,
         "nodes": nodes,
     }
 
@@ -588,6 +724,7 @@ def _node_status(node: KafkaNode) -> dict[str, Any]:
         "controller_port": node.controller_port,
         "sasl_port": node.sasl_port,
         "internal_port": node.internal_port,
+        "rack": node.rack,
         "listening": pid is not None and _listening(node.port),
         "dir": str(node.dir),
     }
@@ -610,6 +747,11 @@ def scram_users_from(user: str | None, password_file: Path | None) -> dict[str, 
 
 
 
+def parse_racks(text: str) -> tuple[str, ...]:
+    """``"eu-west,us-east,ap-south"`` → one rack per broker; ``""`` → none."""
+    return tuple(part.strip() for part in text.split(",") if part.strip())
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m rlbus.services.kafka", description=__doc__.splitlines()[0])
     commands = parser.add_subparsers(dest="command", required=True)
@@ -630,6 +772,7 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--secure", action="store_true", help="TLS on every listener, SCRAM for clients, ACLs enforced")
     run.add_argument("--mtls", action="store_true", help="with --secure: clients must also present a certificate")
     run.add_argument("--internal-port", type=int, help="with --secure: first mutual-TLS (inter-broker, admin) port")
+    run.add_argument("--racks", type=parse_racks, help="each broker's rack (region), comma-separated")
     for name in ("start", "stop", "status"):
         sub = run if name == "start" else commands.add_parser(name, help=f"{name} the local cluster")
         sub.add_argument("--home", type=Path)
@@ -647,9 +790,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             cluster = start(
                 args.brokers, args.port, args.fresh, args.home, args.timeout, args.cache_dir,
                 sasl_port=args.sasl_port, scram_users=users, secure=args.secure, mtls=args.mtls,
-                internal_port=args.internal_port,
+                internal_port=args.internal_port, racks=args.racks,
             )
             print(f"kafka ready at {cluster.bootstrap} in {time.monotonic() - began:.1f} s ({cluster.home})")
+            if cluster.racks:
+                print(f"racks (broker.rack, node 1..n): {','.join(cluster.racks)}")
             if cluster.sasl_bootstrap:
                 print(f"SASL_PLAINTEXT (SCRAM) listeners at {cluster.sasl_bootstrap}")
             if cluster.secure:

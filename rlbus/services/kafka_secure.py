@@ -80,7 +80,6 @@ def secure_settings(cluster: KafkaCluster, node: KafkaNode, host: str) -> dict[s
     """The server.properties keys that make ``node`` (listening on ``host``) secure, replacing the
     template's listener keys."""
     keystore = ca(cluster).issue(node_principal(node.node_id), server=True, client=True)
-    supers = ";".join(f"User:{name}" for name in sorted(reserved_principals(cluster)))
     return {
         "listeners": (
             f"CLIENT://{host}:{node.port},CONTROLLER://{host}:{node.controller_port},"
@@ -89,21 +88,39 @@ def secure_settings(cluster: KafkaCluster, node: KafkaNode, host: str) -> dict[s
         "advertised.listeners": f"CLIENT://{host}:{node.port},INTERNAL://{host}:{node.internal_port}",
         "listener.security.protocol.map": "CLIENT:SASL_SSL,CONTROLLER:SSL,INTERNAL:SSL",
         "inter.broker.listener.name": "INTERNAL",
+        **security_settings(
+            keystore=keystore.p12, keystore_password=keystore.password, truststore=ca_file(cluster),
+            super_users=reserved_principals(cluster), scram_listeners=("client",), mtls=cluster.mtls,
+        ),
+    }
+
+
+def security_settings(
+    *, keystore: Path, keystore_password: str, truststore: Path, super_users: set[str],
+    scram_listeners: tuple[str, ...], mtls: bool,
+) -> dict[str, str]:
+    """TLS, SCRAM and ACL settings of a node whose ``scram_listeners`` (lower-case listener names) take
+    SASL_SSL clients and whose other listeners take certificates only; the listeners themselves are the
+    caller's (a local node's ports, a container's names). Shared by the local cluster and
+    :mod:`rlbus.services.credentials` (docker-compose.secure.yml)."""
+    settings = {
         "ssl.keystore.type": "PKCS12",
-        "ssl.keystore.location": str(keystore.p12),
-        "ssl.keystore.password": keystore.password,
+        "ssl.keystore.location": str(keystore),
+        "ssl.keystore.password": keystore_password,
         "ssl.truststore.type": "PEM",
-        "ssl.truststore.location": str(ca_file(cluster)),
+        "ssl.truststore.location": str(truststore),
         "ssl.client.auth": "required",
-        "listener.name.client.ssl.client.auth": "required" if cluster.mtls else "none",
         "ssl.principal.mapping.rules": "RULE:^CN=([^,]+)$/$1/,DEFAULT",
         "sasl.enabled.mechanisms": "SCRAM-SHA-256,SCRAM-SHA-512",
-        "listener.name.client.scram-sha-256.sasl.jaas.config": SCRAM_LOGIN,
-        "listener.name.client.scram-sha-512.sasl.jaas.config": SCRAM_LOGIN,
         "authorizer.class.name": AUTHORIZER,
         "allow.everyone.if.no.acl.found": "false",
-        "super.users": supers,
+        "super.users": ";".join(f"User:{name}" for name in sorted(super_users)),
     }
+    for listener in scram_listeners:
+        settings[f"listener.name.{listener}.ssl.client.auth"] = "required" if mtls else "none"
+        settings[f"listener.name.{listener}.scram-sha-256.sasl.jaas.config"] = SCRAM_LOGIN
+        settings[f"listener.name.{listener}.scram-sha-512.sasl.jaas.config"] = SCRAM_LOGIN
+    return settings
 
 
 def admin_ssl_context(cluster: KafkaCluster) -> ssl.SSLContext:

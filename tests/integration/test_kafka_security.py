@@ -173,3 +173,24 @@ def test_topics_create_with_acls_from_the_cli(rig: tuple[intrusion.Rig, _Loop], 
     for role in ("trainer", "rollout", "reward", "producer", "gateway", "operator"):
         assert f"User:intr-c.{role}" in result.output
         assert (tmp_path / "creds" / f"{role}.bus.toml").is_file()
+
+
+def test_secrets_probe_with_a_rollout_credential_is_refused_everything(rig: tuple[intrusion.Rig, _Loop]) -> None:
+    """`rlbus secrets probe` (what a deployed container runs against itself): with a rollout worker's own
+    credential every Kafka attempt of rlbus/chaos/probe.py is refused with the typed error."""
+    import tomllib
+
+    from rlbus.chaos.probe import probe
+    from rlbus.launch.config import config_from_dict
+
+    prepared, loop = rig
+    ns = intrusion.NAMESPACES[0]
+    bus = tomllib.loads((prepared.credentials[ns] / "rollout.bus.toml").read_text())["bus"]
+    config = config_from_dict({"run": {"namespace": ns}, "bus": bus, "state": {"url": "memory://"}}, environ={})
+    found = loop.run(probe(config))
+    assert [o.what for o in found] == [
+        f"produce to {ns}.{WEIGHTS.name}", f"join consumer group {ns}.trainer", found[2].what,
+        "log in with a wrong password", "speak SASL_PLAINTEXT to the TLS listener",
+        "connect trusting another CA (man in the middle)"]
+    for outcome in found:
+        assert outcome.refused and not outcome.error.startswith("untyped"), (outcome.what, outcome.error)

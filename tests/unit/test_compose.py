@@ -147,3 +147,55 @@ def test_kafka_entrypoint_turns_the_environment_into_properties(tmp_path: Path) 
     assert [c.split()[-2] for c in calls.read_text().splitlines()] == ["kafka.Kafka"]
     missing = subprocess.run([str(entry)], env={**env, "CLUSTER_ID": ""}, capture_output=True, text=True, check=False)
     assert missing.returncode != 0 and "CLUSTER_ID" in missing.stderr
+
+
+SECURE_FILE = ROOT / "docker-compose.secure.yml"
+
+
+def test_secure_file_gives_every_service_only_its_own_credentials() -> None:
+    """docker-compose.secure.yml: one secrets volume per consumer, mounted read-only by that consumer alone
+    (the CA's by the issuing one-shot only); no secret left in any service's environment; no PLAINTEXT
+    listener; workers start after the administrator made the topics and the ACLs."""
+    files = (COMPOSE_FILE, SECURE_FILE)
+    _compose("--profile", "serve", "config", "-q", files=files)
+    services = _services("--profile", "serve", files=files)
+    own = {"kafka": "kafka", "topics": "admin", "acls": "acl", "redis": "redis", "blobs": "blobs",
+           **{name: role for name, role in (WORKERS | GATEWAYS).items()}}
+    for name, service in services.items():
+        mounts = [v if isinstance(v, str) else f"{v['source']}:{v['target']}:{'ro' if v.get('read_only') else 'rw'}"
+                  for v in service.get("volumes", [])]
+        secret_mounts = [m for m in mounts if "secrets-" in m]
+        if name == "secrets":
+            assert any("secrets-ca:" in m for m in secret_mounts) and service["user"] == "0:0"
+            continue
+        assert [m.split("secrets-")[1].split(":")[0] for m in secret_mounts] == [own[name]], (name, secret_mounts)
+        assert all(m.endswith(":ro") for m in secret_mounts), name
+        env = service.get("environment") or {}
+        assert not env.get("RLBUS_BLOB_SECRET") and not env.get("RLBUS_REDIS_URL"), name
+    kafka = services["kafka"]["environment"]
+    assert "PLAINTEXT" not in kafka["KAFKA_LISTENER_SECURITY_PROTOCOL_MAP"].replace("SASL_SSL", "")
+    assert kafka["RLBUS_KAFKA_EXTRA_PROPERTIES"] == "/run/secrets/rlbus/kafka.properties"
+    for name in (*WORKERS, *GATEWAYS):
+        env = services[name]["environment"]
+        assert env["RLBUS_BUS_CONFIG"] == "/run/secrets/rlbus/bus.toml"
+        assert env["RLBUS_REDIS_URL_FILE"] and env["RLBUS_BLOB_SECRET_FILE"]
+        assert {"acls", "topics"} <= set(services[name]["depends_on"]), name
+    assert services["topics"]["command"][-1] == "/run/secrets/rlbus/admin.bus.toml"
+    assert "--tls-port" in services["redis"]["command"] and "--aclfile" in services["redis"]["command"]
+
+
+def test_kafka_entrypoint_appends_the_extra_properties_file(tmp_path: Path) -> None:
+    fake = tmp_path / "bin"
+    fake.mkdir()
+    (fake / "java").write_text("#!/bin/sh\nexit 0\n")
+    (fake / "java").chmod(0o755)
+    extra = tmp_path / "node.properties"
+    extra.write_text("ssl.keystore.password=s3cret\n")
+    config = tmp_path / "server.properties"
+    env = {"PATH": f"{fake}:/usr/bin:/bin", "CLUSTER_ID": "Dk6djo5ETZaK5NdoBkjZyg", "KAFKA_NODE_ID": "1",
+           "KAFKA_LOG_DIRS": str(tmp_path / "data"), "RLBUS_KAFKA_PROPERTIES": str(config),
+           "RLBUS_KAFKA_EXTRA_PROPERTIES": str(extra), "KAFKA_HEALTHCHECK_PORT": "19093"}
+    subprocess.run([str(ROOT / "infra/kafka/entrypoint.sh")], env=env, check=True, timeout=30)
+    lines = [line for line in config.read_text().splitlines() if line and not line.startswith("#")]
+    assert lines == ["log.dirs=" + str(tmp_path / "data"), "node.id=1", "ssl.keystore.password=s3cret"]
+    assert config.stat().st_mode & 0o777 == 0o600  # the keystore's password is in it
