@@ -28,7 +28,7 @@ if TYPE_CHECKING:
     from rlbus.envs.rewards import HackPolicy, RewardFunction
     from rlbus.models.sources import Model, ModelSource
     from rlbus.schemas import Prompt
-    from rlbus.training.config import DPOConfig, GRPOConfig, OnlineConfig
+    from rlbus.training.config import DPOConfig, FSDPConfig, GRPOConfig, OnlineConfig
 
 
 def bus_for(config: RunConfig, *, region: str | None = None, client_id: str | None = None) -> Bus:
@@ -126,6 +126,7 @@ class TrainerArgs(TypedDict):
     reward_weights: Mapping[str, float] | None
     invalid_judgements: str
     invalid_weight: float
+    fsdp: FSDPConfig
 
 
 def trainer_args(config: RunConfig) -> TrainerArgs:
@@ -137,7 +138,7 @@ def trainer_args(config: RunConfig) -> TrainerArgs:
         reward_sources=tuple(t.reward_sources), join_timeout_s=t.join_timeout_s, ordered=t.ordered,
         online=t.online,
         reward_weights=dict(t.reward_weights), invalid_judgements=t.invalid_judgements,
-        invalid_weight=t.invalid_weight,
+        invalid_weight=t.invalid_weight, fsdp=t.fsdp,
     )
 
 

@@ -52,7 +52,7 @@ import msgspec
 from rlbus.config import KafkaBusConfig, did_you_mean, parse, secret_from
 from rlbus.errors import ConfigError
 from rlbus.models.config import DEMO_SHAPE, PolicyConfig
-from rlbus.training.config import DPOConfig, GRPOConfig, OnlineConfig
+from rlbus.training.config import DPOConfig, FSDPConfig, GRPOConfig, OnlineConfig
 
 ENV_BOOTSTRAP = "RLBUS_KAFKA_BOOTSTRAP"
 ENV_REDIS = "RLBUS_REDIS_URL"
@@ -236,10 +236,17 @@ class TrainerSection(msgspec.Struct, **_STRUCT):
     #: ema, window, max_age_s, max_staleness, release_every_rewards, release_every_s …; see
     #: `rlbus.training.config.OnlineConfig` and README "Learning from served traffic").
     online: OnlineConfig = msgspec.field(default_factory=OnlineConfig)
+    #: Ranks the trainer runs on (README "The trainer on N ranks"): 1 = one process; N > 1 = FSDP2 over N
+    #: processes that `rlbus up` starts with ``torch.distributed.run --nproc-per-node N`` (gloo on CPU, NCCL on
+    #: GPU); rank 0 alone is on the bus. ``rlbus worker trainer`` must then run under torchrun with N ranks.
+    world_size: int = 1
+    #: How N ranks shard the model (``[trainer.fsdp]``: param_dtype, reduce_dtype; see
+    #: `rlbus.training.config.FSDPConfig`). Read only when world_size > 1.
+    fsdp: FSDPConfig = msgspec.field(default_factory=FSDPConfig)
 
     def __post_init__(self) -> None:
         positive = ("lr", "groups_per_step", "publish_every", "checkpoint_every", "keep_checkpoints",
-                    "join_timeout_s", "warm_lr", "keyframe_every", "retain_versions", "torch_threads")
+                    "join_timeout_s", "warm_lr", "keyframe_every", "retain_versions", "torch_threads", "world_size")
         for name in positive:
             if not getattr(self, name) > 0:
                 raise ValueError(f"{name} must be > 0")

@@ -48,7 +48,7 @@ from typing import TYPE_CHECKING, Any
 from rlbus.aio import wait_any, wait_event
 from rlbus.blobs.base import BlobStore
 from rlbus.bus.base import Bus
-from rlbus.errors import RlbusError
+from rlbus.errors import ConfigError, RlbusError
 from rlbus.launch.arguments import (
     bus_for,
     claims_for,
@@ -73,6 +73,7 @@ from rlbus.wiring.producer import prompt_producer
 
 if TYPE_CHECKING:
     from rlbus.observe.heartbeat import Heartbeat
+    from rlbus.training.ranks import Ranks
     from rlbus.weights.sync import WeightSync
 
 #: How often the trainer's join applies its timeout and releases complete groups (the simulator models it).
@@ -264,16 +265,60 @@ async def trainer_main(
     config: RunConfig, *, worker_id: str, region: str | None = None, stop: asyncio.Event | None = None,
     bus: Bus | None = None, state: StateStore | None = None, store: BlobStore | None = None,
 ) -> None:
-    """The trainer. ``bus``, ``state`` and ``store`` replace the run config's (unstarted)."""
+    """The trainer. ``bus``, ``state`` and ``store`` replace the run config's (unstarted). Under torchrun with
+    ``[trainer] world_size`` ranks, rank 0 runs what follows and the other ranks `follow_leader`."""
     import torch
 
+    from rlbus.training.ranks import join_ranks, leave_ranks
+
+    settings = config.trainer
+    torch.set_num_threads(settings.torch_threads)
+    torch.manual_seed(config.task.seed)
+    try:
+        ranks = join_ranks(settings.world_size)
+    except ValueError as exc:
+        raise ConfigError("trainer.world_size", str(exc)) from exc
+    try:
+        if ranks is not None and not ranks.leader:
+            await follow_leader(config, ranks, worker_id=worker_id, stop=stop)
+        else:
+            await _lead(config, ranks, worker_id=worker_id, region=region, stop=stop, bus=bus, state=state,
+                        store=store)
+    finally:
+        leave_ranks(ranks)
+
+
+async def follow_leader(config: RunConfig, ranks: Ranks, *, worker_id: str, stop: asyncio.Event | None = None) -> None:
+    """A trainer rank > 0: build the leader's model (its description, then its weights, come from rank 0),
+    shard it, and run rank 0's commands until it releases the ranks. It never touches the bus, the state
+    store or the blob store. A SIGTERM reaches every rank under torchrun: the followers keep following
+    (rank 0's drain still needs them for its last checkpoint) and leave when rank 0 says so."""
+    import torch
+
+    from rlbus.models.sources import model_from_description
+    from rlbus.wiring.trainer import follower_trainer
+
+    settings = config.trainer
+    checkpoints = Path(settings.checkpoint_dir) if settings.checkpoint_dir else None
+    with stopping(stop):
+        description = await asyncio.to_thread(ranks.broadcast)
+        model = await asyncio.to_thread(model_from_description, description, dtype=torch.float32)
+        trainer = follower_trainer(model=model, lr=settings.lr, grpo=settings.grpo, ranks=ranks, fsdp=settings.fsdp,
+                                   checkpoint_dir=checkpoints)
+        log.info("%s: rank %d of %d, following rank 0", worker_id, ranks.rank, ranks.world)
+        await asyncio.to_thread(trainer.follow)
+
+
+async def _lead(
+    config: RunConfig, ranks: Ranks | None, *, worker_id: str, region: str | None, stop: asyncio.Event | None,
+    bus: Bus | None, state: StateStore | None, store: BlobStore | None,
+) -> None:
+    """The trainer of one process, or rank 0 of N: the only one on the bus."""
     from rlbus.launch.recording import TrainerRecorder
     from rlbus.training.checkpoint import load_checkpoint, model_from_state
     from rlbus.wiring.trainer import trainer_stack
 
     settings = config.trainer
-    torch.set_num_threads(settings.torch_threads)
-    torch.manual_seed(config.task.seed)
     started = time.monotonic()
     checkpoints = Path(settings.checkpoint_dir) if settings.checkpoint_dir else None
     with stopping(stop) as stop:
@@ -284,6 +329,8 @@ async def trainer_main(
             log.info("%s: restoring step %d (v%d) from %s", worker_id, saved.step, saved.version, checkpoints)
         else:
             model = await asyncio.to_thread(starting_model, config, worker_id)
+        if ranks is not None:  # the followers build this model, then take its weights (trainer_stack)
+            await asyncio.to_thread(ranks.broadcast, model.describe())
         async with connected(config, region, bus=bus, state=state, store=store) as (bus, state, store, store_url):
             runlog = RunLog(config.run_dir) if config.run_dir is not None else None
             recorder: TrainerRecorder | None = None  # needs the stack's publisher and join: made just below
@@ -295,40 +342,46 @@ async def trainer_main(
             parts = trainer_stack(
                 bus=bus, state=state, store=store, store_url=store_url, model=model,
                 checkpoint_dir=checkpoints, expire_every_s=JOIN_EXPIRE_EVERY_S, **trainer_args(config),
-                on_train=record if runlog is not None else None,
+                on_train=record if runlog is not None else None, ranks=ranks,
             )
             trainer, publisher, join, worker = parts.trainer, parts.publisher, parts.join, parts.worker
-            assert publisher is not None
-            if runlog is not None:
-                recorder = TrainerRecorder(runlog, publisher=publisher, extra=lambda: _join_stats(join), join=join)
-            if saved is not None:
-                await trainer.restore()
-            newest = max(await state.get_counter(VERSION_COUNTER), await published_version(bus, publisher.model_id))
-            if newest == 0 or trainer.version != newest:
-                # Versions never repeat: the weights held here go out as the next version, a keyframe.
-                trainer.continue_after(newest)
-                version = await trainer.publish()
-                log.info("%s: published v%d (keyframe); training", worker_id, version)
-            else:  # restored at the newest version: the workers hold these very weights already
-                log.info("%s: resuming at step %d, v%d; training", worker_id, trainer.step, trainer.version)
-            if recorder is not None:
-                recorder.flush_weights()
-            watch = observed(config, state, "trainer", worker_id, region, worker.stats)
-            try:
-                async with asyncio.TaskGroup() as tasks:
-                    tasks.create_task(worker.run(stop))
-                    tasks.create_task(watch.run(stop))
-                if checkpoints is not None:
-                    path = await worker.checkpoint()  # and settles the rollouts it holds
-                    log.info("%s: stopped at step %d; checkpoint %s", worker_id, trainer.step, path)
+            try:  # rank 0's commands keep the other ranks until it releases them
+                assert publisher is not None
                 if runlog is not None:
-                    outcomes = await join.counts()
-                    runlog.summary({"worker": worker_id, "steps": trainer.step, "version": trainer.version,
-                                    "outcomes": outcomes, "stale_fraction": stale_fraction(outcomes),
-                                    "join": _join_stats(join), "wall_s": time.monotonic() - started})
+                    recorder = TrainerRecorder(runlog, publisher=publisher, extra=lambda: _join_stats(join),
+                                               join=join)
+                if saved is not None:
+                    await trainer.restore()
+                newest = max(await state.get_counter(VERSION_COUNTER),
+                             await published_version(bus, publisher.model_id))
+                if newest == 0 or trainer.version != newest:
+                    # Versions never repeat: the weights held here go out as the next version, a keyframe.
+                    trainer.continue_after(newest)
+                    version = await trainer.publish()
+                    log.info("%s: published v%d (keyframe); training", worker_id, version)
+                else:  # restored at the newest version: the workers hold these very weights already
+                    log.info("%s: resuming at step %d, v%d; training", worker_id, trainer.step,
+                             trainer.version)
+                if recorder is not None:
+                    recorder.flush_weights()
+                watch = observed(config, state, "trainer", worker_id, region, worker.stats)
+                try:
+                    async with asyncio.TaskGroup() as tasks:
+                        tasks.create_task(worker.run(stop))
+                        tasks.create_task(watch.run(stop))
+                    if checkpoints is not None:
+                        path = await worker.checkpoint()  # and settles the rollouts it holds
+                        log.info("%s: stopped at step %d; checkpoint %s", worker_id, trainer.step, path)
+                    if runlog is not None:
+                        outcomes = await join.counts()
+                        runlog.summary({"worker": worker_id, "steps": trainer.step, "version": trainer.version,
+                                        "outcomes": outcomes, "stale_fraction": stale_fraction(outcomes),
+                                        "join": _join_stats(join), "wall_s": time.monotonic() - started})
+                finally:
+                    if runlog is not None:
+                        runlog.close()
             finally:
-                if runlog is not None:
-                    runlog.close()
+                trainer.release()
 
 
 def _dpo_stage(model: Any, source: Any, config: RunConfig, worker_id: str) -> None:

@@ -158,17 +158,26 @@ def vllm_rlbus_command() -> list[str]:
     return [str(python), "-c", "import sys; from rlbus.cli import app; sys.argv[0] = 'rlbus'; app()"]
 
 
+def torchrun_command(ranks: int) -> list[str]:
+    """``rlbus worker`` on ``ranks`` local processes under torchrun (a free rendezvous port of its own): on
+    SIGTERM torchrun passes the signal to every rank and waits for them."""
+    return [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(ranks),
+            "-m", "rlbus.cli", "worker"]
+
+
 def worker_children(
     config_path: Path | None, rollout_workers: int, env: Mapping[str, str], regions: Sequence[str] = REGIONS,
-    rollout_command: Sequence[str] | None = None, *, serve: bool = False,
+    rollout_command: Sequence[str] | None = None, *, serve: bool = False, trainer_ranks: int = 1,
 ) -> list[Child]:
     """The role processes of a run, in start order: trainer, reward, rollout workers, [the gateway,] prompts.
     ``rollout_command`` runs ``rlbus`` for the rollout workers (the vLLM environment's); default the same.
-    The gateway (``serve``) runs the torch engine, in this environment."""
+    The gateway (``serve``) runs the torch engine, in this environment. ``trainer_ranks`` > 1 (``[trainer]
+    world_size``) starts the trainer under ``torch.distributed.run``, one process per rank."""
     base = [*rlbus_command(), "worker"]
     rollout_base = [*rollout_command, "worker"] if rollout_command is not None else base
     tail = ["--config", str(config_path)] if config_path is not None else []
-    children = [Child("trainer", [*base, "trainer", *tail, "--worker-id", "trainer"], dict(env)),
+    trainer = [*(base if trainer_ranks == 1 else torchrun_command(trainer_ranks)), "trainer"]
+    children = [Child("trainer", [*trainer, *tail, "--worker-id", "trainer"], dict(env)),
                 Child("reward", [*base, "reward", *tail, "--worker-id", "reward-0"], dict(env))]
     for i in range(rollout_workers):
         region = regions[i % len(regions)]
@@ -338,7 +347,8 @@ async def up(
                 say(f"gateway on http://{config.serve.host}:{config.serve.port}/v1, tenant 'local', token "
                     f"{env['RLBUS_SERVE_TOKENS'].split(':', 1)[1]}")
             rollout_command = vllm_rlbus_command() if config.rollout.engine == "vllm" else None
-            children = worker_children(config_path, rollout_workers, env, rollout_command=rollout_command, serve=serve)
+            children = worker_children(config_path, rollout_workers, env, rollout_command=rollout_command, serve=serve,
+                                       trainer_ranks=config.trainer.world_size)
             if cluster is not None:
                 from rlbus.launch.secure import prepare
 

@@ -11,6 +11,7 @@ Layout and atomicity::
 
     <dir>/step-000000042.pt   one file per checkpoint (torch.save; read back with weights_only=True)
     <dir>/latest              the file name of the newest complete checkpoint
+    <dir>/step-000000042.dcp/ a trainer on N ranks only: model and optimizer shards (`rlbus.training.sharded`)
 
 A checkpoint file is written under a temporary name, fsynced and renamed into place (``os.replace`` is
 atomic on POSIX); only then is ``latest`` replaced the same way and the directory fsynced. A crash at any
@@ -23,6 +24,7 @@ from __future__ import annotations
 import os
 import random
 import re
+import shutil
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -35,6 +37,7 @@ from rlbus.models.policy import Policy, PolicyConfig
 
 LATEST = "latest"
 _NAME = re.compile(r"step-(\d{9})\.pt")
+_SHARDED = re.compile(r"step-(\d{9})\.dcp")
 
 
 @dataclass
@@ -59,6 +62,9 @@ class TrainerState:
     rollouts_trained: int = 0
     """Rollouts in the updates this model holds (cumulative): equal to the ledger's "trained" count
     when the trainer settles outcomes with its checkpoints (what the chaos suite checks)."""
+    sharded: str | None = None
+    """A trainer on N ranks: the DCP directory beside this file holding the model and optimizer shards
+    (`rlbus.training.sharded`); ``model`` is then the same weights gathered and ``optimizer`` None."""
 
 
 def capture_rng() -> dict[str, Any]:
@@ -95,6 +101,7 @@ def save_checkpoint(directory: Path, state: TrainerState, *, keep: int = 2) -> P
         "offsets": dict(state.offsets),
         "model_description": state.model_description,
         "rollouts_trained": state.rollouts_trained,
+        "sharded": state.sharded,
     }
     _atomic_write(directory / name, lambda f: torch.save(payload, f))
     _atomic_write(directory / LATEST, lambda f: f.write(name.encode()))
@@ -102,6 +109,10 @@ def save_checkpoint(directory: Path, state: TrainerState, *, keep: int = 2) -> P
     for old in sorted(p for p in directory.iterdir() if _NAME.fullmatch(p.name))[:-keep]:
         if old.name != name:
             old.unlink(missing_ok=True)
+    kept = {p.name.removesuffix(".pt") for p in directory.iterdir() if _NAME.fullmatch(p.name)}
+    for shards in directory.iterdir():  # DCP directories of the checkpoints just deleted
+        if _SHARDED.fullmatch(shards.name) and shards.name.removesuffix(".dcp") not in kept:
+            shutil.rmtree(shards, ignore_errors=True)
     return directory / name
 
 
@@ -131,6 +142,7 @@ def load_checkpoint(path: Path) -> TrainerState | None:
         offsets={str(k): int(v) for k, v in data["offsets"].items()},
         model_description=_description(data),
         rollouts_trained=int(data.get("rollouts_trained", 0)),  # absent in checkpoints before it existed
+        sharded=data.get("sharded"),
     )
 
 

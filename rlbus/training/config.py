@@ -183,3 +183,15 @@ class OnlineConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_o
                 raise ValueError(f"{name} must be > 0")
         if self.min_count < 0 or self.max_staleness < 0:
             raise ValueError(f"{'min_count' if self.min_count < 0 else 'max_staleness'} must be >= 0")
+
+
+class FSDPConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
+    """How a trainer on several ranks shards the model (``[trainer.fsdp]``; only read when ``[trainer]
+    world_size`` > 1): FSDP2's ``fully_shard`` per transformer block and on the root, with this mixed
+    precision (`rlbus.training.ranks.shard_model`)."""
+
+    #: dtype the all-gathered parameters are computed in; ``float32`` keeps the master precision, so a
+    #: sharded step computes exactly what the one-process step does (the default, and what CPU runs want).
+    param_dtype: Literal["float32", "bfloat16"] = "float32"
+    #: dtype gradients are reduce-scattered in; ``bfloat16`` halves the traffic and rounds the sum.
+    reduce_dtype: Literal["float32", "bfloat16"] = "float32"

@@ -35,6 +35,22 @@ only ``logprob_chunk`` trained tokens at a time (`rlbus.rl.logprobs.chunked_toke
 backward), so no fp32 [B, S, V] tensor is ever built. ``compute_dtype = "bfloat16"`` runs the forward
 and the projection under bf16 autocast over the fp32 master weights; the log-softmax is always fp32.
 
+On N ranks (`rlbus.training.ranks`, FSDP2). Every rank gets the whole batch and packs it the same way;
+each minibatch's rows [a, b) are cut into N contiguous slices of ⌈(b − a)/N⌉ rows, rank r trains slice r
+(in ``micro_batch_rows`` chunks), and a rank with fewer chunks runs zero-weighted passes so all ranks
+join the same collectives. The normalisation: rank r's loss is
+
+    L_r = (1/N_mb) Σ_{i,t ∈ slice r} keep_t · w_t · ℓ_t  +  Σ_{chunks c of slice r} L_aux,c · T_c / T_mb
+
+with N_mb the loss tokens and T_mb the real tokens of the *whole* minibatch (T_c: chunk c's), and FSDP
+*sums* the ranks' gradients (divide factor 1), so ∇ Σ_r L_r is the one-process ∇L with the slices as
+micro-batches. On two ranks, in fp32, that is exact bit for bit: a + b = b + a, so the reduce-scatter
+adds what gradient accumulation adds; with more ranks (or several chunks per rank) the summation order
+of the reduction differs and the gradient agrees to float rounding. The clip coefficient uses the
+norm of the sharded gradient (summed over shards): when clipping is active it may differ in the last
+bit. The per-row tensors behind the metrics are summed across ranks, so every rank reports the
+one-process metrics.
+
 Reported per step: loss, mean reward, KL(μ ‖ π_old) by k3, max |log π_old − log μ|, the router-flip rate
 (the trainer's own top-k against the engine's experts, computed even under replay), IS-weight ESS, clip
 and mask fractions, the staleness histogram, token count and gradient norm.
@@ -58,6 +74,7 @@ from rlbus.rl.metrics import clip_fraction, is_ess, kl_k3, mask_fraction, max_ab
 from rlbus.rl.staleness import fresh_mask, staleness_histogram
 from rlbus.training.batch import Group, PackedBatch, Sample, pack
 from rlbus.training.config import GRPOConfig, OptimConfig
+from rlbus.training.ranks import Ranks
 
 __all__ = ["GRPOConfig", "OptimConfig", "StepMetrics", "build_optimizer", "grpo_step", "online_step"]
 
@@ -124,15 +141,17 @@ def grpo_step(
     *,
     config: GRPOConfig,
     version: int,
+    ranks: Ranks | None = None,
 ) -> StepMetrics:
-    """One update from ``groups`` (see the module docstring); ``version`` is the trainer's policy version."""
+    """One update from ``groups`` (see the module docstring); ``version`` is the trainer's policy version.
+    With ``ranks`` every rank calls it with the same groups and trains its slice of them (see "On N ranks")."""
     if not groups:
         raise ValueError("grpo_step needs at least one group")
     samples = [s for g in groups for s in g.samples]
     rewards = torch.cat([g.rewards.float() for g in groups])  # [R]
     advantages = torch.cat([group_advantages(g.rewards, normalize_std=config.normalize_std) for g in groups])  # [R]
     return _update(model, optimizer, samples, advantages, rewards, config=config, version=version,
-                   max_staleness=config.max_staleness)
+                   max_staleness=config.max_staleness, ranks=ranks)
 
 
 def online_step(
@@ -145,6 +164,7 @@ def online_step(
     config: GRPOConfig,
     version: int,
     max_staleness: int,
+    ranks: Ranks | None = None,
 ) -> StepMetrics:
     """One update from single served samples whose advantages [R] come from an online baseline
     (`rlbus.rl.online`) instead of a group; everything else — IS correction, clip, staleness drop at
@@ -154,7 +174,7 @@ def online_step(
     if advantages.shape != (len(samples),) or rewards.shape != (len(samples),):
         raise ValueError(f"{len(samples)} samples need advantages and rewards of shape [{len(samples)}]")
     return _update(model, optimizer, list(samples), advantages.float(), rewards.float(), config=config,
-                   version=version, max_staleness=max_staleness)
+                   version=version, max_staleness=max_staleness, ranks=ranks)
 
 
 def _update(
@@ -167,6 +187,7 @@ def _update(
     config: GRPOConfig,
     version: int,
     max_staleness: int,
+    ranks: Ranks | None = None,
 ) -> StepMetrics:
     """The update shared by both steps: ``samples`` with their advantages [R] and rewards [R]."""
     oldest = [s.oldest_version() for s in samples]
@@ -213,13 +234,19 @@ def _update(
         own = batch.routed_experts.clone()
 
     model.train()
+    minibatches = _chunks(0, B, math.ceil(B / config.minibatches))
+    plan = [_plan(a, b, config.micro_batch_rows, ranks) for a, b in minibatches]  # this rank's pieces
     if config.minibatches > 1:
+        proximal_plan = _plan(0, B, config.micro_batch_rows, None) if ranks is None else [p for ps in plan for p in ps]
         with torch.no_grad():
-            for a, b in _chunks(0, B, config.micro_batch_rows):
+            for piece in proximal_plan:
+                a, b = piece or (0, 1)
                 part = batch.select(a, b)
                 logp, experts, _ = _score(
                     model, part, replay=replay, dtype=config.compute_dtype, chunk=config.logprob_chunk
                 )
+                if piece is None:  # a pass that only keeps this rank's collectives in step
+                    continue
                 w = part.inputs.shape[1]
                 old[a:b, :w] = logp
                 if own is not None and experts is not None:
@@ -228,24 +255,23 @@ def _update(
     params = [p for group in optimizer.param_groups for p in group["params"]]
     max_norm = config.max_grad_norm if config.max_grad_norm > 0 else math.inf
     totals = {"pg": 0.0, "aux": 0.0, "norm": 0.0}
-    for mb_a, mb_b in _chunks(0, B, math.ceil(B / config.minibatches)):
+    for (mb_a, mb_b), pieces in zip(minibatches, plan, strict=True):
         optimizer.zero_grad(set_to_none=True)
         mb_tokens = int(batch.loss_mask[mb_a:mb_b].sum())
         mb_real = int(batch.key_mask[mb_a:mb_b].sum())
-        for a, b in _chunks(mb_a, mb_b, config.micro_batch_rows):
+        parts: list[tuple[float, float]] = []  # (pg, aux) · mb_tokens of each piece, in row order
+        for piece in pieces:
+            a, b = piece or (mb_a, mb_a + 1)
             part = batch.select(a, b)
             w = part.inputs.shape[1]
             logp, experts, aux = _score(
                 model, part, replay=replay, dtype=config.compute_dtype, chunk=config.logprob_chunk
             )  # [b-a, w]
-            if config.minibatches == 1:
-                old[a:b, :w] = logp.detach()
-                if own is not None and experts is not None:
-                    own[:, a:b, :w] = experts
-            corr = _correct(old[a:b, :w], part.behaviour_logprobs, part.loss_mask, config)
+            proximal = logp.detach() if config.minibatches == 1 else old[a:b, :w]
+            corr = _correct(proximal, part.behaviour_logprobs, part.loss_mask, config)
             pg = clipped_pg_loss(
                 logp,
-                old[a:b, :w],
+                proximal,
                 part.advantages,
                 corr.keep,
                 eps_low=config.eps_low,
@@ -256,15 +282,34 @@ def _update(
             aux_part = torch.zeros((), device=device)
             if config.aux_loss and aux is not None:
                 aux_part = aux * (int(part.key_mask.sum()) / max(mb_real, 1))
+            if piece is None:  # zero-weighted: adds exact zeros to the gradients
+                ((pg + aux_part) * 0.0).backward()
+                continue
             (pg + aux_part).backward()
+            if config.minibatches == 1:
+                old[a:b, :w] = proximal
+                if own is not None and experts is not None:
+                    own[:, a:b, :w] = experts
             ratio[a:b, :w] = (logp.detach() - old[a:b, :w]).exp()
             weights[a:b, :w], keep[a:b, :w] = corr.weights, corr.keep
-            totals["pg"] += float(pg.detach()) * mb_tokens
-            totals["aux"] += float(aux_part.detach()) * mb_tokens
+            parts.append((float(pg.detach()) * mb_tokens, float(aux_part.detach()) * mb_tokens))
+        for pg_part, aux_total in parts if ranks is None else [p for rank in ranks.gather(parts) for p in rank]:
+            totals["pg"] += pg_part
+            totals["aux"] += aux_total
         norm = torch.nn.utils.clip_grad_norm_(params, max_norm)
         optimizer.step()
-        totals["norm"] += float(norm)
-    steps = len(_chunks(0, B, math.ceil(B / config.minibatches)))
+        totals["norm"] += float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)
+    if ranks is not None:  # every rank filled its own rows: sum them so each holds the whole batch's
+        mine = torch.zeros(B, dtype=torch.bool, device=device)  # [B]
+        for a, b in minibatches:
+            ra, rb = ranks.rows(a, b)
+            mine[ra:rb] = True
+        for t in (old, ratio, weights):
+            ranks.sum(t.masked_fill_(~mine[:, None], 0.0))
+        keep = ranks.sum((keep & mine[:, None]).int()).bool()
+        if own is not None:
+            ranks.sum(own.masked_fill_(~mine[None, :, None, None], 0))
+    steps = len(minibatches)
     tokens = batch.num_loss_tokens
     mask = batch.loss_mask
     return StepMetrics(
@@ -327,6 +372,19 @@ def _correct(old: torch.Tensor, behaviour: torch.Tensor, mask: torch.Tensor, con
     m = mask.bool()
     log_ratio = torch.where(m, (old - behaviour).detach(), torch.zeros_like(old))
     return ISCorrection(weights=m.float(), keep=m, log_ratio=log_ratio)
+
+
+def _plan(start: int, stop: int, size: int, ranks: Ranks | None) -> list[tuple[int, int] | None]:
+    """The row pieces this rank runs of rows [start, stop): its slice (all of them on one rank) in chunks of
+    ``size`` rows, then None — a zero-weighted pass on one row — until it runs as many passes as the rank
+    with the most: under FSDP every forward and backward is a collective that all ranks must join."""
+    if ranks is None:
+        return list(_chunks(start, stop, size))
+    slices = [ranks.rows(start, stop, r) for r in range(ranks.world)]
+    counts = [len(_chunks(a, b, size)) if b > a else 0 for a, b in slices]
+    a, b = ranks.rows(start, stop)
+    mine: list[tuple[int, int] | None] = list(_chunks(a, b, size)) if b > a else []
+    return mine + [None] * (max(counts) - len(mine))
 
 
 def _chunks(start: int, stop: int, size: int) -> list[tuple[int, int]]:

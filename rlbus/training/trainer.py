@@ -16,6 +16,14 @@ The trainer owns the version sequence: `_publish` numbers each new version (``ve
 it to the publisher, which only refuses to go backwards; `continue_after` moves the numbering past what a
 run has already announced.
 
+On N ranks (``ranks``: `rlbus.training.ranks`, the model sharded with FSDP2 before the trainer is built)
+every rank holds a `Trainer`. The leader's (rank 0) is the one the worker drives; each of its collective
+operations — a step, gathering the weights to publish, a checkpoint, a restore — is broadcast as a
+command with its arguments (the step's batch included) and then run by every rank alike (`_collective`);
+the followers' trainers sit in `follow` running those commands until the leader's `release`. Publishing,
+versions, offsets and the checkpoint file stay the leader's. Checkpoints are DCP shards plus the gathered
+weights (`rlbus.training.sharded`); `restore` reads either kind on any number of ranks.
+
 Restart. `restore` loads the newest checkpoint — weights, optimizer, step, version, RNG state and the
 consumed offsets, which it returns so the caller can seek its consumers there. The next publish is then
 version + 1 — a keyframe, since a fresh publisher holds no base snapshot — and engines see no gap.
@@ -38,10 +46,13 @@ from rlbus.training.batch import Group, Sample
 from rlbus.training.checkpoint import (
     TrainerState,
     capture_rng,
+    latest_checkpoint,
     load_checkpoint,
     restore_rng,
     save_checkpoint,
 )
+from rlbus.training.ranks import Ranks, full_state, full_weights
+from rlbus.training.sharded import load_full, load_sharded, save_sharded, sharded_name
 from rlbus.training.step import GRPOConfig, OptimConfig, StepMetrics, build_optimizer, grpo_step, online_step
 from rlbus.weights.publish import WeightPublisher
 
@@ -63,10 +74,12 @@ class Trainer:
         checkpoint_every: int = 0,
         keep_checkpoints: int = 2,
         clock: Callable[[], float] = time.monotonic,
+        ranks: Ranks | None = None,
     ) -> None:
         """``publish_every`` = K steps per weight version; ``checkpoint_every`` steps per checkpoint (0 = only
         when `save` is called); ``clock`` times the phases reported in the metrics. The model is switched to
-        ``grpo.gradient_checkpointing`` here."""
+        ``grpo.gradient_checkpointing`` here. ``ranks``: this trainer is one of several (the model already
+        sharded over them, `rlbus.training.ranks.shard_model`)."""
         if publish_every < 1 or checkpoint_every < 0:
             raise ValueError("publish_every must be >= 1 and checkpoint_every >= 0")
         if checkpoint_every and checkpoint_dir is None:
@@ -81,6 +94,10 @@ class Trainer:
         self.checkpoint_every = checkpoint_every
         self.keep_checkpoints = keep_checkpoints
         self.clock = clock
+        self.ranks = ranks
+        #: The step whose DCP shards this trainer wrote or restored: a second checkpoint at that step (a
+        #: graceful stop right after a cadence checkpoint) reuses them instead of rewriting what `latest` names.
+        self._sharded_step: int | None = None
         self.step = 0
         self.version = 0 if publisher is None else publisher.version
         self.offsets: dict[str, int] = {}
@@ -100,8 +117,9 @@ class Trainer:
         (default: every sample of ``groups``) is added to ``rollouts_trained`` when the step updates.
         """
         async with self._lock:
+            version = self.version
             return await self._apply(
-                lambda: grpo_step(self.model, self.optimizer, groups, config=self.grpo, version=self.version),
+                lambda: self._collective("grpo", groups, version),
                 offsets=offsets, rollouts=sum(len(g.samples) for g in groups) if rollouts is None else rollouts,
                 publish_now=False,
             )
@@ -113,9 +131,9 @@ class Trainer:
         that updates always publishes: the release cadence of served traffic (every N rewards or T seconds,
         `OnlineLane`) is the version cadence, whatever ``publish_every`` says for GRPO steps."""
         async with self._lock:
+            version = self.version
             return await self._apply(
-                lambda: online_step(self.model, self.optimizer, samples, advantages, rewards, config=self.grpo,
-                                    version=self.version, max_staleness=max_staleness),
+                lambda: self._collective("online", samples, advantages, rewards, version, max_staleness),
                 offsets=None, rollouts=len(samples), publish_now=True,
             )
 
@@ -169,12 +187,17 @@ class Trainer:
         if self.checkpoint_dir is None:
             raise ValueError("restore needs a checkpoint_dir")
         async with self._lock:
-            state = await asyncio.to_thread(load_checkpoint, self.checkpoint_dir)
-            if state is None:
+            file = latest_checkpoint(self.checkpoint_dir)
+            state = None if file is None else await asyncio.to_thread(load_checkpoint, file)
+            if file is None or state is None:
                 return None
-            self.model.load_state_dict(state.model)
-            if state.optimizer is not None:
-                self.optimizer.load_state_dict(state.optimizer)
+            if self.ranks is None and state.sharded is None:
+                self.model.load_state_dict(state.model)
+                if state.optimizer is not None:
+                    self.optimizer.load_state_dict(state.optimizer)
+            else:  # DCP shards, or a one-process checkpoint into a sharded model
+                await asyncio.to_thread(self._collective, "restore", str(file))
+                self._sharded_step = state.step if state.sharded is not None and self.ranks is not None else None
             restore_rng(state.rng)
             self.step, self.version, self.offsets = state.step, state.version, dict(state.offsets)
             self.rollouts_trained = state.rollouts_trained
@@ -191,10 +214,12 @@ class Trainer:
         if self.publisher is None:
             self.version += 1
             return True
+        if self.ranks is None:
+            weights = weight_tensors(self.model)
+        else:
+            weights = await asyncio.to_thread(self._collective, "weights")
         try:
-            manifest = await self.publisher.publish(
-                weight_tensors(self.model), version=self.version + 1, step=self.step
-            )
+            manifest = await self.publisher.publish(weights, version=self.version + 1, step=self.step)
         except BlobStoreError as exc:  # the store is down past its retries: train on, publish next time
             log.warning("publishing after step %d failed (%s); still on v%d", self.step, exc, self.version)
             return False
@@ -204,14 +229,73 @@ class Trainer:
     async def _save(self) -> Path:
         if self.checkpoint_dir is None:
             raise ValueError("saving a checkpoint needs a checkpoint_dir")
+        sharded = None
+        if self.ranks is None:
+            model, optimizer = self.model.state_dict(), self.optimizer.state_dict()
+        else:  # shards first; the file that names them (and `latest`) after
+            sharded = sharded_name(self.step)
+            write = self._sharded_step != self.step  # no update since the shards of this step were written
+            model = await asyncio.to_thread(self._collective, "save", str(self.checkpoint_dir / sharded), write)
+            self._sharded_step, optimizer = self.step, None
         state = TrainerState(
             step=self.step,
             version=self.version,
-            model=self.model.state_dict(),
-            optimizer=self.optimizer.state_dict(),
+            model=model,
+            optimizer=optimizer,
             rng=capture_rng(),
             offsets=dict(self.offsets),
             model_description=self.model.describe(),
             rollouts_trained=self.rollouts_trained,
+            sharded=sharded,
         )
         return await asyncio.to_thread(save_checkpoint, self.checkpoint_dir, state, keep=self.keep_checkpoints)
+
+    # --- N ranks ---------------------------------------------------------------------------------------------
+    def _collective(self, command: str, *args: Any) -> Any:
+        """Run ``command`` on every rank: the leader broadcasts it with its arguments, then runs it as the
+        followers do (in a worker thread: collectives block). One process: just run it."""
+        if self.ranks is not None:
+            self.ranks.broadcast((command, args))
+        return self._run(command, args)
+
+    def _run(self, command: str, args: tuple[Any, ...]) -> Any:
+        """One command, the same on every rank."""
+        if command == "grpo":
+            groups, version = args
+            return grpo_step(self.model, self.optimizer, groups, config=self.grpo, version=version, ranks=self.ranks)
+        if command == "online":
+            samples, advantages, rewards, version, max_staleness = args
+            return online_step(self.model, self.optimizer, samples, advantages, rewards, config=self.grpo,
+                               version=version, max_staleness=max_staleness, ranks=self.ranks)
+        if command == "weights":
+            return full_weights(self.model)
+        if command == "save":
+            path, write = args
+            if write:
+                save_sharded(Path(path), self.model, self.optimizer)
+            return full_state(self.model)
+        if command == "restore":
+            file = Path(args[0])
+            state = load_checkpoint(file)
+            assert state is not None
+            if state.sharded is not None:
+                load_sharded(file.with_name(state.sharded), self.model, self.optimizer)
+            else:
+                load_full(self.model, self.optimizer, state.model, state.optimizer)
+            return None
+        raise ValueError(f"unknown trainer command {command!r}")
+
+    def follow(self) -> None:
+        """A follower's loop (rank > 0): run the leader's commands until it releases the ranks. Blocking."""
+        if self.ranks is None or self.ranks.leader:
+            raise ValueError("only a trainer on rank > 0 follows")
+        while True:
+            command, args = self.ranks.broadcast()
+            if command == "stop":
+                return
+            self._run(command, args)
+
+    def release(self) -> None:
+        """The leader's last word: the followers leave `follow` (nothing for one process)."""
+        if self.ranks is not None and self.ranks.leader:
+            self.ranks.broadcast(("stop", ()))

@@ -21,7 +21,8 @@ if TYPE_CHECKING:
     from rlbus.consumers.trainer import TrainerWorker
     from rlbus.models.base import TrainableLM
     from rlbus.state.join import JoinBuffer, ScoredGroup
-    from rlbus.training.config import GRPOConfig, OnlineConfig
+    from rlbus.training.config import FSDPConfig, GRPOConfig, OnlineConfig
+    from rlbus.training.ranks import Ranks
     from rlbus.training.trainer import Trainer
     from rlbus.weights.publish import WeightPublisher
 
@@ -65,11 +66,14 @@ def trainer_stack(
     on_step: Callable[[dict[str, Any]], None] | None = None,
     on_train: Callable[[list[ScoredGroup], dict[str, Any]], None] | None = None,
     online: OnlineConfig | None = None,
+    ranks: Ranks | None = None,
+    fsdp: FSDPConfig | None = None,
 ) -> TrainerStack:
     """A trainer of ``model`` (fp32 master weights) on the bus. ``ordered`` releases complete groups in
     prompt order, ``groups_per_step`` at a time; ``join_class`` swaps in a subclass of the join (the chaos
     rig's counting join). ``online`` (when enabled) also trains served rollouts with late user rewards
-    (`rlbus.training.online_lane.OnlineLane`)."""
+    (`rlbus.training.online_lane.OnlineLane`). ``ranks``: this is rank 0 of a trainer on N ranks; the model
+    is sharded (``fsdp``) like the followers' (`follower_trainer`)."""
     from rlbus.consumers.trainer import TrainerWorker
     from rlbus.state.join import JoinBuffer, RewardPolicy, ServedJoin
     from rlbus.state.ordered import OrderedJoin
@@ -82,10 +86,12 @@ def trainer_stack(
     if store is not None:
         publisher = WeightPublisher(bus=bus, store=store, model_id=model_id, keyframe_every=keyframe_every,
                                     retain_versions=retain_versions, store_url=store_url)
+    if ranks is not None:
+        model = _sharded(model, ranks, fsdp)
     trainer = Trainer(
         model=model, optim=OptimConfig(lr=lr), grpo=grpo, publisher=publisher, checkpoint_dir=checkpoint_dir,
         publish_every=publish_every, checkpoint_every=checkpoint_every if checkpoint_dir else 0,
-        keep_checkpoints=keep_checkpoints,
+        keep_checkpoints=keep_checkpoints, ranks=ranks,
     )
     policy = RewardPolicy(sources=tuple(reward_sources), weights=dict(reward_weights or {}), timeout_s=join_timeout_s,
                           invalid=invalid_judgements, invalid_weight=invalid_weight)  # type: ignore[arg-type]
@@ -102,3 +108,26 @@ def trainer_stack(
                            max_steps=max_steps, expire_every_s=expire_every_s, on_step=on_step, on_train=on_train,
                            online=lane)
     return TrainerStack(trainer=trainer, publisher=publisher, join=join, worker=worker)
+
+
+def follower_trainer(
+    *, model: TrainableLM, lr: float, grpo: GRPOConfig, ranks: Ranks, fsdp: FSDPConfig | None = None,
+    checkpoint_dir: Path | None = None,
+) -> Trainer:
+    """The trainer of a rank > 0 (`Trainer.follow`): the leader's model sharding and optimizer, and nothing
+    of the bus — no join, no publisher, no consumer. Its checkpoint_dir is where the leader's commands
+    save and restore shards."""
+    from rlbus.training.config import OptimConfig
+    from rlbus.training.trainer import Trainer
+
+    return Trainer(model=_sharded(model, ranks, fsdp), optim=OptimConfig(lr=lr), grpo=grpo,
+                   checkpoint_dir=checkpoint_dir, ranks=ranks)
+
+
+def _sharded(model: TrainableLM, ranks: Ranks, fsdp: FSDPConfig | None) -> TrainableLM:
+    """``model`` with rank 0's weights on every rank, sharded with FSDP2 (the same on every rank)."""
+    from rlbus.training.config import FSDPConfig
+    from rlbus.training.ranks import shard_model, share_weights
+
+    share_weights(model, ranks)  # type: ignore[arg-type]
+    return shard_model(model, ranks, fsdp or FSDPConfig())

@@ -133,6 +133,8 @@ def test_only_connection_tables_is_enough(tmp_path: Path) -> None:
         ("[trainer]\nreward_sources = []\n", "trainer.reward_sources"),
         ("[trainer.grpo]\neps_low = 3.0\n", "trainer.grpo.eps_low"),  # a nested table's own check
         ("[trainer.online]\nema = 2.0\n", "trainer.online.ema"),
+        ("[trainer]\nworld_size = 0\n", "trainer.world_size"),
+        ("[trainer.fsdp]\nparam_dtype = 'float16'\n", "trainer.fsdp.param_dtype"),
         ("[rollout]\ntemperature = 0.0\n", "rollout.temperature"),
         ("[rollout]\nprefix_cache_tokens = -1\n", "rollout.prefix_cache_tokens"),
         ("[task]\ngroup_size = 1\n", "task.group_size"),

@@ -56,3 +56,13 @@ def test_the_role_processes_of_a_run(tmp_path: Path) -> None:
         assert child.argv[child.argv.index("--config") + 1] == str(config)
         assert "worker" in child.argv and child.env == {"RLBUS_REDIS_URL": "redis://x:1/0"}
         assert not any("secret" in arg.lower() for arg in child.argv)  # secrets travel in the environment
+
+
+def test_a_trainer_on_several_ranks_starts_under_torchrun(tmp_path: Path) -> None:
+    config = tmp_path / "run.toml"
+    trainer, reward = worker_children(config, 1, {}, trainer_ranks=2)[:2]
+    assert trainer.argv[:7] == [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node",
+                                "2", "-m"]
+    assert trainer.argv[7:] == ["rlbus.cli", "worker", "trainer", "--config", str(config), "--worker-id", "trainer"]
+    assert "torch.distributed.run" not in reward.argv
+    assert "torch.distributed.run" not in worker_children(config, 1, {})[0].argv  # one rank: a plain worker

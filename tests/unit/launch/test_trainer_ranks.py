@@ -1,0 +1,83 @@
+"""`rlbus worker trainer` on two ranks, as torchrun starts it (RANK, WORLD_SIZE, MASTER_ADDR/PORT in the
+environment, ``[trainer] world_size = 2``): rank 0 runs the trainer on the in-memory bus, publishes the
+first version (weights gathered from both ranks) and checkpoints when it stops; rank 1 follows it with
+its bus, state store and blob store forbidden — it never opens any of them."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import socket
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.multiprocessing as mp
+
+from rlbus.launch.config import RunConfig, config_from_dict
+from rlbus.models.base import weight_tensors
+
+SHAPE = {"vocab": 64, "d_model": 32, "n_layer": 2, "n_head": 2, "max_seq": 32, "d_ff": 32, "n_experts": 0}
+
+
+def run_config(tmp: Path) -> RunConfig:
+    return config_from_dict({
+        "state": {"url": "memory://"}, "store": {"dir": str(tmp / "blobs")}, "model": SHAPE,
+        "trainer": {"world_size": 2, "warm_steps": 0, "checkpoint_dir": str(tmp / "ckpt")},
+    }, {})
+
+
+def forbidden(*args: Any, **kwargs: Any) -> Any:
+    raise AssertionError("a follower rank touched the bus, the state store or the blob store")
+
+
+def rank_main(rank: int, port: int, tmp: str) -> None:
+    import rlbus.launch.roles as roles
+
+    os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE="2", MASTER_ADDR="127.0.0.1",
+                      MASTER_PORT=str(port))
+    config = run_config(Path(tmp))
+    stop = asyncio.Event()
+    if rank:
+        for name in ("connected", "bus_for", "state_for", "store_for"):
+            setattr(roles, name, forbidden)
+        asyncio.run(roles.trainer_main(config, worker_id="trainer", stop=stop))
+        return
+
+    async def lead() -> None:
+        from rlbus.bus.memory import MemoryBus
+        from rlbus.bus.topics import topic_specs
+        from rlbus.state.memory import MemoryStateStore
+
+        asyncio.get_running_loop().call_later(2.0, stop.set)
+        await roles.trainer_main(config, worker_id="trainer", stop=stop, bus=MemoryBus(topic_specs(partitions=2)),
+                                 state=MemoryStateStore())
+
+    asyncio.run(lead())
+
+
+def test_rank_0_alone_is_on_the_bus_and_the_ranks_checkpoint_together(tmp_path: Path) -> None:
+    from rlbus.launch.roles import starting_model
+    from rlbus.training.checkpoint import load_checkpoint
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = int(s.getsockname()[1])
+    ctx = mp.get_context("spawn")
+    procs = [ctx.Process(target=rank_main, args=(r, port, str(tmp_path))) for r in range(2)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(timeout=120)
+    for p in procs:
+        if p.is_alive():
+            p.kill()
+    assert [p.exitcode for p in procs] == [0, 0]
+
+    saved = load_checkpoint(tmp_path / "ckpt")  # written on stop: shards from both ranks, the gathered weights
+    assert saved is not None and saved.version == 1 and saved.sharded == "step-000000000.dcp"
+    assert (tmp_path / "ckpt" / saved.sharded / ".metadata").is_file()
+    torch.manual_seed(0)
+    start = weight_tensors(starting_model(run_config(tmp_path), "test"))  # what one process would start from
+    assert all(torch.equal(saved.model[k], v) for k, v in start.items())
+    assert any((tmp_path / "blobs").rglob("*"))  # v1 went to the blob store
