@@ -23,7 +23,9 @@ client_id = b"healthcheck"
 request = struct.pack(">hhih", 18, 0, 7, len(client_id)) + client_id
 try:
     with socket.create_connection(("127.0.0.1", port), timeout=4) as raw:
-        sock = ssl.create_default_context(cafile=cafile).wrap_socket(raw, server_hostname="127.0.0.1") if cafile else raw
+        sock = raw
+        if cafile:
+            sock = ssl.create_default_context(cafile=cafile).wrap_socket(raw, server_hostname="127.0.0.1")
         sock.sendall(struct.pack(">i", len(request)) + request)
         header = b""
         while len(header) < 10:

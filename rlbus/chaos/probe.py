@@ -31,6 +31,7 @@ import tempfile
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 from urllib.parse import urlsplit, urlunsplit
 
 import msgspec
@@ -41,6 +42,9 @@ from rlbus.chaos.intrusion import Outcome, consume_briefly, produce_one, refusal
 from rlbus.config import KafkaBusConfig, build_bus
 from rlbus.errors import BlobAuthError, BusAuthError
 from rlbus.launch.config import RunConfig, blob_secret
+
+if TYPE_CHECKING:
+    from redis.asyncio import Redis
 
 #: Roles (Kafka principal, without a namespace) allowed what an attempt tries.
 MAY_PUBLISH = {"trainer", "operator"}
@@ -127,11 +131,11 @@ class Probe:
         return Outcome(self.who(), "connect trusting another CA (man in the middle)", refused, error)
 
     # --- Redis -------------------------------------------------------------------------------------------
-    async def _redis(self, url: str, action: Callable[[object], Awaitable[object]],
+    async def _redis(self, url: str, action: Callable[[Redis], Awaitable[object]],
                      *errors: type[BaseException]) -> tuple[bool, str]:
         from redis.asyncio import Redis
 
-        client = Redis.from_url(url, socket_connect_timeout=5, socket_timeout=10)
+        client: Redis = Redis.from_url(url, socket_connect_timeout=5, socket_timeout=10)
         try:
             return await refusal(action(client), *errors)
         finally:
@@ -145,7 +149,7 @@ class Probe:
         if self.role in MAY_LEDGER or not self.config.state.url.startswith(("redis", "rediss")):
             return None
         key = f"{self.config.state_prefix}once:trainer:probe"
-        refused, error = await self._redis(self.config.state.url, lambda r: r.set(key, b"forged"),  # type: ignore[attr-defined]
+        refused, error = await self._redis(self.config.state.url, lambda r: r.set(key, b"forged"),
                                            NoPermissionError)
         return Outcome(f"redis {url_user(self.config.state.url)}", "write the trainer's ledger", refused, error)
 
@@ -158,7 +162,7 @@ class Probe:
         if not parts.scheme.startswith("redis"):
             return None
         anonymous = urlunsplit(parts._replace(netloc=parts.netloc.rpartition("@")[2]))
-        refused, error = await self._redis(anonymous, lambda r: r.get(f"{self.config.state_prefix}ctr:trainer:steps"),  # type: ignore[attr-defined]
+        refused, error = await self._redis(anonymous, lambda r: r.get(f"{self.config.state_prefix}ctr:trainer:steps"),
                                            AuthenticationError, NoPermissionError)
         return Outcome("anyone on the network", f"use Redis without a user ({redact_url(anonymous)})", refused, error)
 
@@ -169,7 +173,7 @@ class Probe:
         if parts.scheme != "rediss":
             return None
         plain = urlunsplit(parts._replace(scheme="redis", query=""))
-        refused, error = await self._redis(plain, lambda r: r.ping(), RedisConnectionError)  # type: ignore[attr-defined]
+        refused, error = await self._redis(plain, lambda r: r.ping(), RedisConnectionError)
         return Outcome("anyone on the network", "plain redis:// to the TLS port", refused, error)
 
     # --- blobs -------------------------------------------------------------------------------------------
