@@ -23,7 +23,8 @@ prefix.
 
 A relay (``rlbus blobs serve --upstream URL``) is the same server with a local cache in front of an
 upstream client: the first request for a key downloads it once (concurrent requests wait on that one
-download), later requests are served from the region's disk. Chunks are immutable, so the cache never
+download, which resumes range by range across an origin's restart or a cut link: :mod:`rlbus.blobs.relay`),
+later requests are served from the region's disk. Chunks are immutable, so the cache never
 needs invalidation; garbage collection upstream deletes old versions and the relay's own GC follows.
 A relay has two secrets: its upstream client holds a read-only ``relay`` key minted from the origin's
 master (``RLBUS_UPSTREAM_BLOB_SECRET``), which is all a pull-through cache needs, and the relay verifies
@@ -35,11 +36,13 @@ keys are minted from it and cannot touch the origin at all.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import hashlib
 import hmac
 import logging
 import random
 import time
+from collections import Counter
 from typing import Any, NoReturn
 
 import aiohttp
@@ -47,6 +50,7 @@ from aiohttp import web
 
 from rlbus.blobs.base import BlobStore, check_key
 from rlbus.blobs.keys import CLAIMS_PARAM, ScopedKey, is_scoped, verify_claims
+from rlbus.blobs.relay import PATIENCE_S, UpstreamCount, fetch_resumable
 from rlbus.errors import BlobAuthError, BlobNotFound, BlobStoreError, ConfigError
 
 log = logging.getLogger("rlbus.blobs")
@@ -119,14 +123,21 @@ class BlobServer:
     from it; ``secret`` is then the origin's master (so the origin's worker keys work here too) or the
     relay's own (so its workers' keys are good for this region only)."""
 
-    def __init__(self, store: BlobStore, *, secret: str, upstream: BlobStore | None = None) -> None:
+    def __init__(
+        self, store: BlobStore, *, secret: str, upstream: BlobStore | None = None, patience_s: float = PATIENCE_S
+    ) -> None:
         if is_scoped(secret):
             raise ConfigError("blobs.secret", "a blob server verifies with the master secret, not a scoped key "
                               "(rbk1.…); a relay's upstream key goes in RLBUS_UPSTREAM_BLOB_SECRET")
         self.store = store
         self.secret = secret
         self.upstream = upstream
-        self.upstream_fetches = 0
+        self.patience_s = patience_s
+        #: What this relay fetched from its origin (`rlbus.blobs.relay`).
+        self.upstream_count = UpstreamCount()
+        #: Body bytes served, by the listener port they left through: an origin with one listener per region
+        #: (``rlbus bench regions``) counts each region's egress.
+        self.served_bytes: Counter[int] = Counter()
         self._inflight: dict[str, asyncio.Future[None]] = {}
 
     def app(self) -> web.Application:
@@ -172,8 +183,22 @@ class BlobServer:
         log.warning("blob request refused: key %s, %s %s: %s", key_id, method, ascii(key), reason)
         raise web.HTTPForbidden(text=reason, headers={REFUSAL_HEADER: _header_safe(reason)})
 
+    @property
+    def upstream_fetches(self) -> int:
+        """Blobs this relay downloaded from its origin (each at most once)."""
+        return self.upstream_count.blobs
+
+    def _served(self, request: web.Request, body: bytes) -> bytes:
+        sockname = request.transport.get_extra_info("sockname") if request.transport is not None else None
+        if sockname:
+            self.served_bytes[int(sockname[1])] += len(body)
+        return body
+
     async def _health(self, request: web.Request) -> web.Response:
-        return web.json_response({"ok": True, "relay": self.upstream is not None})
+        body: dict[str, Any] = {"ok": True, "relay": self.upstream is not None}
+        if self.upstream is not None:
+            body["upstream"] = dataclasses.asdict(self.upstream_count)
+        return web.json_response(body)
 
     async def _ensure_local(self, key: str) -> None:
         """Relay: fetch a missing key from upstream exactly once, however many requests wait for it."""
@@ -184,8 +209,7 @@ class BlobServer:
             pending = asyncio.get_running_loop().create_future()
             self._inflight[key] = pending
             try:
-                self.upstream_fetches += 1
-                data = await self.upstream.get(key)
+                data = await fetch_resumable(self.upstream, key, self.upstream_count, patience_s=self.patience_s)
                 await self.store.put(key, data)
                 pending.set_result(None)
             except BaseException as exc:
@@ -219,9 +243,10 @@ class BlobServer:
         size = await self._size(key)
         header = request.headers.get("Range")
         if header is None:
-            return web.Response(body=await self.store.get(key), headers={"Accept-Ranges": "bytes"})
+            body = self._served(request, await self.store.get(key))
+            return web.Response(body=body, headers={"Accept-Ranges": "bytes"})
         start, stop = _parse_range(header, size)
-        body = await self.store.get_range(key, start, stop)
+        body = self._served(request, await self.store.get_range(key, start, stop))
         return web.Response(
             status=206, body=body, headers={"Content-Range": f"bytes {start}-{stop - 1}/{size}"}
         )

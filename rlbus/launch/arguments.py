@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any, TypedDict
 import msgspec
 
 from rlbus.blobs.base import BlobStore
+from rlbus.blobs.failover import FailoverStore
 from rlbus.bus.base import Bus
 from rlbus.errors import ConfigError
 from rlbus.launch.config import RunConfig, blob_secret
@@ -49,7 +50,11 @@ def state_for(config: RunConfig) -> StateStore:
 def store_for(config: RunConfig, environ: Mapping[str, str] | None = None) -> tuple[BlobStore, str]:
     """The blob store and how manifests name it (its URL, or the directory)."""
     if config.store.url is not None:
-        return open_store(config.store.url, secret=blob_secret(config.store, environ)), config.store.url
+        secret = blob_secret(config.store, environ)
+        store = open_store(config.store.url, secret=secret)
+        if config.store.fallback_url is not None:
+            store = FailoverStore(store, open_store(config.store.fallback_url, secret=secret))
+        return store, config.store.url
     directory = str(config.store_dir())
     return open_store(directory), directory
 

@@ -29,7 +29,8 @@ Tables (each optional; defaults equal ``rlbus demo``'s, so a file with only ``[b
 Every table rejects unknown fields and every error names the field (``ConfigError("trainer.lr", …)``).
 The connection settings may be overridden from the environment, which wins over the file (containers
 and ``rlbus up`` set them): ``RLBUS_KAFKA_BOOTSTRAP`` → ``bus.bootstrap``, ``RLBUS_REDIS_URL`` →
-``state.url``, ``RLBUS_BLOB_URL`` → ``store.url`` (and clears ``store.dir``); ``rlbus up`` also hands its
+``state.url``, ``RLBUS_BLOB_URL`` → ``store.url`` (and clears ``store.dir``), ``RLBUS_BLOB_FALLBACK_URL`` →
+``store.fallback_url``; ``rlbus up`` also hands its
 children the run's ``RLBUS_NAMESPACE`` → ``run.namespace`` and ``RLBUS_RUN_DIR`` → ``run.run_dir``;
 ``RLBUS_METRICS_PORT`` / ``RLBUS_METRICS_HOST`` set the metrics endpoint (compose: 9400 on 0.0.0.0). The
 blob store's HMAC secret is never a config value or a command-line flag: it comes from the file
@@ -58,6 +59,7 @@ ENV_BOOTSTRAP = "RLBUS_KAFKA_BOOTSTRAP"
 ENV_REDIS = "RLBUS_REDIS_URL"
 ENV_BLOB_URL = "RLBUS_BLOB_URL"
 ENV_BLOB_SECRET = "RLBUS_BLOB_SECRET"
+ENV_BLOB_FALLBACK_URL = "RLBUS_BLOB_FALLBACK_URL"
 #: Files holding the Redis URL (with a password in it) and the blob secret: Docker's ``*_FILE`` convention,
 #: for secrets mounted from a volume (docker-compose.secure.yml) instead of sitting in the environment.
 ENV_REDIS_FILE = "RLBUS_REDIS_URL_FILE"
@@ -95,12 +97,19 @@ class StoreSection(msgspec.Struct, **_STRUCT):
     url: str | None = None
     #: A file holding the HMAC secret of ``url`` (used when ``RLBUS_BLOB_SECRET`` is not set).
     secret_file: str | None = None
+    #: Where reads go when ``url`` fails — a region's workers read through their relay (``url``) and fall back
+    #: to the origin here (`rlbus.blobs.failover`); the same secret signs both.
+    fallback_url: str | None = None
 
     def __post_init__(self) -> None:
         if self.dir is not None and self.url is not None:
             raise ValueError("url and dir are exclusive: give the store as a directory or as a URL")
-        if self.url is not None and not re.match(r"https?://[^/\s]+", self.url):
-            raise ValueError(f"url {self.url!r} is not an http(s)://host:port URL")
+        for name in ("url", "fallback_url"):
+            url = getattr(self, name)
+            if url is not None and not re.match(r"https?://[^/\s]+", url):
+                raise ValueError(f"{name} {url!r} is not an http(s)://host:port URL")
+        if self.fallback_url is not None and self.url is None:
+            raise ValueError("fallback_url needs url: it is where reads go when url fails")
 
 
 class TaskSection(msgspec.Struct, **_STRUCT):
@@ -662,6 +671,8 @@ def _apply_env(tables: dict[str, dict[str, Any]], environ: Mapping[str, str]) ->
     if environ.get(ENV_BLOB_URL):
         tables["store"]["url"] = environ[ENV_BLOB_URL]
         tables["store"].pop("dir", None)
+    if environ.get(ENV_BLOB_FALLBACK_URL):
+        tables["store"]["fallback_url"] = environ[ENV_BLOB_FALLBACK_URL]
     if environ.get(ENV_NAMESPACE):
         tables["run"]["namespace"] = environ[ENV_NAMESPACE]
     if environ.get(ENV_RUN_DIR):

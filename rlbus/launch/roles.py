@@ -47,6 +47,7 @@ from typing import TYPE_CHECKING, Any
 
 from rlbus.aio import wait_any, wait_event
 from rlbus.blobs.base import BlobStore
+from rlbus.blobs.failover import FailoverStore
 from rlbus.bus.base import Bus
 from rlbus.errors import ConfigError, RlbusError
 from rlbus.launch.arguments import (
@@ -230,7 +231,9 @@ async def rollout_main(
             )
             sync, worker = parts.sync, parts.worker
             assert sync is not None
-            watch = observed(config, state, "rollout", worker_id, region, lambda: {**worker.stats(), **sync.stats()})
+            failovers = (lambda: {"blob_failovers": store.failovers}) if isinstance(store, FailoverStore) else dict
+            watch = observed(config, state, "rollout", worker_id, region,
+                             lambda: {**worker.stats(), **sync.stats(), **failovers()})
             try:
                 async with asyncio.TaskGroup() as tasks:
                     tasks.create_task(watch.run(stop))
