@@ -699,6 +699,11 @@ def blobs_serve(
         finally:
             await runner.cleanup()
             if origin is not None:
+                c = server.upstream_count
+                console.print(f"relay stopped: fetched {c.blobs} blobs ({c.bytes:,} B) from {upstream} "
+                              f"({c.retried_ranges} ranges retried, {c.abandoned} downloads abandoned)")
+                await origin.close()
+            if origin is not None:
                 await origin.close()
 
     _run(go)
@@ -1135,6 +1140,10 @@ def up(
     secure: Annotated[bool, typer.Option(
         help="Run on a secure local Kafka (TLS, SCRAM, ACLs) with one credential per role for Kafka, Redis and "
              "the blob store; credentials under <run_dir>/credentials.")] = False,
+    regions: Annotated[str | None, typer.Option(
+        help="Comma-separated regions (e.g. eu-west,us-east,ap-south): rollout workers alternate over them and "
+             "each region gets a pull-through blob relay its workers read through (the origin as fallback).")
+    ] = None,
 ) -> None:
     """A local distributed run: Kafka and Redis (started if missing), topics, a blob server, the trainer,
     a reward worker, rollout workers and the prompt producer as processes. Ctrl-C stops them gracefully.
@@ -1144,11 +1153,18 @@ def up(
     rlbus config check.
 
     Example: rlbus up --config run.toml --rollout-workers 4 --steps 100
+    Regions: rlbus up --regions eu-west,us-east,ap-south --rollout-workers 6
     """
+    from rlbus.launch.up import parse_regions
     from rlbus.launch.up import up as run_up
 
+    try:
+        chosen = parse_regions(regions) if regions is not None else None
+    except RlbusError as exc:
+        _error(exc)
+        raise typer.Exit(2) from None
     raise typer.Exit(_run(lambda: run_up(config, rollout_workers=rollout_workers, steps=steps, namespace=namespace,
-                                         grace_s=grace, serve=serve, secure=secure)))
+                                         grace_s=grace, serve=serve, secure=secure, regions=chosen)))
 
 
 # --- replay / tail --------------------------------------------------------------------------------
@@ -1589,6 +1605,7 @@ BENCHMARKS = {
     "firstsync": "rlbus.bench.firstsync",
     "sim-calibration": "rlbus.bench.sim_calibration",
     "compose": "rlbus.bench.compose",
+    "regions": "rlbus.bench.regions",
 }
 
 
@@ -1724,6 +1741,9 @@ def bench(
         raise typer.Exit(1)
     if name == "compose" and not result["summary"]["passed"]:
         err.print("[red]a compose check failed (see the list above)[/red]")
+        raise typer.Exit(1)
+    if name == "regions" and not result["summary"]["passed"]:
+        err.print("[red]a region run failed its checks or lost a rollout (see the ledger table)[/red]")
         raise typer.Exit(1)
     if name == "chaos" and result["summary"]["passed"] < result["summary"]["scenarios"]:
         err.print("[red]a chaos scenario failed its checks (see the table)[/red]")

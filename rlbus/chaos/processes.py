@@ -117,9 +117,11 @@ class Workers:
 
     def __init__(
         self, rig: ChaosRig, root: Path, name: str, *, seed: int, prompts: int, max_staleness: int,
-        budget_s: float = 900.0, admission: str = "served",
+        budget_s: float = 900.0, admission: str = "served", partitions: int = PARTITIONS,
     ) -> None:
         self.rig = rig
+        #: Partitions of the run's topics: at least as many as rollout workers, or some get no prompts.
+        self.partitions = partitions
         #: Every wait ends by then, so a stuck scenario fails with its report (which wait, what the ledger
         #: counted) inside its test's timeout, instead of being killed by the timeout with nothing said.
         self.deadline = time.monotonic() + budget_s
@@ -141,7 +143,7 @@ class Workers:
 
     async def __aenter__(self) -> Workers:
         await self.bus.start()
-        specs = topic_specs(replication=self.rig.replication, partitions=PARTITIONS)
+        specs = topic_specs(replication=self.rig.replication, partitions=self.partitions)
         await self.bus.create_topics(specs)
         inner = self.bus.inner if isinstance(self.bus, NamespacedBus) else self.bus
         assert isinstance(inner, KafkaBus)
@@ -162,8 +164,11 @@ class Workers:
         return await self._tails[topic].read()
 
     # --- processes -------------------------------------------------------------------------------
-    def start(self, name: str, env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
-        """Start role process ``name``; ``env`` is set on top of the rig's (a worker's own blob store URL)."""
+    def start(
+        self, name: str, env: dict[str, str] | None = None, *, region: str | None = None
+    ) -> subprocess.Popen[bytes]:
+        """Start role process ``name`` (its role is the name's first word) in ``region``; ``env`` is set on top
+        of the rig's (a worker's own blob store URL, its region's proxies)."""
         from rlbus.launch.up import rlbus_command
 
         role = name.split("-")[0]
@@ -173,7 +178,8 @@ class Workers:
             env.pop(key, None)  # the run config names the rig's services; a developer's env must not win
         env.update(extra)
         proc = subprocess.Popen(
-            [*rlbus_command(), "worker", role, "--config", str(self.config), "--worker-id", name],
+            [*rlbus_command(), "worker", role, "--config", str(self.config), "--worker-id", name,
+             *(["--region", region] if region else [])],
             stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env, start_new_session=True,
         )
         log.close()

@@ -27,6 +27,7 @@ import secrets
 import signal
 import socket
 import time
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -98,12 +99,18 @@ class ChaosRig:
     security: dict[str, str] = field(default_factory=dict)
 
     @classmethod
-    def start(cls, home: Path, *, brokers: int = 3, timeout_s: float = 180.0, secure: bool = False) -> ChaosRig:
-        """Start both (blocking: call it in a thread from async code)."""
+    def start(
+        cls, home: Path, *, brokers: int = 3, timeout_s: float = 180.0, secure: bool = False,
+        racks: Sequence[str] | None = None, region_ports: Mapping[str, Sequence[int]] | None = None,
+    ) -> ChaosRig:
+        """Start both (blocking: call it in a thread from async code). ``racks`` and ``region_ports`` as for
+        :func:`rlbus.services.kafka.start`: brokers in regions, and a listener per region (``rlbus bench
+        regions``, :mod:`rlbus.services.wan`)."""
         home.mkdir(parents=True, exist_ok=True)
         cluster = kafka.start(
             brokers=brokers, port=free_port_block(2 * brokers), home=home, timeout_s=timeout_s, fresh=True,
-            secure=secure, internal_port=free_port_block(brokers) if secure else None,
+            secure=secure, internal_port=free_port_block(brokers) if secure else None, racks=racks,
+            region_ports=region_ports,
         )
         try:
             security = _chaos_user(cluster) if secure else {}

@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import re
 import secrets
 import shutil
 import signal
@@ -37,6 +38,7 @@ from rich.text import Text
 from rlbus.aio import wait_event
 from rlbus.errors import ConfigError, ServiceError
 from rlbus.launch.config import (
+    ENV_BLOB_FALLBACK_URL,
     ENV_BLOB_SECRET,
     ENV_BLOB_URL,
     ENV_BOOTSTRAP,
@@ -165,14 +167,48 @@ def torchrun_command(ranks: int) -> list[str]:
             "-m", "rlbus.cli", "worker"]
 
 
+def parse_regions(text: str) -> tuple[str, ...]:
+    """``"eu-west,us-east"`` → the regions, checked: names as Kafka racks and Redis keys take them, no repeats."""
+    names = tuple(part.strip() for part in text.split(",") if part.strip())
+    if not names:
+        raise ConfigError("regions", "give at least one region, e.g. --regions eu-west,us-east")
+    for name in names:
+        if not re.fullmatch(r"[a-z0-9][a-z0-9-]{0,31}", name):
+            raise ConfigError("regions", f"{name!r} is not a region name (lower-case letters, digits and '-')")
+    if len(set(names)) != len(names):
+        raise ConfigError("regions", f"{text!r} names a region twice")
+    return names
+
+
+def relay_child(region: str, origin: str, secret: str, root: Path, port: int) -> Child:
+    """``rlbus blobs serve --upstream`` for ``region``: a pull-through cache of the origin in ``root``. It verifies
+    the region's workers with the run's master secret and reads the origin with a read-only relay key."""
+    from rlbus.blobs.keys import mint_for_role
+
+    return Child(
+        f"relay-{region}",
+        [*rlbus_command(), "blobs", "serve", "--root", str(root), "--port", str(port), "--upstream", origin],
+        {ENV_BLOB_SECRET: secret,
+         "RLBUS_UPSTREAM_BLOB_SECRET": mint_for_role(secret, "relay", key_id=f"relay-{region}")},
+    )
+
+
 def worker_children(
     config_path: Path | None, rollout_workers: int, env: Mapping[str, str], regions: Sequence[str] = REGIONS,
     rollout_command: Sequence[str] | None = None, *, serve: bool = False, trainer_ranks: int = 1,
+    relays: Mapping[str, str] | None = None,
 ) -> list[Child]:
     """The role processes of a run, in start order: trainer, reward, rollout workers, [the gateway,] prompts.
     ``rollout_command`` runs ``rlbus`` for the rollout workers (the vLLM environment's); default the same.
     The gateway (``serve``) runs the torch engine, in this environment. ``trainer_ranks`` > 1 (``[trainer]
-    world_size``) starts the trainer under ``torch.distributed.run``, one process per rank."""
+    world_size``) starts the trainer under ``torch.distributed.run``, one process per rank. ``relays`` (region →
+    relay URL): a region's rollout workers and gateway read blobs through its relay, the origin as fallback."""
+
+    def regional(region: str) -> dict[str, str]:
+        if relays is None or region not in relays:
+            return dict(env)
+        return {**env, ENV_BLOB_URL: relays[region], ENV_BLOB_FALLBACK_URL: env.get(ENV_BLOB_URL, "")}
+
     base = [*rlbus_command(), "worker"]
     rollout_base = [*rollout_command, "worker"] if rollout_command is not None else base
     tail = ["--config", str(config_path)] if config_path is not None else []
@@ -183,10 +219,10 @@ def worker_children(
         region = regions[i % len(regions)]
         name = f"rollout-{i}"
         children.append(Child(name, [*rollout_base, "rollout", *tail, "--region", region, "--worker-id",
-                                     f"{name}-{region}"], dict(env)))
+                                     f"{name}-{region}"], regional(region)))
     if serve:
         children.append(Child("serve", [*base, "serve", *tail, "--region", regions[0], "--worker-id", "serve"],
-                              dict(env)))
+                              regional(regions[0])))
     children.append(Child("prompts", [*base, "prompts", *tail, "--worker-id", "prompts"], dict(env)))
     return children
 
@@ -275,6 +311,7 @@ async def up(
     console: Console | None = None,
     serve: bool = False,
     secure: bool = False,
+    regions: Sequence[str] | None = None,
 ) -> int:
     """Run the local set until Ctrl-C, ``steps`` trainer steps, or a child's exit; returns the exit status.
 
@@ -283,10 +320,15 @@ async def up(
     starts is empty while the topics of an earlier run would still hold its data. ``serve`` adds the
     OpenAI-compatible gateway (`rlbus serve`); without configured tokens it gets a fresh one, printed.
     ``secure`` runs it on the secure local Kafka with one credential per role for Kafka, Redis and the blob
-    store (:mod:`rlbus.launch.secure`).
+    store (:mod:`rlbus.launch.secure`). ``regions``: the rollout workers alternate over these regions, and each
+    region gets a pull-through relay of the blob origin (``rlbus blobs serve --upstream``) its workers read
+    through, falling back to the origin when the relay fails (`rlbus.blobs.failover`).
     """
     if rollout_workers < 1:
         raise ValueError("rollout_workers must be ≥ 1")
+    if regions is not None and secure:
+        raise ConfigError("regions", "--regions and --secure together are not supported: the secure set issues "
+                          "credentials per role, and a relay has none yet; run one of them")
     given = load_config(config_path)
     name = namespace or given.run.namespace or f"up-{time.strftime('%Y%m%d-%H%M%S')}"
     env: dict[str, str] = {"RLBUS_LOG_LEVEL": os.environ.get("RLBUS_LOG_LEVEL", "INFO"), ENV_NAMESPACE: name}
@@ -346,9 +388,11 @@ async def up(
                 env["RLBUS_SERVE_TOKENS"] = f"local:{secrets.token_urlsafe(24)}"
                 say(f"gateway on http://{config.serve.host}:{config.serve.port}/v1, tenant 'local', token "
                     f"{env['RLBUS_SERVE_TOKENS'].split(':', 1)[1]}")
+            relays = await _start_relays(supervisor, config, env, run_dir, regions, say) if regions else None
             rollout_command = vllm_rlbus_command() if config.rollout.engine == "vllm" else None
             children = worker_children(config_path, rollout_workers, env, rollout_command=rollout_command, serve=serve,
-                                       trainer_ranks=config.trainer.world_size)
+                                       trainer_ranks=config.trainer.world_size, relays=relays,
+                                       **({"regions": regions} if regions else {}))
             if cluster is not None:
                 from rlbus.launch.secure import prepare
 
@@ -364,14 +408,40 @@ async def up(
             say(f"{len(supervisor.children)} processes; run log in {run_dir}; Ctrl-C stops them")
             status = await _wait(supervisor, stopping, run_dir, steps, say)
         finally:
-            await supervisor.stop([c for c in supervisor.children if c is not blob_server])  # workers first
+            servers = [c for c in supervisor.children if c is blob_server or c.name.startswith("relay-")]
+            await supervisor.stop([c for c in supervisor.children if c not in servers])  # workers first
             await supervisor.stop()
             if redis_server is not None:
                 redis_server.stop()
             where = " --home <RLBUS_HOME>/secure-kafka" if secure else ""
             say(f"stopped (Kafka keeps running: `rlbus kafka stop{where}`)")
-    failed = [c for c in supervisor.children if c is not blob_server and c.returncode not in (0, None)]
+    failed = [c for c in supervisor.children
+              if c is not blob_server and not c.name.startswith("relay-") and c.returncode not in (0, None)]
     return status or (1 if failed else 0)
+
+
+async def _start_relays(
+    supervisor: Supervisor, config: RunConfig, env: Mapping[str, str], run_dir: Path, regions: Sequence[str],
+    say: Callable[[str], None],
+) -> dict[str, str]:
+    """One relay per region in front of the run's blob origin; region → the relay's URL."""
+    from rlbus.launch.config import blob_secret
+
+    origin = env.get(ENV_BLOB_URL) or config.store.url
+    if origin is None:
+        raise ConfigError("store.url", "--regions needs an HTTP blob origin for the relays to pull from")
+    secret = env.get(ENV_BLOB_SECRET) or blob_secret(config.store)
+    relays = {}
+    for region in regions:
+        port = _free_port()
+        root = run_dir / "relays" / region
+        root.mkdir(parents=True, exist_ok=True)
+        await supervisor.start(relay_child(region, origin, secret, root, port))
+        relays[region] = f"http://127.0.0.1:{port}"
+    for url in relays.values():
+        await _wait_http(url)
+    say(f"{len(relays)} regional relays of {origin}: " + ", ".join(f"{r} {u}" for r, u in relays.items()))
+    return relays
 
 
 async def _wait(

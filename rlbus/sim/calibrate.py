@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import glob
 import itertools
+import json
 import math
 import statistics
 from dataclasses import dataclass
@@ -165,19 +166,9 @@ def measure(run_dir: str | Path, config: RunConfig, *, workers: int) -> Measured
             "join_samples": [round(x, 5) for x in join_trips] or None,
             "heartbeat_s": config.run.heartbeat_s,
         },
-        "region": [
-            {
-                "name": f"worker-{i}",
-                "workers": 1,
-                "tokens_per_s": rate * in_flight * g,
-                "concurrency": in_flight * g,
-                "groups_in_flight": in_flight,
-                "wan_gbps": 10.0,
-                "wan_latency_ms": 0.0,
-                "relay": False,
-            }
-            for i in range(workers)
-        ],
+        "region": _region_sections(run_dir, workers, {
+            "tokens_per_s": rate * in_flight * g, "concurrency": in_flight * g, "groups_in_flight": in_flight,
+        }),
     }
     parameters = {
         "step_s": round(step_mean, 4),
@@ -252,6 +243,19 @@ def _admit_s(run_dir: Path) -> float:
     gaps = [float(b["created_at"]) - float(a["created_at"])
             for a, b in itertools.pairwise(prompts) if a["version"] == b["version"]]
     return max(0.0, statistics.median(gaps)) if gaps else 0.0
+
+
+def _region_sections(run_dir: Path, workers: int, per_worker: dict[str, Any]) -> list[dict[str, Any]]:
+    """The fleet's regions: those of the run's ``wan.json`` (written by ``rlbus bench regions``: each region's
+    workers, its link to the trainer's region and whether it had a relay), else one LAN region per worker."""
+    topology = run_dir / "wan.json"
+    if not topology.is_file():
+        return [{"name": f"worker-{i}", "workers": 1, **per_worker, "wan_gbps": 10.0, "wan_latency_ms": 0.0,
+                 "relay": False} for i in range(workers)]
+    regions = json.loads(topology.read_text())["regions"]
+    return [{"name": str(r["name"]), "workers": int(r["workers"]), **per_worker, "wan_gbps": float(r["wan_gbps"]),
+             "wan_latency_ms": float(r["wan_latency_ms"]), "relay": bool(r["relay"])}
+            for r in regions if int(r["workers"]) > 0]
 
 
 def _bus_hop_s(syncs: list[dict[str, Any]]) -> float:

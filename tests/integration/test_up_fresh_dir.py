@@ -160,3 +160,24 @@ async def test_rlbus_up_secure_trains_with_one_credential_per_role(
         assert (credentials / "redis" / role).read_text().strip() not in out
     security_log = (home / "secure-kafka" / "kafka" / "node-1" / "security.log").read_text()
     assert "Denied" not in security_log, security_log[-2000:]
+
+
+async def test_rlbus_up_regions_read_blobs_through_a_relay_per_region(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``rlbus up --regions``: one relay per region in front of the blob origin; each region's rollout worker
+    syncs through its own relay, which fetched each chunk from the origin (and says so when it stops)."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "run.toml").write_text(SMALL_RUN)
+    namespace, out = await up_to_step_1(tmp_path, "it-up-regions", {},
+                                        ("--rollout-workers", "2", "--regions", "eu-west,us-east"))
+    assert "2 regional relays of http://127.0.0.1:" in out, out[-4000:]
+    run_dir = tmp_path / "runs" / "distributed" / namespace
+    for region in ("eu-west", "us-east"):
+        syncs = list(read(run_dir, f"syncs-rollout-{'0' if region == 'eu-west' else '1'}-{region}"))
+        assert syncs, f"the {region} worker never synced"
+        fetched = [line for line in out.splitlines() if f"relay-{region}" in line and "relay stopped: fetched" in line]
+        assert fetched, out[-4000:]
+        blobs = int(fetched[0].split("fetched ")[1].split()[0])
+        assert blobs >= 1, fetched  # the worker's chunks came through its relay
+        assert (run_dir / "relays" / region).is_dir() and any((run_dir / "relays" / region).rglob("*"))

@@ -9,9 +9,14 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
 from rich.console import Console
 
-from rlbus.launch.up import Child, Supervisor, worker_children
+from rlbus.blobs.failover import FailoverStore
+from rlbus.errors import ConfigError
+from rlbus.launch.arguments import store_for
+from rlbus.launch.config import load_config
+from rlbus.launch.up import Child, Supervisor, parse_regions, relay_child, worker_children
 
 POLITE = """
 import signal, sys, time
@@ -66,3 +71,34 @@ def test_a_trainer_on_several_ranks_starts_under_torchrun(tmp_path: Path) -> Non
     assert trainer.argv[7:] == ["rlbus.cli", "worker", "trainer", "--config", str(config), "--worker-id", "trainer"]
     assert "torch.distributed.run" not in reward.argv
     assert "torch.distributed.run" not in worker_children(config, 1, {})[0].argv  # one rank: a plain worker
+
+
+def test_regions_each_read_blobs_through_their_relay_with_the_origin_as_fallback(tmp_path: Path) -> None:
+    regions = parse_regions(" eu-west,ap-south ")
+    relays = {"eu-west": "http://127.0.0.1:1001", "ap-south": "http://127.0.0.1:1002"}
+    env = {"RLBUS_BLOB_URL": "http://127.0.0.1:1000", "RLBUS_BLOB_SECRET": "s"}
+    children = worker_children(tmp_path / "run.toml", 3, env, regions, relays=relays)
+    rollouts = {c.name: c for c in children if c.name.startswith("rollout")}
+    assert [c.argv[c.argv.index("--region") + 1] for c in rollouts.values()] == ["eu-west", "ap-south", "eu-west"]
+    assert rollouts["rollout-1"].env["RLBUS_BLOB_URL"] == "http://127.0.0.1:1002"
+    assert rollouts["rollout-2"].env["RLBUS_BLOB_URL"] == "http://127.0.0.1:1001"
+    assert {c.env["RLBUS_BLOB_FALLBACK_URL"] for c in rollouts.values()} == {"http://127.0.0.1:1000"}
+    trainer = children[0]
+    assert trainer.env == env  # the trainer writes to the origin, never through a relay
+
+    relay = relay_child("ap-south", "http://127.0.0.1:1000", "master", tmp_path / "relay", 1002)
+    assert relay.argv[relay.argv.index("--upstream") + 1] == "http://127.0.0.1:1000"
+    assert relay.env["RLBUS_BLOB_SECRET"] == "master"
+    assert relay.env["RLBUS_UPSTREAM_BLOB_SECRET"].startswith("rbk1.")  # a read-only relay key, not the master
+
+    config = load_config(None, {**env, "RLBUS_BLOB_URL": relays["ap-south"],
+                                "RLBUS_BLOB_FALLBACK_URL": "http://127.0.0.1:1000"})
+    store, url = store_for(config, env)
+    assert isinstance(store, FailoverStore) and url == relays["ap-south"]
+
+
+@pytest.mark.parametrize("text", ["", "eu-west,eu-west", "EU_West", "a b"])
+def test_bad_regions_are_refused_naming_the_option(text: str) -> None:
+    with pytest.raises(ConfigError) as raised:
+        parse_regions(text)
+    assert raised.value.field == "regions"

@@ -83,6 +83,21 @@ def test_measure_reads_parameters_and_figures_apart(tmp_path: Path) -> None:
     assert [r.name for r in fleet.region] == ["worker-0"]
 
 
+def test_a_wan_run_gives_the_simulator_its_regions_and_links(tmp_path: Path) -> None:
+    """``rlbus bench regions`` leaves a wan.json beside its run log: the fleet gets those regions and links."""
+    run = tmp_path / "run"
+    synthetic_run(run)
+    (run / "wan.json").write_text(json.dumps({"home": "eu-west", "regions": [
+        {"name": "eu-west", "workers": 1, "relay": True, "wan_latency_ms": 0.0, "wan_gbps": 10.0},
+        {"name": "ap-south", "workers": 2, "relay": True, "wan_latency_ms": 90.0, "wan_gbps": 0.2},
+        {"name": "idle", "workers": 0, "relay": False, "wan_latency_ms": 10.0, "wan_gbps": 1.0},
+    ]}))
+    fleet = measure(run, load_config(None), workers=3).fleet
+    assert [(r.name, r.workers, r.wan_latency_ms, r.wan_gbps, r.relay) for r in fleet.region] == [
+        ("eu-west", 1, 0.0, 10.0, True), ("ap-south", 2, 90.0, 0.2, True)]
+    assert fleet.region[1].tokens_per_s == fleet.region[0].tokens_per_s  # per worker, as measured
+
+
 def test_a_run_without_steps_is_a_clear_error(tmp_path: Path) -> None:
     run = tmp_path / "run"
     synthetic_run(run, steps=2)
