@@ -42,13 +42,14 @@ def meta() -> dict[str, Any]:
     }
 
 
-def print_table(title: str, columns: list[str], rows: list[list[Any]]) -> None:
+def print_table(title: str, columns: list[str], rows: list[list[Any]], *, width: int | None = None) -> None:
+    """``width``: the console's, when the table is wider than a terminal's default 80 columns."""
     table = Table(title=title)
     for column in columns:
         table.add_column(column, justify="right" if column != columns[0] else "left")
     for row in rows:
         table.add_row(*[f"{v:,.2f}" if isinstance(v, float) else str(v) for v in row])
-    Console().print(table)
+    Console(width=width).print(table)
 
 
 def write_json(path: Path | None, result: dict[str, Any]) -> None:

@@ -368,6 +368,8 @@ async def run_loop(plan: Plan, log: Callable[[str], None]) -> dict[str, Any]:
             await until(f"trainer step {plan.steps}", target, plan.deadline_s, project)
             steps, audited = await wind_down(project, observer, run_dir, plan, log)
         figures |= audited
+        figures["relay_fetches"] = relay_fetches(project)
+        log(f"regional relays fetched from the origin: {figures['relay_fetches']}")
         figures["replayed"] = replay_count(project)
         figures["steps"] = steps[-1]["step"] if steps else 0
         figures["train_s"] = (steps[-1]["t"] - steps[0]["t"]) if steps else 0.0
@@ -402,6 +404,23 @@ async def scale(project: Project, observer: Observer, plan: Plan, log: Callable[
     log(f"the new workers hold v{version} or later {serving_s:.0f} s after --scale")
     return {"scale_new_workers": len(new), "scale_version": version, "scale_serving_s": serving_s,
             "rollout_containers": len(project.containers("rollout"))}
+
+
+RELAYS = ("relay-eu", "relay-us")
+HEALTH = ("import urllib.request; "
+          "print(urllib.request.urlopen('http://127.0.0.1:8470/healthz', timeout=5).read().decode())")
+
+
+def relay_fetches(project: Project) -> dict[str, int]:
+    """Blobs each region's relay fetched from the origin (its /healthz, from inside its container)."""
+    fetched = {}
+    for relay in RELAYS:
+        out = project("exec", "-T", relay, "python3", "-c", HEALTH, check=False)
+        try:
+            fetched[relay] = int(json.loads(out)["upstream"]["blobs"])
+        except (ValueError, KeyError, TypeError):
+            fetched[relay] = 0
+    return fetched
 
 
 def replay_count(project: Project) -> int:
@@ -547,6 +566,8 @@ def checks(images: dict[str, Any], loop: dict[str, Any], cluster: dict[str, Any]
         "held-out accuracy rose": loop["accuracy_after"] > loop["accuracy_before"],
         "two new workers joined and serve the current version": loop["scale_new_workers"] >= 2,
         "replay read every prompt": loop["replayed"] == loop["prompts"],
+        "each region's workers read the weights through its relay": (
+            min(loop["relay_fetches"].values(), default=0) >= 1),
         "training went on with a broker down": cluster["steps_while_down"] >= 1,
         "nothing lost (three brokers, one killed)": cluster["lost"] == 0 and cluster["multiple_outcomes"] == 0,
         "nothing trained twice (three brokers)": cluster["duplicates_trained"] == 0,
@@ -599,6 +620,8 @@ def run(*, quick: bool = False, json_path: Path | None = None) -> dict[str, Any]
          f"{loop['rollouts_trained']} / {loop['held']} / {loop['lost']} / {loop['duplicates_trained']}"],
         ["--scale rollout=3: new workers serve the current version (s)", loop["scale_serving_s"]],
         ["rlbus replay in a container: prompts read / on the log", f"{loop['replayed']} / {loop['prompts']}"],
+        ["blobs each region's relay fetched from the origin",
+         ", ".join(f"{k} {v}" for k, v in loop["relay_fetches"].items())],
         ["three brokers, one killed: steps while down", cluster["steps_while_down"]],
         ["three brokers: rollouts trained / held / lost / trained twice",
          f"{cluster['rollouts_trained']} / {cluster['held']} / {cluster['lost']} / {cluster['duplicates_trained']}"],

@@ -128,6 +128,8 @@ class Fleet:
         self.phases: list[Phase] = []
         #: Which proxies are cut (the region's clients, toward every other region).
         self.cut_proxies: list[tp.Proxy] = []
+        #: (time, region, consumer lag on the prompts, versions the worker's weights are behind) per heartbeat seen.
+        self.lags: list[tuple[float, str, int, int]] = []
         self.rollout_names = [f"rollout-{region}-{i}" for region in REGIONS for i in range(WORKERS[region])]
 
     @property
@@ -174,6 +176,14 @@ class Fleet:
             self.workers.start(name, env, region=region)
         for name in ("reward", "prompts"):
             self.workers.start(name, home, region=HOME)
+        stop = asyncio.Event()
+        sampler = asyncio.create_task(self.sample_lag(stop))
+
+        async def stop_sampling() -> None:
+            stop.set()
+            await sampler
+
+        stack.push_async_callback(stop_sampling)
 
     def region_env(self, region: str) -> dict[str, str]:
         where = self.wan.regions[region]
@@ -217,6 +227,24 @@ class Fleet:
 
     def egress(self) -> dict[str, int]:
         return {region: self.origin.served_bytes.get(port, 0) for port, region in self.port_region.items()}
+
+    async def sample_lag(self, stop: asyncio.Event) -> None:
+        """Each second, every rollout worker's last heartbeat: its consumer lag on the prompts and how many
+        versions its weights are behind the trainer's (a cut region's heartbeats stop: they cannot reach Redis)."""
+        seen: dict[str, float] = {}
+        while not stop.is_set():
+            try:
+                version = self.version()
+                for record in await self.workers.state.workers("rollout"):
+                    info, name = record["info"], record["worker_id"]
+                    if seen.get(name) == record["last_seen"] or name not in self.rollout_names:
+                        continue
+                    seen[name] = record["last_seen"]
+                    behind = max(0, version - int(info.get("version") or 0))
+                    self.lags.append((record["last_seen"], _region(name), int(info.get("lag") or 0), behind))
+            except Exception:  # the sampler must outlive a state-store hiccup
+                pass
+            await asyncio.sleep(1.0)
 
     async def phase(self, name: str, seconds: float) -> Phase:
         """Let the run go on for ``seconds``; what it did then is phase ``name``."""
@@ -403,6 +431,12 @@ def _figures(fleet: Fleet, report: ScenarioReport, cut: dict[str, Any]) -> dict[
                     latest = max((v for t, v in published if t <= float(r["created_at"])), default=0)
                     stale[region].append(max(0, latest - int(r["versions"][0])))
         versions = max(1, phase.v1 - phase.v0)
+        lag = defaultdict(list)
+        behind = defaultdict(list)
+        for t, region, records, versions_behind in fleet.lags:
+            if phase.t0 <= t < phase.t1:
+                lag[region].append(records)
+                behind[region].append(versions_behind)
         phases.append({
             "phase": phase.name, "seconds": round(phase.t1 - phase.t0, 1), "versions": phase.v1 - phase.v0,
             "regions": {
@@ -412,6 +446,11 @@ def _figures(fleet: Fleet, report: ScenarioReport, cut: dict[str, Any]) -> dict[
                     "staleness_mean": round(sum(stale[region]) / len(stale[region]), 3) if stale[region] else None,
                     "staleness_max": max(stale[region], default=None),
                     "rollouts": len(stale[region]),
+                    "consumer_lag_mean": round(sum(lag[region]) / len(lag[region]), 2) if lag[region] else None,
+                    "consumer_lag_max": max(lag[region], default=None),
+                    "weights_behind_mean": (round(sum(behind[region]) / len(behind[region]), 2)
+                                            if behind[region] else None),
+                    "heartbeats": len(lag[region]),
                     "wan_bytes_per_version": round(phase.egress.get(region, 0) / versions),
                     "worker_bytes_by_kind": dict(kinds[region]),
                 }
@@ -480,19 +519,21 @@ def _print(result: dict[str, Any]) -> None:
     rows = []
     for run_name, run in result["runs"].items():
         for phase in run["phases"]:
-            for region, figures in phase["regions"].items():
-                rows.append([f"{run_name} / {phase['phase']}", region, figures["sync_lag_p50_s"],
-                             figures["sync_lag_p99_s"], figures["staleness_mean"], figures["wan_bytes_per_version"],
-                             figures["rollouts"]])
-    print_table("rlbus bench regions — per phase and region (lag: publish → swapped)",
-                ["run / phase", "region", "lag p50 s", "lag p99 s", "staleness", "WAN B/version", "rollouts"], rows)
+            for region, f in phase["regions"].items():
+                rows.append([f"{run_name}/{phase['phase']}", region, f["sync_lag_p50_s"], f["sync_lag_p99_s"],
+                             f["staleness_mean"], f["consumer_lag_mean"], f["weights_behind_mean"],
+                             f["wan_bytes_per_version"], f["rollouts"]])
+    print_table("rlbus bench regions — per phase and region (lag: publish → swapped; staleness: versions behind "
+                "when a rollout was made)",
+                ["run/phase", "region", "lag p50 s", "lag p99 s", "staleness", "consumer lag", "weights behind",
+                 "WAN B/version", "rollouts"], rows, width=140)
     s = result["summary"]
     ledger = [[name, r["report"]["produced"], r["report"]["trained"],
                ", ".join(f"{k.removeprefix('dropped_')} {v}" for k, v in r["report"]["dropped"].items()) or "0",
                r["report"]["duplicates_trained"], r["report"]["lost"], "yes" if r["report"]["passed"] else "NO"]
               for name, r in result["runs"].items()]
     print_table("ledger (exactly-once audit)", ["run", "produced", "trained", "dropped", "trained twice", "lost",
-                                                "passed"], ledger)
+                                                "passed"], ledger, width=140)
     print(f"inter-region blob bytes per version: {s['interregion_bytes_per_version_relay']:,} with relays, "
           f"{s['interregion_bytes_per_version_no_relay']:,} without; {CUT} cut {s['cut_s']:.0f} s, caught up "
           f"{s['cut_recovery_s']} s after the links came back")

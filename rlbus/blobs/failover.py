@@ -9,9 +9,9 @@ origin, across the WAN), counting each such read. It keeps trying the primary fi
 after ``retry_primary_s``: a relay that comes back is used again, without a restart.
 
 Not-found and refusals are answers, not failures: they are raised as they are, never retried on the
-origin (a relay that says 404 is telling the truth about the origin too). Writes go to the primary only —
-a worker writes claim-checked payloads to its configured store; a read-only relay refuses them and
-failing over a write would scatter a region's blobs over two stores.
+origin (a relay that says 404 is telling the truth about the origin too). Writes — a worker's claim-checked
+payloads — go straight to the origin: a relay is read-only, and the reader of a claim check (the trainer, the
+reward worker) looks for it at the origin.
 """
 
 from __future__ import annotations
@@ -29,7 +29,8 @@ T = TypeVar("T")
 
 
 class FailoverStore(BlobStore):
-    """Reads from ``primary``, or from ``fallback`` while ``primary`` fails; writes to ``primary``."""
+    """Reads from ``primary`` (a relay), or from ``fallback`` (its origin) while ``primary`` fails; writes to
+    ``fallback``."""
 
     def __init__(self, primary: BlobStore, fallback: BlobStore, *, retry_primary_s: float = 10.0) -> None:
         self.primary = primary
@@ -72,7 +73,7 @@ class FailoverStore(BlobStore):
         return await self._read(prefix, lambda s: s.list(prefix))
 
     async def put(self, key: str, data: bytes) -> None:
-        await self.primary.put(key, data)
+        await self.fallback.put(key, data)
 
     async def delete(self, key: str) -> None:
-        await self.primary.delete(key)
+        await self.fallback.delete(key)

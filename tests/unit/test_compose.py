@@ -23,7 +23,8 @@ CLUSTER_FILE = ROOT / "docker-compose.cluster.yml"
 WORKERS = {"trainer": "trainer", "rollout": "rollout", "rollout-us": "rollout", "reward": "reward",
            "prompts": "prompts"}
 GATEWAYS = {"serve": "serve", "serve-us": "serve"}
-DEFAULT = {"kafka", "topics", "redis", "blobs", *WORKERS}
+RELAYS = {"relay-eu": "eu-west", "relay-us": "us-east"}
+DEFAULT = {"kafka", "topics", "redis", "blobs", *RELAYS, *WORKERS}
 
 
 def _compose_command() -> list[str]:
@@ -82,6 +83,16 @@ def test_worker_services_run_one_role_each_with_the_mounted_config() -> None:
     assert regions["serve"] and regions["serve-us"] and regions["serve"] != regions["serve-us"]
     assert "container_name" not in services["rollout"] and "ports" not in services["rollout"]  # --scale works
     assert services["blobs"]["command"][:3] == ["rlbus", "blobs", "serve"]
+    relay_of = {region: name for name, region in RELAYS.items()}
+    for name in RELAYS:
+        command = services[name]["command"]
+        assert command[:3] == ["rlbus", "blobs", "serve"] and command[command.index("--upstream") + 1] == (
+            "http://blobs:8470")
+    for name in ("rollout", "rollout-us", *GATEWAYS):  # a region's workers read through its relay
+        env = services[name]["environment"]
+        assert env["RLBUS_BLOB_URL"] == f"http://{relay_of[env['RLBUS_REGION']]}:8470", name
+        assert env["RLBUS_BLOB_FALLBACK_URL"] == "http://blobs:8470", name
+    assert services["trainer"]["environment"]["RLBUS_BLOB_URL"] == "http://blobs:8470"  # it writes to the origin
     for name in GATEWAYS:
         assert "8000" in [str(p) for p in services[name]["expose"]] and "ports" not in services[name]
         assert services[name]["environment"]["RLBUS_SERVE_TOKENS"]  # tokens from the environment, not the command
@@ -159,8 +170,9 @@ def test_secure_file_gives_every_service_only_its_own_credentials() -> None:
     files = (COMPOSE_FILE, SECURE_FILE)
     _compose("--profile", "serve", "config", "-q", files=files)
     services = _services("--profile", "serve", files=files)
+    # the relays verify the workers' keys, minted from the blob master: they hold it, like the origin
     own = {"kafka": "kafka", "topics": "admin", "acls": "acl", "redis": "redis", "blobs": "blobs",
-           **{name: role for name, role in (WORKERS | GATEWAYS).items()}}
+           **dict.fromkeys(RELAYS, "blobs"), **{name: role for name, role in (WORKERS | GATEWAYS).items()}}
     for name, service in services.items():
         mounts = [v if isinstance(v, str) else f"{v['source']}:{v['target']}:{'ro' if v.get('read_only') else 'rw'}"
                   for v in service.get("volumes", [])]

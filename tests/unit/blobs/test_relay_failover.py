@@ -118,6 +118,8 @@ async def test_a_worker_reads_from_the_origin_while_its_relay_is_gone_and_goes_b
         await asyncio.sleep(0.35)
         assert await store.get("policy/5/c2") == blobs["policy/5/c2"]
         assert store.failovers == 3 and relay.upstream_fetches == 1, "the relay is read again once it is back"
+        await store.put("claims/r1", b"a claim-checked payload")  # writes go to the origin: a relay is read-only
+        assert await origin.store.get("claims/r1") == b"a claim-checked payload"
     finally:
         await store.close()
         await relay.upstream.close()  # type: ignore[union-attr]
