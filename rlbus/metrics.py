@@ -111,6 +111,10 @@ ADMISSION_WAITS = Counter(
 )
 
 # --- weights --------------------------------------------------------------------------------------
+BLOB_FAILOVERS = Counter(
+    "rlbus_blob_failovers", "Blob reads a worker made from the origin because its region's relay failed.",
+    registry=REGISTRY,
+)
 SYNC_BYTES = Counter(
     "rlbus_weight_sync_bytes", "Chunk bytes a worker downloaded to apply weight versions.", ["worker"],
     registry=REGISTRY,

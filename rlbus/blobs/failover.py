@@ -23,6 +23,7 @@ from typing import TypeVar
 
 from rlbus.blobs.base import BlobStore
 from rlbus.errors import BlobAuthError, BlobNotFound, BlobStoreError
+from rlbus.metrics import BLOB_FAILOVERS
 
 log = logging.getLogger("rlbus.blobs")
 T = TypeVar("T")
@@ -58,6 +59,7 @@ class FailoverStore(BlobStore):
                 log.warning("blob store %r failed on %s; reading from %r for %.0f s: %s",
                             self.primary, what, self.fallback, self.retry_primary_s, exc)
         self.failovers += 1
+        BLOB_FAILOVERS.inc()
         return await call(self.fallback)
 
     async def get(self, key: str) -> bytes:
