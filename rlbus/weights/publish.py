@@ -7,6 +7,11 @@ blob store, and only then announces the delta manifest on ``rl.weights.v1`` and 
 — so a worker never sees a manifest whose chunks are not there yet. Every key it writes, and the
 manifest's dtype names, come from :mod:`rlbus.weights.layout`.
 
+A trainer on N ranks encodes and uploads each rank's part itself (`rlbus.training.shard_publish`) and
+hands this publisher the parts' chunk references (:meth:`WeightPublisher.publish_sharded`): the manifests,
+the announcement, the stats and the garbage collection are the same code for both (``_announce``), and
+`encode_part` is the one encoding both use.
+
 Versions older than the retention window are deleted, but never the newest keyframe or anything after
 it, so a late joiner can always rebuild (keyframe + chain of deltas).
 """
