@@ -5,7 +5,9 @@ uploaded a disjoint part of the chunks — or, a rank with no blob store of its 
 
 The trainers are bit-identical on two ranks (`test_fsdp_ranks.py` says why), so any difference here is the
 publishing's. Between steps 2 and 3 the leader checkpoints and restores in place: the ranks' delta bases
-survive it, as the one-process publisher's does (v3 is a delta on v2).
+survive it, as the one-process publisher's does (v3 is a delta on v2). A version whose upload fails is
+not announced, and the next one is a delta on the last announced version (each rank's base is kept until
+the leader names the new one).
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -22,7 +25,7 @@ from test_fsdp_ranks import CFG, GRPO, batch, free_port
 from rlbus.blobs.local import LocalStore
 from rlbus.bus.memory import MemoryBus
 from rlbus.bus.topics import topic_specs
-from rlbus.errors import BlobNotFound
+from rlbus.errors import BlobNotFound, BlobStoreError
 from rlbus.models.base import weight_tensors
 from rlbus.models.policy import Policy
 from rlbus.schemas import WeightVersion
@@ -185,3 +188,53 @@ def test_owners_are_consecutive_runs_of_the_sorted_names_balanced_by_bytes() -> 
     assert [list(owners.values()).count(r) for r in range(3)] == [4, 4, 4]
     assert list(owners.values()) == sorted(owners.values())  # runs: the manifest's rank order is name order
     assert assign_owners({"x": 0, "y": 0}, 2) == {"x": 0, "y": 0}
+
+
+class Flaky(LocalStore):
+    """A local store whose chunk uploads fail while ``down``."""
+
+    down = False
+
+    async def put(self, key: str, data: bytes) -> None:
+        if self.down and "manifest" not in key:
+            raise BlobStoreError(f"store down: {key}")
+        await super().put(key, data)
+
+
+def flaky_main(port: int, tmp: str) -> None:
+    """One rank of a process group of one: publish v1, fail a version, publish again (a delta on v1)."""
+    import torch.distributed as dist
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
+    try:
+        async def main() -> list[Any]:
+            store = Flaky(Path(tmp) / "blobs")
+            t = trainer(Path(tmp) / "ckpt", ranks=Ranks(rank=0, world=1), pub=await publisher(store))
+            await t.train_on(batch(1))
+            store.down = True
+            failed = await t.train_on(batch(2))
+            store.down = False
+            await t.train_on(batch(2))  # still sampled by v1: v2 was never announced
+            t.release()
+            return [failed["published"], t.version]
+
+        Path(tmp, "result.json").write_text(json.dumps(asyncio.run(main())))
+    finally:
+        dist.destroy_process_group()
+
+
+async def test_a_version_a_rank_could_not_upload_is_not_announced_and_the_next_deltas_on_the_last_one(
+    tmp_path: Path,
+) -> None:
+    proc = mp.get_context("spawn").Process(target=flaky_main, args=(free_port(), str(tmp_path)))
+    proc.start()
+    await asyncio.to_thread(proc.join, 120)
+    assert proc.exitcode == 0
+    assert json.loads((tmp_path / "result.json").read_text()) == [False, 2]
+    store = LocalStore(tmp_path / "blobs")
+    second = (await manifests(store, 2))["delta"]
+    assert second.base_version == 1
+    sync = WeightSync(bus=MemoryBus(topic_specs()), store=store, state=blank(weight_tensors(Policy(CFG))))
+    await sync.rebuild(1)
+    assert await sync.handle(second) and sync.version == 2 and not sync.history[-1].rebuilt  # digest verified
