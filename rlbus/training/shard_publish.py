@@ -3,7 +3,8 @@
 A trainer on N ranks (`rlbus.training.ranks`) publishes a version without rank 0 ever holding the model:
 
 1. **Owners.** The weights' names, in sorted order, are cut into N consecutive runs balanced by bytes
-   (`assign_owners`, the same on every rank: it depends only on names and shapes). Rank r *owns* run r.
+   (`assign_owners`, the same on every rank: it depends only on names and shapes), to within the largest
+   tensor (a vocabulary embedding is one owner's). Rank r *owns* run r.
 2. **Gather to the owner.** For each tensor every rank casts its FSDP dim-0 shard to the inference dtype
    and sends it to the tensor's owner alone (`dist.gather`), so the inference-dtype model crosses the
    network once in all — half the fp32 gather's bytes for bf16 — and an owner holds only its own run.
