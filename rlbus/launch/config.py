@@ -249,6 +249,10 @@ class TrainerSection(msgspec.Struct, **_STRUCT):
     #: processes that `rlbus up` starts with ``torch.distributed.run --nproc-per-node N`` (gloo on CPU, NCCL on
     #: GPU); rank 0 alone is on the bus. ``rlbus worker trainer`` must then run under torchrun with N ranks.
     world_size: int = 1
+    #: With world_size > 1: every rank uploads the weight chunks it encoded to the blob store itself (each
+    #: rank's egress, README "The trainer on N ranks"); false: the other ranks hand theirs to rank 0, which
+    #: uploads them, and never open the blob store.
+    rank_uploads: bool = False
     #: How N ranks shard the model (``[trainer.fsdp]``: param_dtype, reduce_dtype; see
     #: `rlbus.training.config.FSDPConfig`). Read only when world_size > 1.
     fsdp: FSDPConfig = msgspec.field(default_factory=FSDPConfig)

@@ -293,23 +293,30 @@ async def trainer_main(
 
 async def follow_leader(config: RunConfig, ranks: Ranks, *, worker_id: str, stop: asyncio.Event | None = None) -> None:
     """A trainer rank > 0: build the leader's model (its description, then its weights, come from rank 0),
-    shard it, and run rank 0's commands until it releases the ranks. It never touches the bus, the state
-    store or the blob store. A SIGTERM reaches every rank under torchrun: the followers keep following
-    (rank 0's drain still needs them for its last checkpoint) and leave when rank 0 says so."""
+    shard it, and run rank 0's commands until it releases the ranks. It never touches the bus or the state
+    store, nor the blob store unless ``[trainer] rank_uploads`` has it upload the weight chunks it encodes
+    (`rlbus.training.shard_publish`). A SIGTERM reaches every rank under torchrun: the followers keep
+    following (rank 0's drain still needs them for its last checkpoint) and leave when rank 0 says so."""
     import torch
 
     from rlbus.models.sources import model_from_description
+    from rlbus.training.shard_publish import ShardPublisher
     from rlbus.wiring.trainer import follower_trainer
 
     settings = config.trainer
     checkpoints = Path(settings.checkpoint_dir) if settings.checkpoint_dir else None
     with stopping(stop):
-        description = await asyncio.to_thread(ranks.broadcast)
-        model = await asyncio.to_thread(model_from_description, description, dtype=torch.float32)
-        trainer = follower_trainer(model=model, lr=settings.lr, grpo=settings.grpo, ranks=ranks, fsdp=settings.fsdp,
-                                   checkpoint_dir=checkpoints)
-        log.info("%s: rank %d of %d, following rank 0", worker_id, ranks.rank, ranks.world)
-        await asyncio.to_thread(trainer.follow)
+        async with contextlib.AsyncExitStack() as stack:
+            shards = None
+            if settings.rank_uploads:
+                store = await stack.enter_async_context(store_for(config)[0])
+                shards = ShardPublisher(store=store, loop=asyncio.get_running_loop())
+            description = await asyncio.to_thread(ranks.broadcast)
+            model = await asyncio.to_thread(model_from_description, description, dtype=torch.float32)
+            trainer = follower_trainer(model=model, lr=settings.lr, grpo=settings.grpo, ranks=ranks,
+                                       fsdp=settings.fsdp, checkpoint_dir=checkpoints, shards=shards)
+            log.info("%s: rank %d of %d, following rank 0", worker_id, ranks.rank, ranks.world)
+            await asyncio.to_thread(trainer.follow)
 
 
 async def _lead(

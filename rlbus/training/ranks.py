@@ -16,9 +16,11 @@ A MoE expert that a rank routed no token to still joins the reduction with a zer
 reductions must match); one no rank routed to is then decayed and stepped by AdamW with a zero gradient,
 where a one-process trainer leaves a parameter without gradient untouched: dense models match exactly.
 
-Published weights are the full tensors, gathered on rank 0 with ``get_model_state_dict(full_state_dict=True,
-cpu_offload=True)``: the publisher sees exactly what the one-process trainer hands it. Encoding a delta per
-shard on each rank (no gather) is a later step; `full_weights` is the one place it would plug in.
+Published weights are encoded per rank (`rlbus.training.shard_publish`): each rank owns a run of whole
+tensors, gets them cast to the inference dtype from every rank's shard, delta-encodes and uploads them; rank
+0 writes the one manifest. `full_weights` (the full tensors gathered on rank 0 with
+``get_model_state_dict(full_state_dict=True, cpu_offload=True)``) remains for checkpoints and for a
+publisher that takes whole weights.
 """
 
 from __future__ import annotations
@@ -81,6 +83,13 @@ class Ranks:
         """Every rank's ``obj``, in rank order, on every rank."""
         out: list[Any] = [None] * self.world
         dist.all_gather_object(out, obj)
+        return out
+
+    def collect(self, obj: Any) -> list[Any] | None:
+        """Every rank's ``obj``, in rank order, on rank 0 only (None on the others): what only the leader
+        needs, such as the chunks a rank could not upload, does not travel to every rank."""
+        out: list[Any] | None = [None] * self.world if self.leader else None
+        dist.gather_object(obj, out, dst=0)
         return out
 
 

@@ -18,11 +18,13 @@ run has already announced.
 
 On N ranks (``ranks``: `rlbus.training.ranks`, the model sharded with FSDP2 before the trainer is built)
 every rank holds a `Trainer`. The leader's (rank 0) is the one the worker drives; each of its collective
-operations — a step, gathering the weights to publish, a checkpoint, a restore — is broadcast as a
-command with its arguments (the step's batch included) and then run by every rank alike (`_collective`);
-the followers' trainers sit in `follow` running those commands until the leader's `release`. Publishing,
-versions, offsets and the checkpoint file stay the leader's. Checkpoints are DCP shards plus the gathered
-weights (`rlbus.training.sharded`); `restore` reads either kind on any number of ranks.
+operations — a step, publishing a version, a checkpoint, a restore — is broadcast as a command with its
+arguments (the step's batch included) and then run by every rank alike (`_collective`);
+the followers' trainers sit in `follow` running those commands until the leader's `release`. A version is
+published sharded: each rank encodes and uploads its own run of tensors and the leader writes and announces
+the one manifest (`rlbus.training.shard_publish`). Versions, offsets and the checkpoint file stay the
+leader's. Checkpoints are DCP shards plus the gathered weights (`rlbus.training.sharded`); `restore` reads
+either kind on any number of ranks.
 
 Restart. `restore` loads the newest checkpoint — weights, optimizer, step, version, RNG state and the
 consumed offsets, which it returns so the caller can seek its consumers there. The next publish is then
@@ -52,6 +54,7 @@ from rlbus.training.checkpoint import (
     save_checkpoint,
 )
 from rlbus.training.ranks import Ranks, full_state, full_weights
+from rlbus.training.shard_publish import ShardOrder, ShardPublisher
 from rlbus.training.sharded import load_full, load_sharded, save_sharded, sharded_name
 from rlbus.training.step import GRPOConfig, OptimConfig, StepMetrics, build_optimizer, grpo_step, online_step
 from rlbus.weights.publish import WeightPublisher
@@ -75,11 +78,14 @@ class Trainer:
         keep_checkpoints: int = 2,
         clock: Callable[[], float] = time.monotonic,
         ranks: Ranks | None = None,
+        shards: ShardPublisher | None = None,
     ) -> None:
         """``publish_every`` = K steps per weight version; ``checkpoint_every`` steps per checkpoint (0 = only
         when `save` is called); ``clock`` times the phases reported in the metrics. The model is switched to
         ``grpo.gradient_checkpointing`` here. ``ranks``: this trainer is one of several (the model already
-        sharded over them, `rlbus.training.ranks.shard_model`)."""
+        sharded over them, `rlbus.training.ranks.shard_model`). ``shards``: this rank's side of sharded
+        publishing (default: the leader uploads its chunks to the publisher's store, a follower hands them
+        to the leader; `rlbus.training.shard_publish`)."""
         if publish_every < 1 or checkpoint_every < 0:
             raise ValueError("publish_every must be >= 1 and checkpoint_every >= 0")
         if checkpoint_every and checkpoint_dir is None:
@@ -95,6 +101,9 @@ class Trainer:
         self.keep_checkpoints = keep_checkpoints
         self.clock = clock
         self.ranks = ranks
+        self.shards = shards
+        if ranks is not None and shards is None:
+            self.shards = ShardPublisher(store=publisher.store if isinstance(publisher, WeightPublisher) else None)
         #: The step whose DCP shards this trainer wrote or restored: a second checkpoint at that step (a
         #: graceful stop right after a cadence checkpoint) reuses them instead of rewriting what `latest` names.
         self._sharded_step: int | None = None
@@ -214,17 +223,31 @@ class Trainer:
         if self.publisher is None:
             self.version += 1
             return True
-        if self.ranks is None:
-            weights = weight_tensors(self.model)
-        else:
-            weights = await asyncio.to_thread(self._collective, "weights")
         try:
-            manifest = await self.publisher.publish(weights, version=self.version + 1, step=self.step)
+            if self.ranks is not None and isinstance(self.publisher, WeightPublisher):
+                manifest = await self._publish_sharded(self.publisher)
+            else:  # one process, or a stand-in publisher that takes the whole weights (gathered on rank 0)
+                weights = (weight_tensors(self.model) if self.ranks is None
+                           else await asyncio.to_thread(self._collective, "weights"))
+                manifest = await self.publisher.publish(weights, version=self.version + 1, step=self.step)
         except BlobStoreError as exc:  # the store is down past its retries: train on, publish next time
             log.warning("publishing after step %d failed (%s); still on v%d", self.step, exc, self.version)
             return False
         self.version = manifest.version
         return True
+
+    async def _publish_sharded(self, publisher: WeightPublisher) -> Any:
+        """Every rank encodes and uploads its part (`rlbus.training.shard_publish`); the leader announces."""
+        assert self.shards is not None
+        if self.shards.store is not None:
+            self.shards.loop = asyncio.get_running_loop()  # the store's loop: uploads from the command's thread
+        order = ShardOrder(model_id=publisher.model_id, version=self.version + 1, base_version=publisher.version,
+                           keyframe_every=publisher.keyframe_every, dtype=publisher.dtype,
+                           chunk_bytes=publisher.chunk_bytes)
+        t0 = time.perf_counter()
+        parts, digest = await asyncio.to_thread(self._collective, "publish", order)
+        return await publisher.publish_sharded(parts, digest=digest, version=order.version, step=self.step,
+                                               encode_s=time.perf_counter() - t0)
 
     async def _save(self) -> Path:
         if self.checkpoint_dir is None:
@@ -269,6 +292,9 @@ class Trainer:
                                version=version, max_staleness=max_staleness, ranks=self.ranks)
         if command == "weights":
             return full_weights(self.model)
+        if command == "publish":
+            assert self.ranks is not None and self.shards is not None
+            return self.shards.publish(self.model, self.ranks, args[0])
         if command == "save":
             path, write = args
             if write:

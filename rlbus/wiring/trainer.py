@@ -23,6 +23,7 @@ if TYPE_CHECKING:
     from rlbus.state.join import JoinBuffer, ScoredGroup
     from rlbus.training.config import FSDPConfig, GRPOConfig, OnlineConfig
     from rlbus.training.ranks import Ranks
+    from rlbus.training.shard_publish import ShardPublisher
     from rlbus.training.trainer import Trainer
     from rlbus.weights.publish import WeightPublisher
 
@@ -112,16 +113,16 @@ def trainer_stack(
 
 def follower_trainer(
     *, model: TrainableLM, lr: float, grpo: GRPOConfig, ranks: Ranks, fsdp: FSDPConfig | None = None,
-    checkpoint_dir: Path | None = None,
+    checkpoint_dir: Path | None = None, shards: ShardPublisher | None = None,
 ) -> Trainer:
     """The trainer of a rank > 0 (`Trainer.follow`): the leader's model sharding and optimizer, and nothing
     of the bus — no join, no publisher, no consumer. Its checkpoint_dir is where the leader's commands
-    save and restore shards."""
+    save and restore shards; ``shards`` uploads the weight chunks it encodes (default: to rank 0)."""
     from rlbus.training.config import OptimConfig
     from rlbus.training.trainer import Trainer
 
     return Trainer(model=_sharded(model, ranks, fsdp), optim=OptimConfig(lr=lr), grpo=grpo,
-                   checkpoint_dir=checkpoint_dir, ranks=ranks)
+                   checkpoint_dir=checkpoint_dir, ranks=ranks, shards=shards)
 
 
 def _sharded(model: TrainableLM, ranks: Ranks, fsdp: FSDPConfig | None) -> TrainableLM:
