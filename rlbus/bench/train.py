@@ -277,7 +277,9 @@ def measure_ranks(size: Size, world: int, directory: Path, *, threads: int) -> d
 def run_ranks(world: int = 2, quick: bool = False, json_path: Path | None = None) -> dict[str, Any]:
     """The trainer on ``world`` ranks against the 1-rank trainer on the same batches, in the same run.
 
-    Threads: the baseline gets ``world`` torch threads, each rank one, so both use the same cores. Memory
+    Threads: one torch thread per process, the baseline's too (two OpenMP threads on a shared 2-core VM
+    were up to 20× slower than one: bench/RESULTS.md, "train"), so N ranks use N cores where the baseline
+    uses one; ``tokens_per_s`` is per rank, ``tokens_per_s_total`` the whole trainer's. Memory
     per rank is reported twice: ``model_optimizer_mb``, the bytes of the parameters and AdamW moments this
     rank holds (its FSDP shards: what sharding divides), and ``rss_peak_mb``, the process's RSS high-water
     (getrusage ru_maxrss: the interpreter, torch, activations, gathered parameters and the publisher's
@@ -290,7 +292,7 @@ def run_ranks(world: int = 2, quick: bool = False, json_path: Path | None = None
     size = ranks_size(quick)
     rows: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory(prefix="rlbus-bench-ranks-") as tmp:
-        runs = {n: measure_ranks(size, n, Path(tmp) / f"world-{n}", threads=world if n == 1 else 1) for n in (1, world)}
+        runs = {n: measure_ranks(size, n, Path(tmp) / f"world-{n}", threads=1) for n in (1, world)}
         names = [name for name, _ in Policy(size.config).named_parameters()]
         weights = {n: _trainer_weights(Path(tmp) / f"world-{n}", names) for n in runs}
         rebuilt = {n: asyncio.run(_rebuild(Path(tmp) / f"world-{n}", runs[n]["ranks"][0]["version"], weights[n]))
@@ -302,6 +304,7 @@ def run_ranks(world: int = 2, quick: bool = False, json_path: Path | None = None
         for r in run["ranks"]:
             rows.append({
                 "world_size": n, "rank": r["rank"], "step_s": step, "tokens_per_s": tokens / n / step,
+                "tokens_per_s_total": tokens / step,
                 "model_optimizer_mb": (r["param_bytes"] + r["optimizer_bytes"]) / 2**20,
                 "rss_peak_mb": r["rss_peak_bytes"] / 2**20,
                 "publish_s": sum(lead["publish_s"]) / len(lead["publish_s"]),
