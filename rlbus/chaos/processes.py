@@ -46,7 +46,7 @@ from typing import TYPE_CHECKING, Any
 from rlbus.aio import until
 from rlbus.bus.kafka import KafkaBus
 from rlbus.bus.namespace import NamespacedBus, namespaced
-from rlbus.bus.topics import PROMPTS, ROLLOUTS, topic_specs
+from rlbus.bus.topics import PROMPTS, ROLLOUTS, WEIGHTS, topic_specs
 from rlbus.chaos.blobs import StallingStore
 from rlbus.chaos.harness import Progress
 from rlbus.chaos.ledger import ScenarioReport, TopicTail, audit, fill, read_topic
@@ -426,14 +426,36 @@ def _gone(pid: int) -> bool:
         return True
 
 
+def _kill_at_publish(w: Workers, pid: int, timeout_s: float) -> tuple[int, bool] | None:
+    """SIGKILL ``pid`` the moment the trainer starts publishing a new version — its directory appears in
+    the blob store, before its chunks, manifests and announcement are all written — polling every 2 ms.
+    Returns (that version, whether its delta manifest was written by then), or None if none started.
+    Blocking: run it in a thread."""
+    root = w.root / "blobs" / "policy"
+
+    def newest() -> int:
+        return max((int(p.name) for p in root.iterdir() if p.name.isdigit()), default=0) if root.is_dir() else 0
+
+    before, deadline = newest(), time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if (version := newest()) > before:
+            os.kill(pid, signal.SIGKILL)
+            return version, (root / f"{version:010d}" / "manifest.delta").is_file()
+        time.sleep(0.002)
+    return None
+
+
 async def trainer_rank_kill(rig: ChaosRig, *, seed: int = 0, quick: bool = False, ranks: int = 2,
-                            kill_rank: int = 1) -> ScenarioReport:
+                            kill_rank: int = 1, at_publish: bool = False) -> ScenarioReport:
     """The trainer on ``ranks`` ranks under torchrun (as `rlbus up` starts it for ``[trainer] world_size``):
     rank ``kill_rank`` SIGKILLed inside a step, after the producer has admitted all its prompts. torchrun
     must stop the whole trainer — the other ranks too, since a step cannot finish without every rank — and
     the trainer started again (torchrun, the same ranks) restores its newest checkpoint (DCP shards) and
     trains on. The ledger audit and the model-versus-ledger count then show nothing trained twice and
-    nothing lost, exactly as for a one-process trainer (`trainer_kill`). Not in `rlbus.chaos.scenarios`
+    nothing lost, exactly as for a one-process trainer (`trainer_kill`). ``at_publish``: the kill lands the
+    moment a new version's publish begins (`_kill_at_publish`) instead of at a seeded moment of a step; the
+    restarted trainer then publishes above the newest version announced, so no worker ever sees a version
+    number twice or a half-written one. Not in `rlbus.chaos.scenarios`
     (the bench's fixed list): tests/integration/test_trainer_rank_kill.py runs it on the suite's Kafka."""
     rng = random.Random(seed)
 
@@ -446,16 +468,26 @@ async def trainer_rank_kill(rig: ChaosRig, *, seed: int = 0, quick: bool = False
         pids = rank_pids(w)
         report.check(f"torchrun runs {ranks} ranks", sorted(pids) == list(range(ranks)))
         killed_at = time.monotonic()
-        os.kill(pids[kill_rank], signal.SIGKILL)
+        if at_publish:
+            hit = await asyncio.to_thread(_kill_at_publish, w, pids[kill_rank], 60.0)
+            report.check("the kill landed inside a publish", hit is not None)
+            if hit is None:
+                return
+            report.extra.update(killed_publishing_version=hit[0], its_delta_manifest_written=hit[1])
+        else:
+            os.kill(pids[kill_rank], signal.SIGKILL)
         rc = await w.wait("trainer", 90)
         report.extra["torchrun_exit_after_kill"] = rc
         report.extra["trainer_down_s"] = round(time.monotonic() - killed_at, 2)
         report.check(f"torchrun stopped the trainer after rank {kill_rank} died (non-zero exit)", rc not in (None, 0))
         report.check("no rank of the trainer is left running", all(_gone(pid) for pid in pids.values()))
+        if at_publish and hit is not None:  # did the dead trainer announce the version it was publishing?
+            before = {WEIGHTS.decode(r.raw).version for r in await w.records(WEIGHTS.name)}
+            report.extra["killed_version_announced"] = hit[0] in before
         recorded = [s["step"] for s in w.recorded_steps()]
         checkpoint = await asyncio.to_thread(w.checkpoint_step)
-        report.faults.append(f"SIGKILL trainer rank {kill_rank} of {ranks} after recorded step {max(recorded)} "
-                             f"(checkpoint at step {checkpoint})")
+        report.faults.append(f"SIGKILL trainer rank {kill_rank} of {ranks}{' publishing' if at_publish else ''} after "
+                             f"recorded step {max(recorded)} (checkpoint at step {checkpoint})")
         w.start("trainer")
         report.faults.append(f"restart the trainer on {ranks} ranks")
         await w.wait_until("a step after the restart (or all work trained)",
@@ -464,8 +496,15 @@ async def trainer_rank_kill(rig: ChaosRig, *, seed: int = 0, quick: bool = False
         report.notes.append("recovery = kill → the restarted trainer's first recorded step (includes its start-up)")
         report.extra.update(checkpoint_step_at_kill=checkpoint, recorded_step_at_kill=max(recorded))
         await _effect(report, w, stop_exits=(0, 1))
+        manifests = [WEIGHTS.decode(r.raw) for r in await w.records(WEIGHTS.name)]
+        announced = [(m.version, m.kind) for m in manifests]  # a keyframe version is announced as both kinds
+        report.extra["versions_announced"] = [v for v, _ in announced]
+        report.check("versions announced, none twice, none going backwards",
+                     bool(announced) and len(set(announced)) == len(announced)
+                     and [v for v, _ in announced] == sorted(v for v, _ in announced))
 
-    return await _scenario(rig, f"trainer_rank{kill_rank}_kill", seed=seed, prompts=12 if quick else 32, body=body,
+    name = f"trainer_rank{kill_rank}_kill{'_publishing' if at_publish else ''}"
+    return await _scenario(rig, name, seed=seed, prompts=12 if quick else 32, body=body,
                            budget_s=_budget(quick), trainer_ranks=ranks)
 
 
