@@ -19,7 +19,7 @@ from rlbus.chaos.processes import trainer_rank_kill
 from rlbus.chaos.rig import SharedServices
 from tests.conftest import KAFKA_BOOTSTRAP, kafka_bus
 
-pytestmark = pytest.mark.timeout(300)
+pytestmark = [pytest.mark.kafka, pytest.mark.redis, pytest.mark.slow, pytest.mark.timeout(300)]
 
 
 @pytest.mark.parametrize(("kill_rank", "at_publish"), [(1, False), (0, True)],
