@@ -263,6 +263,8 @@ def train_dpo(
             evaluate(step + 1)
     if config.steps:
         evaluate(config.steps)
+    if ranks is not None and hasattr(model, "reshard"):  # the root's shards registered again (see above), so
+        model.reshard()  # an optimizer built next (the RL trainer's) steps the real parameters
     return DPOResult(steps=steps, evals=evals)
 
 
