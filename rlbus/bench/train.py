@@ -172,12 +172,15 @@ def _local_bytes(tensors: Any) -> int:
     return total
 
 
-def _rank_run(ranks: Any, size: Size, directory: str) -> None:
+def _rank_run(ranks: Any, size: Size, directory: str, slices: int) -> None:
     """One rank of the N-rank measurement (or the 1-rank baseline, ``ranks`` None); writes ``rank-<r>.pt``.
 
     Every rank builds the same seeded model and the same batches; the leader drives a `Trainer` (warm-up
     step, timed steps each followed by a timed `Trainer.publish`, then `save` and `restore`), the followers
-    run its commands (`Trainer.follow`)."""
+    run its commands (`Trainer.follow`). Every run trains each step in ``slices`` chunks of rows — one per
+    rank on N ranks, N micro-batches on 1 — so on 2 ranks in fp32 the update is the 1-rank one bit for bit
+    (`rlbus.training.step`, "On N ranks"); with more ranks the summation order differs and
+    ``matches_single_process`` can be false by float rounding."""
     import asyncio
     import resource
 
@@ -196,7 +199,7 @@ def _rank_run(ranks: Any, size: Size, directory: str) -> None:
     model = Policy(size.config)
     if ranks is not None:
         shard_model(model, ranks, FSDPConfig())
-    grpo = GRPOConfig(router_replay=False, normalize_std=False, max_grad_norm=0.0, micro_batch_rows=rows // 2)
+    grpo = GRPOConfig(router_replay=False, normalize_std=False, max_grad_norm=0.0, micro_batch_rows=-(-rows // slices))
     leader = rank == 0
     publisher = None
     bus = MemoryBus(topic_specs())
@@ -265,12 +268,12 @@ def _trainer_weights(directory: Path, names: list[str]) -> dict[str, torch.Tenso
     return {name: saved.model[name] for name in names}
 
 
-def measure_ranks(size: Size, world: int, directory: Path, *, threads: int) -> dict[str, Any]:
+def measure_ranks(size: Size, world: int, directory: Path, *, threads: int, slices: int) -> dict[str, Any]:
     """Run `_rank_run` on ``world`` spawned ranks; every rank's figures, rank 0's first."""
     from rlbus.training.spawn import spawn_ranks
 
     directory.mkdir(parents=True, exist_ok=True)
-    spawn_ranks(_rank_run, world, size, str(directory), threads=threads, timeout_s=600)
+    spawn_ranks(_rank_run, world, size, str(directory), slices, threads=threads, timeout_s=600)
     return {"ranks": [torch.load(directory / f"rank-{r}.pt", weights_only=True) for r in range(world)]}
 
 
@@ -292,7 +295,7 @@ def run_ranks(world: int = 2, quick: bool = False, json_path: Path | None = None
     size = ranks_size(quick)
     rows: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory(prefix="rlbus-bench-ranks-") as tmp:
-        runs = {n: measure_ranks(size, n, Path(tmp) / f"world-{n}", threads=1) for n in (1, world)}
+        runs = {n: measure_ranks(size, n, Path(tmp) / f"world-{n}", threads=1, slices=world) for n in (1, world)}
         names = [name for name, _ in Policy(size.config).named_parameters()]
         weights = {n: _trainer_weights(Path(tmp) / f"world-{n}", names) for n in runs}
         rebuilt = {n: asyncio.run(_rebuild(Path(tmp) / f"world-{n}", runs[n]["ranks"][0]["version"], weights[n]))
