@@ -1697,6 +1697,11 @@ def bench(
         typer.Option(help="bus only: tls-scram measures SASL_SSL + ACLs against PLAINTEXT (two fresh clusters) "
                           "and runs the refusal matrix."),
     ] = None,
+    world_size: Annotated[
+        int,
+        typer.Option(help="train only: N ≥ 2 runs the trainer on N gloo ranks (FSDP2, CPU) against 1 rank on the "
+                          "same batches: tokens/s and memory per rank, publish and checkpoint times, exactness."),
+    ] = 1,
 ) -> None:
     """Run a benchmark: prints a short table (with its same-run baseline) and optionally writes JSON."""
     if name not in BENCHMARKS:
@@ -1728,6 +1733,10 @@ def bench(
         if name != "bus" or security != "tls-scram":
             raise typer.BadParameter("--security tls-scram is for the bus benchmark")
         kwargs["security"] = security
+    if world_size != 1:
+        if name != "train" or world_size < 2:
+            raise typer.BadParameter("--world-size N (N ≥ 2) is for the train benchmark")
+        kwargs["world_size"] = world_size
     try:
         result = module.run(quick=quick, json_path=json_path, **kwargs)
     except RlbusError as exc:
@@ -1744,6 +1753,10 @@ def bench(
         raise typer.Exit(1)
     if name == "regions" and not result["summary"]["passed"]:
         err.print("[red]a region run failed its checks or lost a rollout (see the ledger table)[/red]")
+        raise typer.Exit(1)
+    if name == "train" and world_size > 1 and not (result["summary"]["matches_single_process"]
+                                                   and result["summary"]["delta_chain_bit_exact"]):
+        err.print("[red]the N-rank trainer did not reproduce the 1-rank run exactly (see the JSON's summary)[/red]")
         raise typer.Exit(1)
     if name == "chaos" and result["summary"]["passed"] < result["summary"]["scenarios"]:
         err.print("[red]a chaos scenario failed its checks (see the table)[/red]")

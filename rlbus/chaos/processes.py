@@ -46,7 +46,7 @@ from typing import TYPE_CHECKING, Any
 from rlbus.aio import until
 from rlbus.bus.kafka import KafkaBus
 from rlbus.bus.namespace import NamespacedBus, namespaced
-from rlbus.bus.topics import PROMPTS, ROLLOUTS, topic_specs
+from rlbus.bus.topics import PROMPTS, ROLLOUTS, WEIGHTS, topic_specs
 from rlbus.chaos.blobs import StallingStore
 from rlbus.chaos.harness import Progress
 from rlbus.chaos.ledger import ScenarioReport, TopicTail, audit, fill, read_topic
@@ -67,9 +67,11 @@ SIGNALLED = (None, 0, -signal.SIGKILL, -signal.SIGTERM, 128 + signal.SIGTERM)
 
 
 def run_config(
-    rig: ChaosRig, root: Path, namespace: str, *, seed: int, max_staleness: int, admission: str = "served"
+    rig: ChaosRig, root: Path, namespace: str, *, seed: int, max_staleness: int, admission: str = "served",
+    trainer_ranks: int = 1,
 ) -> str:
-    """The run's TOML: a tiny policy, groups of 4, one group per step, a checkpoint every step."""
+    """The run's TOML: a tiny policy, groups of 4, one group per step, a checkpoint every step, the trainer
+    on ``trainer_ranks`` ranks."""
     return f"""
 [bus]
 {rig.bus_toml()}
@@ -96,6 +98,7 @@ checkpoint_dir = "{root / 'checkpoints'}"
 checkpoint_every = 1
 join_timeout_s = 60
 warm_steps = 0
+world_size = {trainer_ranks}
 keyframe_every = 5
 retain_versions = 1000
 [trainer.grpo]
@@ -117,11 +120,13 @@ class Workers:
 
     def __init__(
         self, rig: ChaosRig, root: Path, name: str, *, seed: int, prompts: int, max_staleness: int,
-        budget_s: float = 900.0, admission: str = "served", partitions: int = PARTITIONS,
+        budget_s: float = 900.0, admission: str = "served", partitions: int = PARTITIONS, trainer_ranks: int = 1,
     ) -> None:
+        """``trainer_ranks`` > 1 starts the trainer under torchrun as `rlbus up` does (one process per rank)."""
         self.rig = rig
         #: Partitions of the run's topics: at least as many as rollout workers, or some get no prompts.
         self.partitions = partitions
+        self.trainer_ranks = trainer_ranks
         #: Every wait ends by then, so a stuck scenario fails with its report (which wait, what the ledger
         #: counted) inside its test's timeout, instead of being killed by the timeout with nothing said.
         self.deadline = time.monotonic() + budget_s
@@ -133,8 +138,11 @@ class Workers:
         (root / "logs").mkdir(exist_ok=True)
         self.config = root / "run.toml"
         self.config.write_text(run_config(rig, root, self.namespace, seed=seed, max_staleness=max_staleness,
-                                          admission=admission))
+                                          admission=admission, trainer_ranks=trainer_ranks))
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
+        #: An exit status outside SIGNALLED that the scenario's own signal explains, per process (torchrun
+        #: reports a SIGTERM it passed on to ranks that drained and exited 0 with 1: `_effect`).
+        self.explained: dict[str, int] = {}
         self.state = RedisStateStore.from_url(rig.redis.url, key_prefix=f"rlbus:{self.namespace}:", reconnect=True)
         self.join = JoinBuffer(state=self.state, policy=RewardPolicy())
         self.bus = namespaced(rig.bus(client_id=f"chaos-{name}"), f"{self.namespace}.")
@@ -169,17 +177,18 @@ class Workers:
     ) -> subprocess.Popen[bytes]:
         """Start role process ``name`` (its role is the name's first word) in ``region``; ``env`` is set on top
         of the rig's (a worker's own blob store URL, its region's proxies)."""
-        from rlbus.launch.up import rlbus_command
+        from rlbus.launch.up import rlbus_command, torchrun_command
 
         role = name.split("-")[0]
+        base = [*torchrun_command(self.trainer_ranks)] if role == "trainer" and self.trainer_ranks > 1 else [
+            *rlbus_command(), "worker"]
         log = (self.root / "logs" / f"{name}.log").open("ab")
         extra, env = env or {}, {**os.environ, "PYTHONUNBUFFERED": "1"}
         for key in ("RLBUS_KAFKA_BOOTSTRAP", "RLBUS_REDIS_URL", "RLBUS_BLOB_URL"):
             env.pop(key, None)  # the run config names the rig's services; a developer's env must not win
         env.update(extra)
         proc = subprocess.Popen(
-            [*rlbus_command(), "worker", role, "--config", str(self.config), "--worker-id", name,
-             *(["--region", region] if region else [])],
+            [*base, role, "--config", str(self.config), "--worker-id", name, *(["--region", region] if region else [])],
             stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env, start_new_session=True,
         )
         log.close()
@@ -297,7 +306,8 @@ class Workers:
         found = await audit(bus=self.bus, state=self.state, join=self.join, run_id=None)
         fill(report, found)
         report.notes += self.notes
-        failed = [n for n, p in self.procs.items() if p.returncode not in SIGNALLED]
+        failed = [n for n, p in self.procs.items()
+                  if p.returncode not in SIGNALLED and p.returncode != self.explained.get(n)]
         for name in failed:
             report.notes.append(f"{name} exited {self.procs[name].returncode}: {self.log_tail(name, 4)}")
         report.check("no worker failed on its own", not failed)
@@ -315,13 +325,14 @@ async def _scenario(
     roles: tuple[str, ...] = ROLES,
     budget_s: float = 900.0,
     admission: str = "served",
+    trainer_ranks: int = 1,
 ) -> ScenarioReport:
     report = ScenarioReport(scenario=name)
     began = time.monotonic()
     stop = asyncio.Event()
     root = rig.home / "runs" / name
     async with Workers(rig, root, name, seed=seed, prompts=prompts, max_staleness=max_staleness,
-                       budget_s=budget_s, admission=admission) as workers:
+                       budget_s=budget_s, admission=admission, trainer_ranks=trainer_ranks) as workers:
         sampler = asyncio.create_task(workers.sample(stop))
         try:
             await workers.start_run(roles)
@@ -395,6 +406,113 @@ async def trainer_kill(rig: ChaosRig, *, seed: int = 0, quick: bool = False) -> 
                            budget_s=400.0 if quick else 900.0)
 
 
+def rank_pids(w: Workers, name: str = "trainer") -> dict[int, int]:
+    """The pid of each rank under the torchrun process ``name``: its direct children running rlbus, by the
+    RANK torchrun gives each."""
+    import psutil
+
+    pids = {}
+    for child in psutil.Process(w.procs[name].pid).children():
+        try:
+            rank, command = child.environ().get("RANK"), child.cmdline()
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            continue
+        if rank is not None and "rlbus.cli" in command:
+            pids[int(rank)] = child.pid
+    return pids
+
+
+def _gone(pid: int) -> bool:
+    import psutil
+
+    try:
+        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
+
+
+def _kill_at_publish(w: Workers, pid: int, timeout_s: float) -> tuple[int, bool] | None:
+    """SIGKILL ``pid`` the moment the trainer starts publishing a new version — its directory appears in
+    the blob store, before its chunks, manifests and announcement are all written — polling every 2 ms.
+    Returns (that version, whether its delta manifest was written by then), or None if none started.
+    Blocking: run it in a thread."""
+    root = w.root / "blobs" / "policy"
+
+    def newest() -> int:
+        return max((int(p.name) for p in root.iterdir() if p.name.isdigit()), default=0) if root.is_dir() else 0
+
+    before, deadline = newest(), time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if (version := newest()) > before:
+            os.kill(pid, signal.SIGKILL)
+            return version, (root / f"{version:010d}" / "manifest.delta").is_file()
+        time.sleep(0.002)
+    return None
+
+
+async def trainer_rank_kill(rig: ChaosRig, *, seed: int = 0, quick: bool = False, ranks: int = 2,
+                            kill_rank: int = 1, at_publish: bool = False) -> ScenarioReport:
+    """The trainer on ``ranks`` ranks under torchrun (as `rlbus up` starts it for ``[trainer] world_size``):
+    rank ``kill_rank`` SIGKILLed inside a step, after the producer has admitted all its prompts. torchrun
+    must stop the whole trainer — the other ranks too, since a step cannot finish without every rank — and
+    the trainer started again (torchrun, the same ranks) restores its newest checkpoint (DCP shards) and
+    trains on. The ledger audit and the model-versus-ledger count then show nothing trained twice and
+    nothing lost, exactly as for a one-process trainer (`trainer_kill`). ``at_publish``: the kill lands the
+    moment a new version's publish begins (`_kill_at_publish`) instead of at a seeded moment of a step; the
+    restarted trainer then publishes above the newest version announced, so no worker ever sees a version
+    number twice or a half-written one. Not in `rlbus.chaos.scenarios`
+    (the bench's fixed list): tests/integration/test_trainer_rank_kill.py runs it on the suite's Kafka."""
+    rng = random.Random(seed)
+
+    async def body(w: Workers, report: ScenarioReport) -> None:
+        await w.wait_until("the producer done admitting", lambda: not w.alive("prompts"), timeout_s=240)
+        await w.wait_until("two trainer steps", lambda: len(w.recorded_steps()) >= 2, timeout_s=240)
+        step_at = len(w.recorded_steps())
+        await w.wait_until("the next step under way", lambda: len(w.recorded_steps()) > step_at, timeout_s=120)
+        await asyncio.sleep(rng.uniform(0.0, 0.3))  # somewhere inside the following step
+        pids = rank_pids(w)
+        report.check(f"torchrun runs {ranks} ranks", sorted(pids) == list(range(ranks)))
+        killed_at = time.monotonic()
+        if at_publish:
+            hit = await asyncio.to_thread(_kill_at_publish, w, pids[kill_rank], 60.0)
+            report.check("the kill landed inside a publish", hit is not None)
+            if hit is None:
+                return
+            report.extra.update(killed_publishing_version=hit[0], its_delta_manifest_written=hit[1])
+        else:
+            os.kill(pids[kill_rank], signal.SIGKILL)
+        rc = await w.wait("trainer", 90)
+        report.extra["torchrun_exit_after_kill"] = rc
+        report.extra["trainer_down_s"] = round(time.monotonic() - killed_at, 2)
+        report.check(f"torchrun stopped the trainer after rank {kill_rank} died (non-zero exit)", rc not in (None, 0))
+        report.check("no rank of the trainer is left running", all(_gone(pid) for pid in pids.values()))
+        if at_publish and hit is not None:  # did the dead trainer announce the version it was publishing?
+            before = {WEIGHTS.decode(r.raw).version for r in await w.records(WEIGHTS.name)}
+            report.extra["killed_version_announced"] = hit[0] in before
+        recorded = [s["step"] for s in w.recorded_steps()]
+        checkpoint = await asyncio.to_thread(w.checkpoint_step)
+        report.faults.append(f"SIGKILL trainer rank {kill_rank} of {ranks}{' publishing' if at_publish else ''} after "
+                             f"recorded step {max(recorded)} (checkpoint at step {checkpoint})")
+        w.start("trainer")
+        report.faults.append(f"restart the trainer on {ranks} ranks")
+        await w.wait_until("a step after the restart (or all work trained)",
+                           lambda: _stepped_or_done(w, max(recorded)), timeout_s=180)
+        report.recovery_s = round(time.monotonic() - killed_at, 2)
+        report.notes.append("recovery = kill → the restarted trainer's first recorded step (includes its start-up)")
+        report.extra.update(checkpoint_step_at_kill=checkpoint, recorded_step_at_kill=max(recorded))
+        await _effect(report, w, stop_exits=(0, 1))
+        manifests = [WEIGHTS.decode(r.raw) for r in await w.records(WEIGHTS.name)]
+        announced = [(m.version, m.kind) for m in manifests]  # a keyframe version is announced as both kinds
+        report.extra["versions_announced"] = [v for v, _ in announced]
+        report.check("versions announced, none twice, none going backwards",
+                     bool(announced) and len(set(announced)) == len(announced)
+                     and [v for v, _ in announced] == sorted(v for v, _ in announced))
+
+    name = f"trainer_rank{kill_rank}_kill{'_publishing' if at_publish else ''}"
+    return await _scenario(rig, name, seed=seed, prompts=12 if quick else 32, body=body,
+                           budget_s=_budget(quick), trainer_ranks=ranks)
+
+
 async def worker_lag(rig: ChaosRig, *, seed: int = 0, quick: bool = False) -> ScenarioReport:
     """One rollout worker's weight sync frozen for longer than ``max_staleness`` versions while it keeps
     generating, then thawed: its rollouts arrive too stale and are dropped, their groups free their
@@ -448,15 +566,19 @@ async def _dropped_stale(w: Workers) -> bool:
     return (await w.join.counts()).get(Outcome.STALE.value, 0) > 0
 
 
-async def _effect(report: ScenarioReport, w: Workers) -> None:
+async def _effect(report: ScenarioReport, w: Workers, stop_exits: tuple[int, ...] = (0,)) -> None:
     """Compare what the model holds with what the ledger says, once every rollout has an outcome: the
     trainer stops gracefully (a checkpoint, and its held rollouts settled), and the checkpoint's count of
     rollouts in the model's updates must equal the ledger's "trained" count — more means an update applied
-    twice, fewer an update the ledger counts but the model lost."""
+    twice, fewer an update the ledger counts but the model lost. ``stop_exits``: the trainer's exit statuses
+    after that SIGTERM (torchrun may report the signal with 1 once its ranks have drained and exited 0)."""
     if not report.check("every rollout reached an outcome before the final check", await w.drain(timeout_s=240)):
         return
     w.signal("trainer", signal.SIGTERM)
-    report.check("the restarted trainer stopped cleanly", await w.wait("trainer", 60) == 0)
+    stopped = await w.wait("trainer", 60)
+    report.extra["trainer_exit_after_sigterm"] = stopped
+    if report.check("the restarted trainer stopped cleanly", stopped in stop_exits) and stopped:
+        w.explained["trainer"] = stopped
     saved = await asyncio.to_thread(w.checkpoint_state)
     in_model = 0 if saved is None else saved.rollouts_trained
     in_ledger = (await w.join.counts())[Outcome.TRAINED.value]

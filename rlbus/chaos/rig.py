@@ -30,6 +30,7 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import cast
 
 from rlbus.bus.kafka import KafkaBus, KafkaSettings
 from rlbus.bus.topics import topic_specs
@@ -230,3 +231,50 @@ class ChaosRig:
     def restart_redis(self) -> None:
         """Start Redis again on the same port and directory; it reloads the append-only file."""
         self.redis = start_redis(self.redis.port, dir=self.redis.dir, persist=True)
+
+
+@dataclass(frozen=True)
+class _RedisAt:
+    """A Redis someone else runs: only its URL (nothing of ours to kill or restart)."""
+
+    url: str
+
+
+@dataclass
+class SharedServices(ChaosRig):
+    """A Kafka and a Redis someone else runs — the test suite's broker on 127.0.0.1:9092 and its Redis —
+    for scenarios that break rlbus processes only, never the services: their run namespace keeps their
+    topics, consumer groups and Redis keys apart from everyone else's, and no broker of a private cluster
+    has to start first (20-60 s on two cores). The service faults (`kill_broker`, `kill_redis` …) are not
+    for this rig, and `stop` stops nothing."""
+
+    address: str = ""
+
+    @classmethod
+    def at(cls, home: Path, bootstrap: str, redis_url: str) -> SharedServices:
+        home.mkdir(parents=True, exist_ok=True)
+        return cls(home=home, cluster=cast(kafka.KafkaCluster, None), redis=cast(RedisServer, _RedisAt(redis_url)),
+                   address=bootstrap)
+
+    @property
+    def bootstrap(self) -> str:
+        return self.address
+
+    @property
+    def replication(self) -> int:
+        return 1
+
+    def stop(self) -> None:
+        """Nothing: the services are not ours."""
+
+    async def wait_metadata(self, bus: KafkaBus, names: list[str], *, present: bool, timeout_s: float = 30.0) -> None:
+        """Until the broker lists ``names`` (or none of them)."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            listed = set(await bus.list_topics())
+            if (set(names) <= listed) if present else not (set(names) & listed):
+                return
+            if time.monotonic() > deadline:
+                raise ServiceError(f"Kafka at {self.address}: topics not {'created' if present else 'deleted'} "
+                                   f"after {timeout_s:.0f} s")
+            await asyncio.sleep(0.1)

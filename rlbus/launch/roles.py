@@ -311,8 +311,10 @@ async def follow_leader(config: RunConfig, ranks: Ranks, *, worker_id: str, stop
             if settings.rank_uploads:
                 store = await stack.enter_async_context(store_for(config)[0])
                 shards = ShardPublisher(store=store, loop=asyncio.get_running_loop())
-            description = await asyncio.to_thread(ranks.broadcast)
+            description, dpo = await asyncio.to_thread(ranks.broadcast)
             model = await asyncio.to_thread(model_from_description, description, dtype=torch.float32)
+            if dpo:
+                model = await asyncio.to_thread(sharded_dpo, model, config, ranks, worker_id)
             trainer = follower_trainer(model=model, lr=settings.lr, grpo=settings.grpo, ranks=ranks,
                                        fsdp=settings.fsdp, checkpoint_dir=checkpoints, shards=shards)
             log.info("%s: rank %d of %d, following rank 0", worker_id, ranks.rank, ranks.world)
@@ -334,13 +336,17 @@ async def _lead(
     with stopping(stop) as stop:
         saved = await asyncio.to_thread(load_checkpoint, checkpoints) if checkpoints and checkpoints.is_dir() else None
         model: Any
+        # On N ranks the run's DPO stage trains sharded, on every rank (`sharded_dpo`).
+        dpo = ranks is not None and saved is None and config.model.checkpoint is None and config.dpo.train.steps > 0
         if saved is not None:
             model = model_from_state(saved)
             log.info("%s: restoring step %d (v%d) from %s", worker_id, saved.step, saved.version, checkpoints)
         else:
-            model = await asyncio.to_thread(starting_model, config, worker_id)
+            model = await asyncio.to_thread(starting_model, config, worker_id, with_dpo=not dpo)
         if ranks is not None:  # the followers build this model, then take its weights (trainer_stack)
-            await asyncio.to_thread(ranks.broadcast, model.describe())
+            await asyncio.to_thread(ranks.broadcast, (model.describe(), dpo))
+        if dpo and ranks is not None:
+            model = await asyncio.to_thread(sharded_dpo, model, config, ranks, worker_id)
         async with connected(config, region, bus=bus, state=state, store=store) as (bus, state, store, store_url):
             runlog = RunLog(config.run_dir) if config.run_dir is not None else None
             recorder: TrainerRecorder | None = None  # needs the stack's publisher and join: made just below
@@ -407,11 +413,34 @@ def _dpo_stage(model: Any, source: Any, config: RunConfig, worker_id: str) -> No
              report.accuracy_end, gate or "off")
 
 
-def starting_model(config: RunConfig, worker_id: str) -> Any:
+def sharded_dpo(model: Any, config: RunConfig, ranks: Ranks, worker_id: str) -> Any:
+    """The run's DPO stage on N ranks: ``model`` (rank 0's weights shared to every rank first) sharded as
+    the trainer shards it, then `rlbus.training.dpo.train_dpo` with ``ranks`` — each rank draws the same
+    pairs from the config and trains its slice of each batch, so no rank holds more than its shard of the
+    weights and Adam moments. Returns the sharded model, which the trainer then takes as it is. The gate
+    is checked on every rank alike (the metrics are the whole batch's), so all of them stop when it
+    fails. Every rank calls this at the same point. Blocking."""
+    from rlbus.launch.stages import prepare_dpo
+    from rlbus.training.offline import dpo_stage
+    from rlbus.wiring.trainer import _sharded
+
+    model = _sharded(model, ranks, config.trainer.fsdp)
+    source = model_source(config, progress=log.info)
+    pairs, held_out, dpo, gate = prepare_dpo(config, source)
+    log.info("%s: DPO on rank %d of %d, %d steps on %d pairs (%d held out)", worker_id, ranks.rank, ranks.world,
+             dpo.steps, len(pairs), len(held_out))
+    report = dpo_stage(model, pairs, held_out, dpo, gate_accuracy=gate, ranks=ranks)
+    log.info("%s: DPO done: held-out preference accuracy %s → %s (gate %s)", worker_id, report.accuracy_start,
+             report.accuracy_end, gate or "off")
+    return model
+
+
+def starting_model(config: RunConfig, worker_id: str, *, with_dpo: bool = True) -> Any:
     """The model RL starts from when the trainer has no checkpoint of its own: ``[model] checkpoint``, else
     the run's model with its warm start (``[trainer] warm_steps``) and DPO stage (``[dpo.train] steps``).
     Deterministic for a config (seeded by ``[task] seed``), so `rlbus eval` rebuilds the same one to
-    measure where RL started. Blocking."""
+    measure where RL started. ``with_dpo=False`` leaves the DPO stage out (a trainer on N ranks runs it
+    sharded: `sharded_dpo`). Blocking."""
     import torch
 
     from rlbus.training.warm import warm_start
@@ -433,7 +462,7 @@ def starting_model(config: RunConfig, worker_id: str) -> Any:
                 log.info("%s: warm start step %d/%d, loss %.4f", worker_id, step + 1, total, loss)
 
         warm_start(model, chat=source.chat, on_step=progress, **warm_start_args(config))
-    if config.dpo.train.steps:
+    if config.dpo.train.steps and with_dpo:
         _dpo_stage(model, source, config, worker_id)
     return model
 

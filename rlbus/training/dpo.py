@@ -38,6 +38,7 @@ from rlbus.rl.preference import PreferenceTerms, preference_loss
 from rlbus.training.batch import pack
 from rlbus.training.config import DPOConfig
 from rlbus.training.preference import PreferencePair
+from rlbus.training.ranks import Ranks
 from rlbus.training.sft import ChatRenderer, SFTExample, _sample
 
 __all__ = [
@@ -184,16 +185,29 @@ def train_dpo(
     *,
     eval_pairs: Sequence[PreferencePair] | None = None,
     on_step: Callable[[DPOStep], None] | None = None,
+    ranks: Ranks | None = None,
 ) -> DPOResult:
     """Train ``model`` in place for ``config.steps`` steps against its own starting weights (see the module
-    docstring). ``on_step`` gets each step's metrics (progress output)."""
+    docstring). ``on_step`` gets each step's metrics (progress output).
+
+    On N ranks (``ranks``; the model sharded with `rlbus.training.ranks.shard_model`) every rank calls this
+    with the same pairs and config, so every rank draws the same batch; each trains its contiguous slice
+    of it (`Ranks.rows`), its mean loss weighted by its share of the batch, and FSDP *sums* the ranks'
+    gradients: the one-process gradient of the batch mean. A rank whose slice is empty still runs the
+    forward and backward (every FSDP pass is a collective) with weight 0. The reference and held-out
+    log-probs are scored by every rank on all pairs (no gradient: the same forwards in lock-step), and the
+    reported metrics are the whole batch's on every rank. The result matches one process to float
+    rounding, not bit for bit: each rank pads its own slice and the batch mean is summed in two parts."""
     if not pairs:
         raise ValueError("train_dpo needs at least one pair")
+    # The optimizer first: after a forward, FSDP2 leaves the root module's parameters unsharded (plain
+    # tensors registered in place of its DTensor shards), and an optimizer built then would step those
+    # throwaway copies — the embedding and LM head would never train on N ranks.
+    optimizer = torch.optim.AdamW(model.parameters(), lr=config.lr, betas=config.betas,
+                                  weight_decay=config.weight_decay)
     ref = reference_logprobs(model, pairs, config)  # frozen: the weights before any step
     eval_ref = reference_logprobs(model, eval_pairs, config) if eval_pairs else None
     generator = torch.Generator().manual_seed(config.seed)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=config.lr, betas=config.betas,
-                                  weight_decay=config.weight_decay)
     evals: list[DPOEval] = []
 
     def evaluate(step: int) -> None:
@@ -209,21 +223,39 @@ def train_dpo(
         if len(order) < config.batch_size:
             order += torch.randperm(len(pairs), generator=generator).tolist()
         picked, order = order[: config.batch_size], order[config.batch_size :]
-        index = torch.tensor(picked)
-        pc, pr, aux, fed = _pair_logprobs(model, [pairs[i] for i in picked], config)  # [P], [P]
+        mine, share = picked, 1.0  # this rank's pairs, and their share of the batch
+        if ranks is not None:
+            a, b = ranks.rows(0, len(picked))
+            mine, share = (picked[a:b], (b - a) / len(picked)) if b > a else (picked[:1], 0.0)
+        index = torch.tensor(mine)
+        pc, pr, aux, fed = _pair_logprobs(model, [pairs[i] for i in mine], config)  # [P], [P]
         terms = _terms(pc, pr, ref[0][index], ref[1][index], config)
         loss = terms.loss if aux is None or not config.aux_loss else terms.loss + aux
         optimizer.zero_grad(set_to_none=True)
-        loss.backward()
+        (loss if ranks is None else loss * share).backward()
         clip = config.max_grad_norm if config.max_grad_norm > 0 else math.inf
-        grad_norm = float(torch.nn.utils.clip_grad_norm_(model.parameters(), clip))
+        norm = torch.nn.utils.clip_grad_norm_(model.parameters(), clip)
+        grad_norm = float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)  # a DTensor on N ranks
         optimizer.step()
-        metrics = DPOStep(
-            step=step, loss=float(terms.loss.detach()), accuracy=float(terms.accuracy),
-            chosen_reward=float(terms.chosen_rewards.mean()), rejected_reward=float(terms.rejected_rewards.mean()),
-            margin=float(terms.margins.mean()), grad_norm=grad_norm,
-            tokens_per_s=fed / max(time.perf_counter() - start, 1e-9),
-        )
+        if ranks is None:
+            metrics = DPOStep(
+                step=step, loss=float(terms.loss.detach()), accuracy=float(terms.accuracy),
+                chosen_reward=float(terms.chosen_rewards.mean()),
+                rejected_reward=float(terms.rejected_rewards.mean()), margin=float(terms.margins.mean()),
+                grad_norm=grad_norm, tokens_per_s=fed / max(time.perf_counter() - start, 1e-9),
+            )
+        else:  # the whole batch's metrics on every rank: sums over the ranks' own pairs
+            P, on = len(picked), float(share > 0)
+            sums = ranks.sum(torch.tensor([
+                float(terms.loss.detach()) * len(mine) * on, float(terms.accuracy) * len(mine) * on,
+                float(terms.chosen_rewards.sum()) * on, float(terms.rejected_rewards.sum()) * on,
+                float(terms.margins.sum()) * on, fed * on,
+            ], dtype=torch.float64, device=ranks.device)).tolist()
+            metrics = DPOStep(
+                step=step, loss=sums[0] / P, accuracy=sums[1] / P, chosen_reward=sums[2] / P,
+                rejected_reward=sums[3] / P, margin=sums[4] / P, grad_norm=grad_norm,
+                tokens_per_s=sums[5] / max(time.perf_counter() - start, 1e-9),
+            )
         steps.append(metrics)
         if on_step is not None:
             on_step(metrics)
@@ -231,6 +263,8 @@ def train_dpo(
             evaluate(step + 1)
     if config.steps:
         evaluate(config.steps)
+    if ranks is not None and hasattr(model, "reshard"):  # the root's shards registered again (see above), so
+        model.reshard()  # an optimizer built next (the RL trainer's) steps the real parameters
     return DPOResult(steps=steps, evals=evals)
 
 

@@ -24,6 +24,7 @@ from rlbus.errors import QualityGateFailed
 from rlbus.models.base import TrainableLM
 from rlbus.training.dpo import DPOConfig, DPOResult, DPOStep, load_preference_data, split_pairs, train_dpo
 from rlbus.training.preference import PreferencePair
+from rlbus.training.ranks import Ranks
 from rlbus.training.warm import sft_examples, sloppy_teacher
 
 
@@ -82,10 +83,12 @@ class StageReport:
 def dpo_stage(
     model: TrainableLM, pairs: list[PreferencePair], eval_pairs: list[PreferencePair], config: DPOConfig, *,
     gate_accuracy: float = 0.0, on_step: Callable[[DPOStep], None] | None = None, enforce: bool = True,
+    ranks: Ranks | None = None,
 ) -> StageReport:
-    """Train ``model`` in place with DPO, then check the gate: held-out preference accuracy at the end must
-    reach ``gate_accuracy``; with ``enforce`` a miss raises `QualityGateFailed` (RL must not start)."""
-    result = train_dpo(model, pairs, config, eval_pairs=eval_pairs or None, on_step=on_step)
+    """Train ``model`` in place with DPO (on every rank of ``ranks``: `train_dpo`), then check the gate:
+    held-out preference accuracy at the end must reach ``gate_accuracy``; with ``enforce`` a miss raises
+    `QualityGateFailed` (RL must not start)."""
+    result = train_dpo(model, pairs, config, eval_pairs=eval_pairs or None, on_step=on_step, ranks=ranks)
     accuracy = result.evals[-1].accuracy if result.evals else None
     passed = gate_accuracy <= 0 or (accuracy is not None and accuracy >= gate_accuracy)
     report = StageReport(result=result, train_pairs=len(pairs), eval_pairs=len(eval_pairs),

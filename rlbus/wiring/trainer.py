@@ -126,9 +126,15 @@ def follower_trainer(
 
 
 def _sharded(model: TrainableLM, ranks: Ranks, fsdp: FSDPConfig | None) -> TrainableLM:
-    """``model`` with rank 0's weights on every rank, sharded with FSDP2 (the same on every rank)."""
+    """``model`` with rank 0's weights on every rank, sharded with FSDP2 (the same on every rank); a model
+    sharded already (the N-rank DPO stage ran on it: `rlbus.launch.roles`) as it is."""
+    from torch.distributed.fsdp import FSDPModule
+
     from rlbus.training.config import FSDPConfig
     from rlbus.training.ranks import shard_model, share_weights
+
+    if isinstance(model, FSDPModule):
+        return model
 
     share_weights(model, ranks)  # type: ignore[arg-type]
     return shard_model(model, ranks, fsdp or FSDPConfig())

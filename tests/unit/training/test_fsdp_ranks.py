@@ -13,13 +13,11 @@ from __future__ import annotations
 import asyncio
 import os
 import shutil
-import socket
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
-import torch.multiprocessing as mp
 
 from rlbus.models.base import weight_tensors
 from rlbus.models.policy import Policy, PolicyConfig
@@ -27,6 +25,7 @@ from rlbus.training.batch import Group, Sample
 from rlbus.training.checkpoint import load_checkpoint, model_from_state
 from rlbus.training.config import FSDPConfig
 from rlbus.training.ranks import Ranks
+from rlbus.training.spawn import spawn_ranks
 from rlbus.training.step import GRPOConfig, OptimConfig, _plan
 from rlbus.training.trainer import Trainer
 
@@ -82,33 +81,26 @@ async def steps(t: Trainer, first: int, last: int) -> list[float]:
     return [(await t.train_on(batch(k)))["loss"] for k in range(first, last + 1)]
 
 
-def rank_main(rank: int, port: int, directory: str, out: str) -> None:
+def rank_main(ranks: Ranks, directory: str, out: str) -> None:
     """One of two ranks: resume the one-process checkpoint of step 2, train 3–4, checkpoint (DCP), train 5–6."""
-    import torch.distributed as dist
+    t = trainer(Path(directory), seed=100 + ranks.rank, ranks=ranks)
+    if ranks.rank:
+        t.follow()
+        return
 
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
-    try:
-        t = trainer(Path(directory), seed=100 + rank, ranks=Ranks(rank=rank, world=2))
-        if rank:
-            t.follow()
-            return
+    async def lead() -> None:
+        await t.restore()
+        losses = await steps(t, 3, 4)
+        metadata = (await t.save()).with_suffix(".dcp") / ".metadata"
+        written = metadata.stat().st_mtime_ns
+        await t.save()  # a second checkpoint of the same step (a stop right after one) keeps its shards
+        assert metadata.stat().st_mtime_ns == written
+        losses += await steps(t, 5, 6)
+        t.release()
+        assert isinstance(t.publisher, Recorder)
+        torch.save({"losses": losses, "shipped": t.publisher.shipped, "step": t.step}, out)
 
-        async def lead() -> None:
-            await t.restore()
-            losses = await steps(t, 3, 4)
-            metadata = (await t.save()).with_suffix(".dcp") / ".metadata"
-            written = metadata.stat().st_mtime_ns
-            await t.save()  # a second checkpoint of the same step (a stop right after one) keeps its shards
-            assert metadata.stat().st_mtime_ns == written
-            losses += await steps(t, 5, 6)
-            t.release()
-            assert isinstance(t.publisher, Recorder)
-            torch.save({"losses": losses, "shipped": t.publisher.shipped, "step": t.step}, out)
-
-        asyncio.run(lead())
-    finally:
-        dist.destroy_process_group()
+    asyncio.run(lead())
 
 
 UNEVEN = GRPOConfig(minibatches=2, micro_batch_rows=1, max_grad_norm=0.5)  # 5 rows: slices of 2 and 1 per minibatch
@@ -129,39 +121,19 @@ def uneven_steps(ranks: Ranks | None) -> tuple[list[float], dict[str, torch.Tens
     return losses, full_weights(model) if ranks is not None else weight_tensors(model)
 
 
-def uneven_rank_main(rank: int, port: int, out: str) -> None:
-    import torch.distributed as dist
-
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
-    try:
-        losses, weights = uneven_steps(Ranks(rank=rank, world=2))
-        if rank == 0:
-            torch.save({"losses": losses, "weights": weights}, out)
-    finally:
-        dist.destroy_process_group()
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+def uneven_rank_main(ranks: Ranks, out: str) -> None:
+    losses, weights = uneven_steps(ranks)
+    if ranks.rank == 0:
+        torch.save({"losses": losses, "weights": weights}, out)
 
 
 def two_ranks(directory: Path | None, out: Path) -> dict[str, Any]:
-    """Run `rank_main` (with a checkpoint ``directory``) or `uneven_rank_main` on two ranks; rank 0's results."""
-    ctx = mp.get_context("spawn")
-    port = free_port()
-    procs = [ctx.Process(target=rank_main, args=(r, port, str(directory), str(out))) if directory is not None
-             else ctx.Process(target=uneven_rank_main, args=(r, port, str(out))) for r in range(2)]
-    for p in procs:
-        p.start()
-    for p in procs:
-        p.join(timeout=120)
-    for p in procs:
-        if p.is_alive():
-            p.kill()
-    assert [p.exitcode for p in procs] == [0, 0]
+    """Run `rank_main` (with a checkpoint ``directory``) or `uneven_rank_main` on two spawned gloo ranks
+    (`rlbus.training.spawn`); rank 0's results."""
+    if directory is not None:
+        spawn_ranks(rank_main, 2, str(directory), str(out), timeout_s=120)
+    else:
+        spawn_ranks(uneven_rank_main, 2, str(out), timeout_s=120)
     result: dict[str, Any] = torch.load(out, weights_only=True)
     return result
 

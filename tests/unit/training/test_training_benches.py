@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import pytest
 
 from rlbus.bench import mismatch, train
@@ -48,3 +51,19 @@ def test_mismatch_on_a_random_hf_moe_replays_with_zero_flips() -> None:
     assert replayed["router_flip_rate"] == 0.0  # the trainer ran exactly the engine's experts
     assert plain["router_flip_rate"] == plain["router_own_flip_rate"]
     assert mismatch.summarize(cases)["replay_flip_rate_max"] == 0.0
+
+
+def test_train_bench_on_two_ranks_reproduces_one_rank_and_halves_the_sharded_bytes(tmp_path: Path) -> None:
+    """``rlbus bench train --world-size 2 --quick``: the figures are there, the model + optimizer bytes per
+    rank halve, and the exactness checks it reports pass (they compare for real: a mismatch fails here)."""
+    result = train.run(quick=True, json_path=tmp_path / "ranks.json", world_size=2)
+    summary = result["summary"]
+    assert summary["matches_single_process"] is True
+    assert summary["delta_chain_bit_exact"] is True
+    assert result["losses"]["1"] == result["losses"]["2"]
+    one, two = summary["model_optimizer_mb_per_rank"]["1"], summary["model_optimizer_mb_per_rank"]["2"]
+    assert len(two) == 2 and all(mb == pytest.approx(one[0] / 2, rel=0.01) for mb in two)
+    for row in result["rows"]:
+        assert row["tokens_per_s"] > 0 and row["publish_s"] > 0 and row["save_s"] > 0 and row["load_s"] > 0
+        assert row["rss_peak_mb"] > row["model_optimizer_mb"]
+    assert json.loads((tmp_path / "ranks.json").read_text())["summary"] == summary
