@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 import torch
 import torch.multiprocessing as mp
-from test_fsdp_ranks import CFG, GRPO, batch, free_port
+from test_fsdp_ranks import CFG, GRPO, batch
 
 from rlbus.blobs.local import LocalStore
 from rlbus.bus.memory import MemoryBus
@@ -32,6 +32,7 @@ from rlbus.schemas import WeightVersion
 from rlbus.training.config import FSDPConfig
 from rlbus.training.ranks import Ranks
 from rlbus.training.shard_publish import ShardPublisher, assign_owners
+from rlbus.training.spawn import free_port
 from rlbus.training.step import OptimConfig
 from rlbus.training.trainer import Trainer
 from rlbus.weights.publish import WeightPublisher
