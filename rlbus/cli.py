@@ -1110,7 +1110,8 @@ def worker(
     worker_id: Annotated[str | None, typer.Option(envvar="RLBUS_WORKER_ID", help="Default: role-host-pid.")] = None,
 ) -> None:
     """Run one role of a distributed run against Kafka and Redis. SIGTERM/Ctrl-C drains in-flight work,
-    commits and exits 0; a second one exits at once (130/143).
+    commits and exits 0; a second one exits at once (130/143). A trainer with [trainer] world_size = N starts
+    its N ranks itself, under torch.distributed.run (one process per rank), unless torchrun started it.
 
     Example: rlbus worker rollout --config run.toml --region eu-west
     """
@@ -1120,7 +1121,12 @@ def worker(
     if role not in ROLES:
         raise typer.BadParameter(f"choose one of {', '.join(ROLES)}", param_hint="ROLE")
     try:
-        run_role(role, load_config(config), region=region, worker_id=worker_id)
+        loaded = load_config(config)
+        if role == "trainer":
+            from rlbus.launch.up import relaunch_ranks
+
+            relaunch_ranks(loaded.trainer.world_size, config=config, region=region, worker_id=worker_id)
+        run_role(role, loaded, region=region, worker_id=worker_id)
     except RlbusError as exc:
         _error(exc)
         raise typer.Exit(1) from None

@@ -193,6 +193,20 @@ def relay_child(region: str, origin: str, secret: str, root: Path, port: int) ->
     )
 
 
+def relaunch_ranks(world_size: int, *, config: Path | None, region: str | None, worker_id: str | None) -> None:
+    """A trainer with ``world_size`` > 1 that torchrun did not start replaces itself with ``torchrun_command``:
+    ``rlbus worker trainer`` then runs N ranks wherever it is the command (compose, Kubernetes, a shell).
+    Returns (doing nothing) for one rank or under torchrun (``WORLD_SIZE`` set), where `join_ranks` checks
+    that the launch matches."""
+    if world_size <= 1 or "WORLD_SIZE" in os.environ:
+        return
+    argv = [*torchrun_command(world_size), "trainer", *(["--config", str(config)] if config else []),
+            *(["--region", region] if region else []), *(["--worker-id", worker_id] if worker_id else [])]
+    print(f"trainer: [trainer] world_size = {world_size}: starting {world_size} ranks under torch.distributed.run",
+          file=sys.stderr, flush=True)
+    os.execv(argv[0], argv)
+
+
 def worker_children(
     config_path: Path | None, rollout_workers: int, env: Mapping[str, str], regions: Sequence[str] = REGIONS,
     rollout_command: Sequence[str] | None = None, *, serve: bool = False, trainer_ranks: int = 1,

@@ -102,3 +102,26 @@ def test_bad_regions_are_refused_naming_the_option(text: str) -> None:
     with pytest.raises(ConfigError) as raised:
         parse_regions(text)
     assert raised.value.field == "regions"
+
+
+def test_a_trainer_with_several_ranks_starts_them_itself_unless_torchrun_did(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``rlbus worker trainer`` (compose's and Kubernetes' command) with world_size = 2 becomes torchrun over 2 ranks
+    of itself; under torchrun (WORLD_SIZE set), or with one rank, it runs as it is."""
+    import os
+
+    from rlbus.launch.up import relaunch_ranks
+
+    execs: list[list[str]] = []
+    monkeypatch.setattr(os, "execv", lambda path, argv: execs.append(list(argv)))
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    relaunch_ranks(1, config=tmp_path / "run.toml", region=None, worker_id=None)
+    assert execs == []
+    relaunch_ranks(2, config=tmp_path / "run.toml", region="eu-west", worker_id="trainer")
+    assert execs == [[sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", "-m",
+                      "rlbus.cli", "worker", "trainer", "--config", str(tmp_path / "run.toml"), "--region", "eu-west",
+                      "--worker-id", "trainer"]]
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    relaunch_ranks(2, config=None, region=None, worker_id=None)
+    assert len(execs) == 1
