@@ -15,15 +15,18 @@ The setup, all on loopback (:mod:`rlbus.services.wan`):
   ap-south 90 ms, us-east <-> ap-south 110 ms, each ±10 % jitter and 200 Mbit/s per connection.
 
 Every role is its own ``rlbus worker`` process (as ``rlbus up`` runs them), on the chaos suite's tiny policy
-and one-digit addition, so the figures are the system's, not a model's. The relay run has four phases:
+and one-digit addition, so the figures are the system's, not a model's. The relay run has five phases:
 
 1. **loopback** — the proxies carry no toxics: the same run, the same processes, on plain loopback;
 2. **wan** — the links shaped: publish → swapped per region, against phase 1;
-3. **cut** — every link out of ap-south down (its clients' Kafka, Redis and blob traffic) for ``cut_s``
+3. **relay-down** — us-east's relay stopped for a phase: its workers read from the origin across the WAN
+   (each read counted in their heartbeat's ``blob_failovers``) and keep swapping; started again with its
+   cache, it serves them again;
+4. **cut** — every link out of ap-south down (its clients' Kafka, Redis and blob traffic) for ``cut_s``
    (60 s; 20 s with ``--quick``): its workers keep generating on the version they hold, their consumer
    group sessions expire and their prompts move to other regions, admission bounds how stale anything
    trained may be (``max_staleness`` 3: the rest is ``dropped_stale``, an outcome, never trained);
-4. **recovery** — the links back: ``cut_recovery_s`` is the time until every ap-south worker has swapped
+5. **recovery** — the links back: ``cut_recovery_s`` is the time until every ap-south worker has swapped
    to the version published at the moment the link came back and has produced a rollout again.
 
 A second run (fresh namespace, same brokers and links, shaped from the start) has no relays: every worker
@@ -42,6 +45,7 @@ and these figures — which `rlbus.sim.calibrate` reads to give the simulator th
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import logging
 import secrets
@@ -75,6 +79,8 @@ REGIONS = ("eu-west", "us-east", "ap-south")
 #: Rollout workers per region: two where a relay can save a crossing (one copy per region, not per worker).
 WORKERS = {"eu-west": 1, "us-east": 2, "ap-south": 2}
 CUT = "ap-south"
+#: The region whose relay is stopped for a phase (its workers then read from the origin).
+RELAY_DOWN = "us-east"
 LINKS = {
     ("eu-west", "us-east"): tp.Link(latency_ms=40, jitter_ms=4, bandwidth_mbit=200),
     ("eu-west", "ap-south"): tp.Link(latency_ms=90, jitter_ms=9, bandwidth_mbit=200),
@@ -97,6 +103,21 @@ class Plan:
 
 FULL = Plan(phase_s=60.0, cut_s=60.0, budget_s=1800.0)
 QUICK = Plan(phase_s=15.0, cut_s=20.0, budget_s=900.0)
+
+
+@dataclass(frozen=True)
+class Beat:
+    """One rollout worker's heartbeat, as the bench saw it."""
+
+    t: float
+    worker: str
+    region: str
+    #: Consumer lag on the prompts (records on its partitions not yet committed).
+    lag: int
+    #: Versions its weights are behind the trainer's newest.
+    behind: int
+    #: Blob reads it made from the origin because its relay failed, so far.
+    failovers: int
 
 
 @dataclass
@@ -125,11 +146,16 @@ class Fleet:
         self.origin = BlobServer(LocalStore(root / "blobs"), secret=self.secret)
         self.port_region: dict[int, str] = {}
         self.relay_servers: dict[str, BlobServer] = {}
+        self.relay_ports: dict[str, int] = {}
+        self.relay_upstreams: dict[str, str] = {}
+        self._relay_runners: dict[str, web.AppRunner] = {}
+        #: Each relay's counts from the runs of it that were stopped (a relay killed and started again).
+        self.relay_history: dict[str, list[dict[str, int]]] = defaultdict(list)
         self.phases: list[Phase] = []
         #: Which proxies are cut (the region's clients, toward every other region).
         self.cut_proxies: list[tp.Proxy] = []
-        #: (time, region, consumer lag on the prompts, versions the worker's weights are behind) per heartbeat seen.
-        self.lags: list[tuple[float, str, int, int]] = []
+        #: Every rollout worker heartbeat seen (`Beat`).
+        self.beats: list[Beat] = []
         self.rollout_names = [f"rollout-{region}-{i}" for region in REGIONS for i in range(WORKERS[region])]
 
     @property
@@ -152,18 +178,15 @@ class Fleet:
             self.wan.located[f"blobs-{self.workers.namespace}"] = HOME
             region_origin[region] = f"http://{proxy.listen}"
         self.shape(self.current)
+        stack.push_async_callback(self.stop_relays)
         rollouts: list[tuple[str, dict[str, str], str]] = []
         for region in REGIONS:
             upstream = region_origin[region]
             url = upstream
             if self.relays:
-                relay = BlobServer(LocalStore(self.root / f"relay-{region}"), secret=self.secret,
-                                   upstream=HttpStore(upstream, secret=self.secret))
-                relay_runner = await serve(relay, "127.0.0.1", port := free_port())
-                stack.push_async_callback(relay_runner.cleanup)
-                stack.push_async_callback(relay.upstream.close)  # type: ignore[union-attr]
-                self.relay_servers[region] = relay
-                url = f"http://127.0.0.1:{port}"
+                self.relay_ports[region], self.relay_upstreams[region] = free_port(), upstream
+                await self.start_relay(region)
+                url = f"http://127.0.0.1:{self.relay_ports[region]}"
             for name in self.rollout_names:
                 if _region(name) == region:
                     env = {**self.region_env(region), "RLBUS_BLOB_URL": url, "RLBUS_BLOB_SECRET": self.secret}
@@ -184,6 +207,27 @@ class Fleet:
             await sampler
 
         stack.push_async_callback(stop_sampling)
+
+    async def start_relay(self, region: str) -> None:
+        """``region``'s relay on its port, its cache directory kept from any earlier run of it."""
+        relay = BlobServer(LocalStore(self.root / f"relay-{region}"), secret=self.secret,
+                           upstream=HttpStore(self.relay_upstreams[region], secret=self.secret))
+        self._relay_runners[region] = await serve(relay, "127.0.0.1", self.relay_ports[region])
+        self.relay_servers[region] = relay
+
+    async def stop_relay(self, region: str) -> None:
+        """The relay process goes away: its listener closes, connections in flight are cut."""
+        runner = self._relay_runners.pop(region, None)
+        if runner is None:
+            return
+        relay = self.relay_servers[region]
+        await runner.cleanup()
+        await relay.upstream.close()  # type: ignore[union-attr]
+        self.relay_history[region].append(dataclasses.asdict(relay.upstream_count))
+
+    async def stop_relays(self) -> None:
+        for region in list(self._relay_runners):
+            await self.stop_relay(region)
 
     def region_env(self, region: str) -> dict[str, str]:
         where = self.wan.regions[region]
@@ -240,8 +284,11 @@ class Fleet:
                     if seen.get(name) == record["last_seen"] or name not in self.rollout_names:
                         continue
                     seen[name] = record["last_seen"]
-                    behind = max(0, version - int(info.get("version") or 0))
-                    self.lags.append((record["last_seen"], _region(name), int(info.get("lag") or 0), behind))
+                    self.beats.append(Beat(
+                        t=record["last_seen"], worker=name, region=_region(name), lag=int(info.get("lag") or 0),
+                        behind=max(0, version - int(info.get("version") or 0)),
+                        failovers=int(info.get("blob_failovers") or 0),
+                    ))
             except Exception:  # the sampler must outlive a state-store hiccup
                 pass
             await asyncio.sleep(1.0)
@@ -328,6 +375,7 @@ async def _relay_run(rig: ChaosRig, links: wan.Wan, proxies: tp.Toxiproxy, root:
     report = ScenarioReport(scenario="regions-relay")
     fleet = Fleet(rig, links, proxies, root, "regions-relay", relays=True, plan=plan, topology=LOOPBACK)
     cut: dict[str, Any] = {}
+    relay_down: dict[str, Any] = {}
     async with AsyncExitStack() as stack:
         try:
             await fleet.start(stack)
@@ -335,6 +383,7 @@ async def _relay_run(rig: ChaosRig, links: wan.Wan, proxies: tp.Toxiproxy, root:
             await fleet.phase("loopback", plan.phase_s)
             fleet.shape(WAN)
             await fleet.phase("wan", plan.phase_s)
+            relay_down = await _relay_down(fleet, plan, report)
             cut = await _cut(fleet, plan, report)
         except Exception as exc:  # a broken run is a failed report with its reason, not a crashed bench
             report.check("the run ran to its end", False)
@@ -343,7 +392,36 @@ async def _relay_run(rig: ChaosRig, links: wan.Wan, proxies: tp.Toxiproxy, root:
         fleet.shape(WAN)
         await fleet.wind_down(report)
         _write_wan_json(fleet, WAN)
-        return _figures(fleet, report.finish(), cut)
+        figures = _figures(fleet, report.finish(), cut)
+        figures["relay_down"] = relay_down
+        return figures
+
+
+async def _relay_down(fleet: Fleet, plan: Plan, report: ScenarioReport) -> dict[str, Any]:
+    """``RELAY_DOWN``'s relay stops for a phase: its workers read from the origin across the WAN (counted) and
+    keep swapping versions; started again (its cache kept), they go back to it."""
+    def failovers() -> dict[str, int]:
+        latest: dict[str, int] = {}
+        for beat in fleet.beats:
+            if beat.region == RELAY_DOWN:
+                latest[beat.worker] = beat.failovers
+        return latest
+
+    before = failovers()
+    say(f"{fleet.workers.namespace}: {RELAY_DOWN}'s relay stopped for {plan.phase_s:.0f} s")
+    await fleet.stop_relay(RELAY_DOWN)
+    phase = await fleet.phase("relay-down", plan.phase_s)
+    await fleet.start_relay(RELAY_DOWN)
+    await asyncio.sleep(5.0)  # a heartbeat or two: the count the phase ended with
+    during = failovers()
+    syncs = sum(1 for name in fleet.rollout_names if _region(name) == RELAY_DOWN
+                for s in fleet.syncs(name) if phase.t0 <= float(s["t"]) < phase.t1)
+    counted = sum(during.values()) - sum(before.values())
+    report.faults.append(f"{RELAY_DOWN}'s relay down for {plan.phase_s:.0f} s")
+    report.check(f"{RELAY_DOWN}'s workers kept swapping versions without their relay", syncs > 0)
+    report.check(f"{RELAY_DOWN}'s reads from the origin were counted", counted > 0)
+    return {"region": RELAY_DOWN, "seconds": plan.phase_s, "syncs_while_down": syncs, "failovers": counted,
+            "versions_while_down": phase.v1 - phase.v0}
 
 
 async def _cut(fleet: Fleet, plan: Plan, report: ScenarioReport) -> dict[str, Any]:
@@ -433,10 +511,10 @@ def _figures(fleet: Fleet, report: ScenarioReport, cut: dict[str, Any]) -> dict[
         versions = max(1, phase.v1 - phase.v0)
         lag = defaultdict(list)
         behind = defaultdict(list)
-        for t, region, records, versions_behind in fleet.lags:
-            if phase.t0 <= t < phase.t1:
-                lag[region].append(records)
-                behind[region].append(versions_behind)
+        for beat in fleet.beats:
+            if phase.t0 <= beat.t < phase.t1:
+                lag[beat.region].append(beat.lag)
+                behind[beat.region].append(beat.behind)
         phases.append({
             "phase": phase.name, "seconds": round(phase.t1 - phase.t0, 1), "versions": phase.v1 - phase.v0,
             "regions": {
@@ -457,9 +535,11 @@ def _figures(fleet: Fleet, report: ScenarioReport, cut: dict[str, Any]) -> dict[
                 for region in REGIONS
             },
         })
-    relay = {r: {"blobs": s.upstream_count.blobs, "bytes": s.upstream_count.bytes,
-                 "retried_ranges": s.upstream_count.retried_ranges, "abandoned": s.upstream_count.abandoned}
-             for r, s in fleet.relay_servers.items()}
+    relay = {}
+    for region, server in fleet.relay_servers.items():
+        running = [dataclasses.asdict(server.upstream_count)] if region in fleet._relay_runners else []
+        runs = [*fleet.relay_history[region], *running]
+        relay[region] = {k: sum(run[k] for run in runs) for k in ("blobs", "bytes", "retried_ranges", "abandoned")}
     weights = list(read(fleet.run_dir, WEIGHTS))
     return {
         "relays": fleet.relays, "phases": phases, "relay_upstream": relay, "cut": cut,
@@ -510,6 +590,8 @@ def _summarize(relay: dict[str, Any], direct: dict[str, Any], plan: Plan) -> dic
             "interregion_bytes_per_version_no_relay": sum(
                 wan_direct.get(r, {}).get("wan_bytes_per_version", 0) for r in remote),
             "cut_recovery_s": relay["cut"].get("recovery_s"),
+            "relay_down_syncs": relay.get("relay_down", {}).get("syncs_while_down"),
+            "relay_down_failovers": relay.get("relay_down", {}).get("failovers"),
             "cut_s": plan.cut_s,
         },
     }
@@ -536,7 +618,8 @@ def _print(result: dict[str, Any]) -> None:
                                                 "passed"], ledger, width=140)
     print(f"inter-region blob bytes per version: {s['interregion_bytes_per_version_relay']:,} with relays, "
           f"{s['interregion_bytes_per_version_no_relay']:,} without; {CUT} cut {s['cut_s']:.0f} s, caught up "
-          f"{s['cut_recovery_s']} s after the links came back")
+          f"{s['cut_recovery_s']} s after the links came back; {RELAY_DOWN}'s relay down: {s['relay_down_syncs']} "
+          f"swaps, {s['relay_down_failovers']} reads from the origin instead")
     for name, r in result["runs"].items():
         if not r["report"]["passed"]:
             failed = [c for c, ok in r["report"]["checks"].items() if not ok]

@@ -29,3 +29,5 @@ def test_the_loop_across_a_wan_loses_nothing_and_relays_save_crossings() -> None
     # nothing crosses a cut link (a response already on its way when the cut came may still count)
     assert cut["wan_bytes_per_version"] <= 0.2 * wan["ap-south"]["wan_bytes_per_version"], (cut, wan)
     assert all(r["abandoned"] == 0 for r in relay["relay_upstream"].values())
+    # us-east's relay stopped for a phase: its workers read from the origin (counted) and kept swapping
+    assert s["relay_down_syncs"] > 0 and s["relay_down_failovers"] > 0, relay["relay_down"]
