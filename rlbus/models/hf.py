@@ -10,7 +10,8 @@ decoder without its LM head (the trainer projects hidden states onto `output_wei
 The adapter is an ``nn.Module`` holding the HF model as ``hf``, but its `state_dict` / `load_state_dict`
 are the HF model's own (no wrapper prefix), so a checkpoint or a weight manifest names tensors exactly as
 the model's safetensors do. A tied embedding / LM head is one parameter; `rlbus.models.base.weight_tensors`
-lists it once, under ``model.embed_tokens.weight``.
+lists it once, under ``model.embed_tokens.weight``. On N trainer ranks the wrapper is the FSDP root and
+``hf`` is what checkpoints name tensors by (`rlbus.training.ranks.state_module`), so the names stay these.
 
 MoE families (Qwen3-MoE, OLMoE, Mixtral, …) get router recording and replay from
 `rlbus.models.hf_moe.RouterTap`: the engine records each token's top-k experts, the trainer routes the same

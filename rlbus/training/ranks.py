@@ -12,9 +12,20 @@ final norm, LM head), with a `MixedPrecisionPolicy` from `FSDPConfig`. Gradients
 count (`rlbus.training.step`), so the sum is the one-process gradient. The transport is gloo on CPU and
 NCCL on GPU (objects always travel over gloo).
 
+A Hugging Face model (`rlbus.models.hf.HFCausalLM`) is sharded the same way — each decoder layer, then the
+wrapper as the root (it owns the HF embedding, final norm and LM head, so ``features``, which calls the HF
+decoder directly, runs the root's FSDP hooks) — but its state is *named* by the inner HF module: the
+wrapper's ``state_dict`` / ``named_parameters`` drop its ``hf.`` prefix, which DCP's FQN mapping cannot
+follow, so `state_module` (``model.hf``) is what `full_state`, `rlbus.training.sharded` and
+``get_optimizer_state_dict`` see. Its names are the HF ones (``model.layers.0.…``, ``lm_head.weight``):
+the same as the one-process trainer's checkpoints and published weights. A tied embedding / LM head is
+one parameter, in the root's group, published once under ``model.embed_tokens.weight``.
+
 A MoE expert that a rank routed no token to still joins the reduction with a zero gradient (the ranks'
 reductions must match); one no rank routed to is then decayed and stepped by AdamW with a zero gradient,
 where a one-process trainer leaves a parameter without gradient untouched: dense models match exactly.
+(An HF MoE whose experts are fused into one [E, …] tensor per layer, as transformers 5's Qwen3-MoE,
+always gives that tensor a gradient, zero rows for experts nobody routed to, on one rank as on N.)
 
 Published weights are encoded per rank (`rlbus.training.shard_publish`): each rank owns a run of whole
 tensors, gets them cast to the inference dtype from every rank's shard, delta-encodes and uploads them; rank
@@ -34,7 +45,6 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from rlbus.errors import ConfigError
 from rlbus.models.base import TrainableLM
 from rlbus.training.config import FSDPConfig
 
@@ -134,19 +144,18 @@ def share_weights(model: nn.Module, ranks: Ranks) -> None:
     """Give every rank rank 0's weights (parameters and buffers) before sharding, so a model built on
     each rank from the same description starts from the leader's exact tensors."""
     with torch.no_grad():
-        for tensor in model.state_dict().values():
+        for tensor in model.state_dict().values():  # a tied tensor twice, harmlessly
             dist.broadcast(tensor, src=0)
 
 
 def shard_model(model: TrainableLM, ranks: Ranks, config: FSDPConfig) -> TrainableLM:
     """``fully_shard`` each block, then the root, in place; the model's parameters become DTensor shards.
-    Build the optimizer after this. ``features`` runs the FSDP hooks like ``forward`` does."""
+    Build the optimizer after this. ``features`` runs the FSDP hooks like ``forward`` does. The root is
+    ``model`` itself, a Hugging Face wrapper included (its ``features`` is what the trainer calls); only
+    its state goes through `state_module`."""
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard, register_fsdp_forward_method
 
-    if hasattr(model, "hf"):  # its state_dict renames keys, which get_model_state_dict cannot map back yet
-        raise ConfigError("trainer.world_size", "the trainer on N ranks shards the in-repo policy only for now; "
-                          "a Hugging Face model trains on one rank (world_size = 1)")
     mesh = init_device_mesh(ranks.device.type, (ranks.world,))
     policy = MixedPrecisionPolicy(param_dtype=DTYPES[config.param_dtype], reduce_dtype=DTYPES[config.reduce_dtype])
     module: Any = model
@@ -176,4 +185,13 @@ def full_state(model: TrainableLM) -> dict[str, torch.Tensor]:
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
     options = StateDictOptions(full_state_dict=True, cpu_offload=True)
-    return cast(dict[str, torch.Tensor], get_model_state_dict(cast(nn.Module, model), options=options))
+    return cast(dict[str, torch.Tensor], get_model_state_dict(state_module(model), options=options))
+
+
+def state_module(model: TrainableLM) -> nn.Module:
+    """The module whose names a checkpoint uses, as DCP (``get_model_state_dict``, ``get_optimizer_state_dict``,
+    ``dcp.save``/``load``) must see it: the model itself, or the inner ``model.hf`` of a Hugging Face
+    wrapper, whose ``state_dict`` and ``named_parameters`` are the HF model's (no ``hf.`` prefix) while its
+    module tree has one. Holds every parameter the optimizer steps."""
+    inner = getattr(model, "hf", None)
+    return inner if isinstance(inner, nn.Module) else cast(nn.Module, model)

@@ -13,7 +13,8 @@ The .pt file is a complete weights checkpoint, so ``[model] checkpoint``, ``rlbu
 shape and reshards on load, so a run resumes on another number of ranks: `load_sharded` reads the
 directory into a model sharded any way (or not sharded at all: a one-process trainer continues an N-rank
 run), and `load_full` reads a one-process checkpoint (full weights, the optimizer keyed by position)
-into a sharded model.
+into a sharded model. A Hugging Face model's tensors are named by its inner HF module in both parts
+(`rlbus.training.ranks.state_module`), exactly as in its one-process checkpoints.
 """
 
 from __future__ import annotations
@@ -23,9 +24,9 @@ from pathlib import Path
 from typing import Any, cast
 
 import torch
-from torch import nn
 
 from rlbus.models.base import TrainableLM
+from rlbus.training.ranks import state_module
 
 SUFFIX = ".dcp"
 
@@ -40,7 +41,7 @@ def save_sharded(path: Path, model: TrainableLM, optimizer: torch.optim.Optimize
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_optimizer_state_dict
 
-    module = cast(nn.Module, model)
+    module = state_module(model)  # a Hugging Face wrapper's inner model: the names DCP maps
     path.mkdir(parents=True, exist_ok=True)
     state = {"model": get_model_state_dict(module), "optim": get_optimizer_state_dict(module, optimizer)}
     dcp.save(state, checkpoint_id=path)
@@ -57,7 +58,7 @@ def load_sharded(path: Path, model: TrainableLM, optimizer: torch.optim.Optimize
         set_optimizer_state_dict,
     )
 
-    module = cast(nn.Module, model)
+    module = state_module(model)  # a Hugging Face wrapper's inner model: the names DCP maps
     state: dict[str, Any] = {"model": get_model_state_dict(module),
                              "optim": get_optimizer_state_dict(module, optimizer)}
     with warnings.catch_warnings():  # one process reading an N-rank checkpoint is what we mean
@@ -80,7 +81,7 @@ def load_full(
     with torch.no_grad():
         for name, param in model.named_parameters():
             _shard_like(weights[name], param, into=True)
-        for name, buffer in cast(nn.Module, model).named_buffers():
+        for name, buffer in state_module(model).named_buffers():  # named as ``weights`` are
             if name in weights:
                 buffer.copy_(weights[name])
     if optimizer_state is None:
