@@ -22,7 +22,8 @@ and one-digit addition, so the figures are the system's, not a model's. The rela
 3. **relay-down** — us-east's relay stopped for a phase: its workers read from the origin across the WAN
    (each read counted in their heartbeat's ``blob_failovers``) and keep swapping; started again with its
    cache, it serves them again;
-4. **cut** — every link out of ap-south down (its clients' Kafka, Redis and blob traffic) for ``cut_s``
+4. **cut** — ap-south's clients lose the network (Kafka, their own region's broker included; Redis; the
+   origin) for ``cut_s``
    (60 s; 20 s with ``--quick``): its workers keep generating on the version they hold, their consumer
    group sessions expire and their prompts move to other regions, admission bounds how stale anything
    trained may be (``max_staleness`` 3: the rest is ``dropped_stale``, an outcome, never trained);
@@ -240,14 +241,15 @@ class Fleet:
             proxy.shape(topology.link(region, self.wan.located[what]))
 
     def cut(self, region: str) -> None:
-        """``region``'s clients lose every link out of the region (Kafka, Redis, the origin); its relay too.
+        """``region``'s clients lose the network: every proxy they connect through goes down — Kafka (the
+        region's own broker included), Redis, the origin (so its relay's upstream too).
 
-        Only the region's own proxies are cut: the brokers talk to each other without proxies, so the
-        region's broker stays in the cluster (leading its partitions for everyone else) — cutting the other
-        regions' way *to* it as well would strand those partitions' clients behind a leader the controller
-        still sees as healthy, which no real partition does."""
-        self.cut_proxies = [p for (r, what), p in self.wan.proxies.items()
-                            if r == region and self.wan.located[what] != region]
+        The region's broker itself stays in the cluster: the brokers replicate over plain loopback, so it
+        keeps leading its partitions for the other regions' clients. Leaving the region's clients their own
+        broker instead would keep them in their consumer group whenever the group's coordinator is that broker:
+        they would hold their prompts for the whole cut, and the ordered join would wait on them — a hybrid no
+        real partition makes (the isolated broker would lose its leaderships and coordinators)."""
+        self.cut_proxies = [p for (r, _), p in self.wan.proxies.items() if r == region]
         for proxy in self.cut_proxies:
             proxy.cut()
 
@@ -590,6 +592,7 @@ def _summarize(relay: dict[str, Any], direct: dict[str, Any], plan: Plan) -> dic
             "interregion_bytes_per_version_no_relay": sum(
                 wan_direct.get(r, {}).get("wan_bytes_per_version", 0) for r in remote),
             "cut_recovery_s": relay["cut"].get("recovery_s"),
+            "cut_versions_published": relay["cut"].get("versions_published_during"),
             "relay_down_syncs": relay.get("relay_down", {}).get("syncs_while_down"),
             "relay_down_failovers": relay.get("relay_down", {}).get("failovers"),
             "cut_s": plan.cut_s,
