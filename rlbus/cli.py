@@ -1688,7 +1688,8 @@ def bench(
         str | None,
         typer.Option(help="mismatch: policy (rlbus's MoE, the default) or hf-moe (a random Qwen3-MoE); judge: the "
                           "judge model (default smollm2-135m-instruct; a model directory or .gguf); swe: a "
-                          "warm-start checkpoint directory (rlbus pretrain --out) played against base SmolLM2."),
+                          "warm-start checkpoint directory (rlbus pretrain --out) played against base SmolLM2; train "
+                          "--world-size N: a shipped model (smollm2-135m-instruct) instead of the dense policy."),
     ] = None,
     tasks: Annotated[
         str | None, typer.Option(help="swe only: the SmolLM2 episodes' task-id prefix (e.g. a held-out library).")
@@ -1723,8 +1724,9 @@ def bench(
             raise typer.BadParameter("--seed is for the pipeline and chaos benchmarks")
         kwargs["seed"] = seed
     if model is not None:
-        if name not in ("judge", "swe") and (name != "mismatch" or model not in ("policy", "hf-moe")):
-            raise typer.BadParameter("--model is policy or hf-moe for the mismatch benchmark, the judge model, "
+        if name not in ("judge", "swe", "train") and (name != "mismatch" or model not in ("policy", "hf-moe")):
+            raise typer.BadParameter("--model is policy or hf-moe for the mismatch benchmark, the judge model, the "
+                                     "train benchmark's model (with --world-size), "
                                      "or the swe benchmark's warm-start checkpoint")
         kwargs["model"] = model
     if tasks is not None:
@@ -1739,6 +1741,8 @@ def bench(
         if name != "bus" or security != "tls-scram":
             raise typer.BadParameter("--security tls-scram is for the bus benchmark")
         kwargs["security"] = security
+    if name == "train" and model is not None and world_size == 1:
+        raise typer.BadParameter("--model is for the N-rank comparison: add --world-size 2")
     if world_size != 1:
         if name != "train" or world_size < 2:
             raise typer.BadParameter("--world-size N (N ≥ 2) is for the train benchmark")

@@ -52,6 +52,19 @@ class Size:
     completion: int
     steps: int
     """Timed steps per mode (after one warm-up step)."""
+    #: A Hugging Face model directory to train instead of a policy of ``config`` (the N-rank bench's
+    #: ``--model``; ``config`` then only says the model is dense: no recorded experts in the batches).
+    hf_dir: str | None = None
+
+
+def build_model(size: Size) -> Any:
+    """The model ``size`` trains: the Hugging Face model in ``hf_dir`` (its weights), else a seeded policy."""
+    if size.hf_dir is not None:
+        from rlbus.models.hf import HFCausalLM
+
+        return HFCausalLM.from_pretrained(size.hf_dir)
+    torch.manual_seed(0)
+    return Policy(size.config)
 
 
 def small_config() -> PolicyConfig:
@@ -120,10 +133,15 @@ def measure(size: Size, *, replay: bool, seed: int = 0) -> dict[str, Any]:
     }
 
 
-def run(quick: bool = False, json_path: Path | None = None, world_size: int = 1) -> dict[str, Any]:
-    """The single-process table; with ``world_size`` > 1 the N-rank comparison (`run_ranks`) instead."""
+def run(
+    quick: bool = False, json_path: Path | None = None, world_size: int = 1, model: str | None = None
+) -> dict[str, Any]:
+    """The single-process table; with ``world_size`` > 1 the N-rank comparison (`run_ranks`) instead, on
+    ``model`` (a shipped model's name, e.g. ``smollm2-135m-instruct``) when given."""
     if world_size > 1:
-        return run_ranks(world_size, quick=quick, json_path=json_path)
+        return run_ranks(world_size, quick=quick, json_path=json_path, model=model)
+    if model is not None:
+        raise ValueError("--model is for the N-rank comparison (--world-size N)")
     rows = [measure(size, replay=replay) for size in (QUICK if quick else FULL) for replay in (False, True)]
     print_table(
         f"GRPO trainer step on CPU ({torch.get_num_threads()} threads), fp32",
@@ -154,7 +172,13 @@ def dense_config(quick: bool) -> PolicyConfig:
     return PolicyConfig(vocab=272, d_model=512, n_layer=8, n_head=8, max_seq=256, n_experts=0, d_ff=2048)
 
 
-def ranks_size(quick: bool) -> Size:
+def ranks_size(quick: bool, model: str | None = None) -> Size:
+    if model is not None:  # a real model: a smaller batch, as each step is ~135 M parameters' worth on CPU
+        from rlbus.models.sources import model_dir
+
+        directory = str(model_dir(name=model, progress=print))
+        return Size(model, dense_config(True), groups=2, group_size=4, prompt=32, completion=64,
+                    steps=1 if quick else 2, hf_dir=directory)
     if quick:
         return Size("dense ~1M", dense_config(True), groups=2, group_size=4, prompt=16, completion=48, steps=2)
     return Size("dense ~34M", dense_config(False), groups=4, group_size=4, prompt=32, completion=96, steps=3)
@@ -195,8 +219,7 @@ def _rank_run(ranks: Any, size: Size, directory: str, slices: int) -> None:
     root = Path(directory)
     rank = 0 if ranks is None else ranks.rank
     rows = size.groups * size.group_size
-    torch.manual_seed(0)
-    model = Policy(size.config)
+    model = build_model(size)
     if ranks is not None:
         shard_model(model, ranks, FSDPConfig())
     grpo = GRPOConfig(router_replay=False, normalize_std=False, max_grad_norm=0.0, micro_batch_rows=-(-rows // slices))
@@ -277,7 +300,9 @@ def measure_ranks(size: Size, world: int, directory: Path, *, threads: int, slic
     return {"ranks": [torch.load(directory / f"rank-{r}.pt", weights_only=True) for r in range(world)]}
 
 
-def run_ranks(world: int = 2, quick: bool = False, json_path: Path | None = None) -> dict[str, Any]:
+def run_ranks(
+    world: int = 2, quick: bool = False, json_path: Path | None = None, model: str | None = None
+) -> dict[str, Any]:
     """The trainer on ``world`` ranks against the 1-rank trainer on the same batches, in the same run.
 
     Threads: one torch thread per process, the baseline's too (two OpenMP threads on a shared 2-core VM
@@ -292,11 +317,14 @@ def run_ranks(world: int = 2, quick: bool = False, json_path: Path | None = None
 
     if world < 2:
         raise ValueError("--world-size compares N ≥ 2 ranks against one; plain `rlbus bench train` is 1 rank")
-    size = ranks_size(quick)
+    size = ranks_size(quick, model)
+    reference = build_model(size)
+    names = [name for name, _ in reference.named_parameters()]
+    params = reference.num_params()
+    del reference
     rows: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory(prefix="rlbus-bench-ranks-") as tmp:
         runs = {n: measure_ranks(size, n, Path(tmp) / f"world-{n}", threads=1, slices=world) for n in (1, world)}
-        names = [name for name, _ in Policy(size.config).named_parameters()]
         weights = {n: _trainer_weights(Path(tmp) / f"world-{n}", names) for n in runs}
         rebuilt = {n: asyncio.run(_rebuild(Path(tmp) / f"world-{n}", runs[n]["ranks"][0]["version"], weights[n]))
                    for n in runs}
@@ -323,12 +351,13 @@ def run_ranks(world: int = 2, quick: bool = False, json_path: Path | None = None
         [[str(r["world_size"]), str(r["rank"]), f"{r['step_s']:.3f}", f"{r['tokens_per_s']:,.0f}",
           f"{r['model_optimizer_mb']:.1f}", f"{r['rss_peak_mb']:.0f}", f"{r['publish_s']:.3f}",
           f"{r['save_s']:.3f}", f"{r['load_s']:.3f}"] for r in rows],
+        width=120,
     )
     print(f"matches 1 rank bit for bit (losses, weights): {matches}; "
           f"delta chain rebuilt bit-exact from the blob store: {exact}")
     result = {
         "benchmark": "train", "quick": quick, "world_size": world, "meta": json_meta(), "model": size.name,
-        "params": Policy(size.config).num_params(), "rows": rows,
+        "params": params, "rows": rows,
         "losses": {str(n): runs[n]["ranks"][0]["losses"] for n in runs},
         "summary": {
             "matches_single_process": matches,
