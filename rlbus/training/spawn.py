@@ -11,6 +11,7 @@ function writes: the processes share nothing else.
 
 from __future__ import annotations
 
+import atexit
 import os
 import socket
 import sys
@@ -48,6 +49,9 @@ def _entry(fn: RankFunction, rank: int, world: int, port: int, threads: int, arg
     # Done, and its results written: leave without the interpreter's teardown, where gloo's threads can still
     # be winding down and abort the process ("terminate called without an active exception", exit -6), seen
     # once on a loaded two-core machine after a rank had finished. A failure above still exits non-zero.
+    # Python's own exit handlers still run (multiprocessing's release the semaphores it registered); only the
+    # C++ teardown after them is skipped.
+    atexit._run_exitfuncs()
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(0)
