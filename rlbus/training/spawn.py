@@ -61,11 +61,23 @@ def spawn_ranks(fn: RankFunction, world: int, *args: Any, threads: int = 1, time
     """Run ``fn(ranks, *args)`` on ``world`` spawned ranks (torch ``threads`` each) and wait for them all.
     RuntimeError, after killing any left, when a rank fails or one is still running after ``timeout_s``:
     a collective that one rank never joins would otherwise hang the others for good."""
+    spawn_processes(_entry_at, world, fn, world, threads, args, timeout_s=timeout_s)
+
+
+def _entry_at(rank: int, port: int, fn: RankFunction, world: int, threads: int, args: tuple[Any, ...]) -> None:
+    _entry(fn, rank, world, port, threads, args)
+
+
+def spawn_processes(target: Callable[..., None], world: int, *args: Any, timeout_s: float = 300.0) -> None:
+    """Run ``target(rank, port, *args)`` in ``world`` spawned processes, ``port`` a free rendezvous port they
+    share, and wait for them all (the same RuntimeError as `spawn_ranks`). For a rank that joins its group
+    itself — through torchrun's environment (``RANK``, ``WORLD_SIZE``, ``MASTER_PORT``), as
+    `rlbus.launch.roles.trainer_main` does."""
     import torch.multiprocessing as mp
 
     ctx = mp.get_context("spawn")
     port = free_port()
-    procs = [ctx.Process(target=_entry, args=(fn, r, world, port, threads, args)) for r in range(world)]
+    procs = [ctx.Process(target=target, args=(r, port, *args)) for r in range(world)]
     for p in procs:
         p.start()
     deadline = time.monotonic() + timeout_s

@@ -7,12 +7,10 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import socket
 from pathlib import Path
 from typing import Any
 
 import torch
-import torch.multiprocessing as mp
 from test_trainer_ranks import SHAPE, forbidden
 
 from rlbus.blobs.local import LocalStore
@@ -20,6 +18,7 @@ from rlbus.bus.memory import MemoryBus
 from rlbus.bus.topics import topic_specs
 from rlbus.launch.config import RunConfig, config_from_dict
 from rlbus.models.base import weight_tensors
+from rlbus.training.spawn import spawn_processes
 from rlbus.weights.sync import WeightSync
 
 
@@ -72,19 +71,7 @@ def rank_main(rank: int, port: int, tmp: str) -> None:
 async def test_with_rank_uploads_rank_1_puts_its_own_chunks_of_the_first_version(tmp_path: Path) -> None:
     from rlbus.launch.roles import starting_model
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = int(s.getsockname()[1])
-    ctx = mp.get_context("spawn")
-    procs = [ctx.Process(target=rank_main, args=(r, port, str(tmp_path))) for r in range(2)]
-    for p in procs:
-        p.start()
-    for p in procs:
-        p.join(timeout=120)
-    for p in procs:
-        if p.is_alive():
-            p.kill()
-    assert [p.exitcode for p in procs] == [0, 0]
+    spawn_processes(rank_main, 2, str(tmp_path), timeout_s=120)
 
     store = LocalStore(tmp_path / "blobs")
     torch.manual_seed(0)

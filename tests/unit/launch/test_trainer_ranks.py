@@ -7,15 +7,14 @@ from __future__ import annotations
 
 import asyncio
 import os
-import socket
 from pathlib import Path
 from typing import Any
 
 import torch
-import torch.multiprocessing as mp
 
 from rlbus.launch.config import RunConfig, config_from_dict
 from rlbus.models.base import weight_tensors
+from rlbus.training.spawn import spawn_processes
 
 SHAPE = {"vocab": 64, "d_model": 32, "n_layer": 2, "n_head": 2, "max_seq": 32, "d_ff": 32, "n_experts": 0}
 
@@ -63,19 +62,7 @@ def rank_main(rank: int, port: int, tmp: str, dpo: bool = False) -> None:
 
 
 def two_ranks(tmp_path: Path, *, dpo: bool = False) -> None:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = int(s.getsockname()[1])
-    ctx = mp.get_context("spawn")
-    procs = [ctx.Process(target=rank_main, args=(r, port, str(tmp_path), dpo)) for r in range(2)]
-    for p in procs:
-        p.start()
-    for p in procs:
-        p.join(timeout=120)
-    for p in procs:
-        if p.is_alive():
-            p.kill()
-    assert [p.exitcode for p in procs] == [0, 0]
+    spawn_processes(rank_main, 2, str(tmp_path), dpo, timeout_s=120)
 
 
 def test_rank_0_alone_is_on_the_bus_and_the_ranks_checkpoint_together(tmp_path: Path) -> None:

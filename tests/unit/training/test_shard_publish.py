@@ -32,7 +32,7 @@ from rlbus.schemas import WeightVersion
 from rlbus.training.config import FSDPConfig
 from rlbus.training.ranks import Ranks
 from rlbus.training.shard_publish import ShardPublisher, assign_owners
-from rlbus.training.spawn import free_port
+from rlbus.training.spawn import free_port, spawn_processes
 from rlbus.training.step import OptimConfig
 from rlbus.training.trainer import Trainer
 from rlbus.weights.publish import WeightPublisher
@@ -107,17 +107,7 @@ def rank_main(rank: int, port: int, tmp: str, follower_store: bool) -> None:
 
 
 def two_ranks(tmp: Path, follower_store: bool) -> None:
-    ctx = mp.get_context("spawn")
-    port = free_port()
-    procs = [ctx.Process(target=rank_main, args=(r, port, str(tmp), follower_store)) for r in range(2)]
-    for p in procs:
-        p.start()
-    for p in procs:
-        p.join(timeout=120)
-    for p in procs:
-        if p.is_alive():
-            p.kill()
-    assert [p.exitcode for p in procs] == [0, 0]
+    spawn_processes(rank_main, 2, str(tmp), follower_store, timeout_s=120)
 
 
 async def manifests(store: LocalStore, version: int) -> dict[str, WeightVersion]:
