@@ -25,7 +25,6 @@ import asyncio
 import os
 import secrets
 import signal
-import socket
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -35,7 +34,7 @@ from typing import cast
 from rlbus.bus.kafka import KafkaBus, KafkaSettings
 from rlbus.bus.topics import topic_specs
 from rlbus.errors import ServiceError
-from rlbus.services import kafka
+from rlbus.services import free_port_run, kafka
 from rlbus.services.redis import RedisServer, start_redis
 from rlbus.state.redis import RedisStateStore
 
@@ -67,26 +66,9 @@ def _chaos_user(cluster: kafka.KafkaCluster) -> dict[str, str]:
 
 
 def free_port_block(count: int, host: str = "127.0.0.1") -> int:
-    """A port p with p .. p+count-1 all free right now."""
-    for _ in range(100):
-        with socket.socket() as probe:
-            probe.bind((host, 0))
-            first: int = probe.getsockname()[1]
-        if first + count > 65535:
-            continue
-        held: list[socket.socket] = []
-        try:
-            for port in range(first, first + count):
-                sock = socket.socket()
-                held.append(sock)
-                sock.bind((host, port))
-            return first
-        except OSError:
-            continue
-        finally:
-            for sock in held:
-                sock.close()
-    raise ServiceError(f"no block of {count} free ports on {host}")
+    """A port p with p .. p+count-1 all free right now (`rlbus.services.free_port_run`: below the ephemeral
+    range, so no client connection takes one before the broker binds it)."""
+    return free_port_run(count, host)
 
 
 @dataclass

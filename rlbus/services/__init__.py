@@ -8,7 +8,10 @@ pinned in ``infra/kafka/pom.xml``; ``redis`` runs the system ``redis-server``. E
 
 from __future__ import annotations
 
+import random
 import socket
+
+from rlbus.errors import ServiceError
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -24,14 +27,31 @@ def free_port_pair(host: str = "127.0.0.1") -> int:
     return free_port_run(2, host)
 
 
+def ephemeral_range() -> tuple[int, int]:
+    """The ports the kernel hands out to outgoing connections and to ``bind(0)`` (Linux's
+    ``ip_local_port_range``; IANA's 49152–65535 where it cannot be read)."""
+    try:
+        low, high = (int(x) for x in open("/proc/sys/net/ipv4/ip_local_port_range").read().split())
+    except (OSError, ValueError):
+        return 49152, 65535
+    return low, high
+
+
 def free_port_run(count: int, host: str = "127.0.0.1") -> int:
-    """A port p with p … p + count - 1 all free right now (a cluster's consecutive listeners)."""
-    for _ in range(100):
-        sockets = [socket.socket()]
+    """A port p with p … p + count - 1 all free right now (a cluster's consecutive listeners).
+
+    The run is picked *below* the ephemeral range, so that no outgoing connection can take one of its ports
+    in the seconds before its listener binds: a cluster's region proxies, say, are bound only after the
+    brokers have started — tens of seconds in which their clients open connections from ephemeral ports
+    (a CI run lost `rlbus bench regions` to exactly that: "bind: address already in use"). Nothing binds
+    there by accident either, as ``bind(0)`` also draws from the ephemeral range."""
+    low, _ = ephemeral_range()
+    floor = 10_000
+    for _ in range(200):
+        port = random.randrange(floor, max(floor + 1, low - count))
+        sockets: list[socket.socket] = []
         try:
-            sockets[0].bind((host, 0))
-            port: int = sockets[0].getsockname()[1]
-            for offset in range(1, count):
+            for offset in range(count):
                 sockets.append(socket.socket())
                 sockets[-1].bind((host, port + offset))
             return port
@@ -40,4 +60,4 @@ def free_port_run(count: int, host: str = "127.0.0.1") -> int:
         finally:
             for sock in sockets:
                 sock.close()
-    raise RuntimeError(f"no {count} adjacent free ports")
+    raise ServiceError(f"no {count} adjacent free ports on {host} between {floor} and {low}")
