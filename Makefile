@@ -66,7 +66,7 @@ toxiproxy:
 test: deps venv kustomize toxiproxy
 	$(BIN)/python -c 'import socket; socket.create_connection(("$(KAFKA_HOST)", $(KAFKA_PORT)), 2).close()' \
 	  2>/dev/null && echo "Kafka answers at $(KAFKA_FIRST)" || $(BIN)/rlbus kafka start --port $(KAFKA_PORT)
-	$(BIN)/python -m pytest -q $(if $(VLLM_TESTS),-m 'not vllm')
+	$(BIN)/python -m pytest -q --durations=15 $(if $(VLLM_TESTS),-m 'not vllm')
 ifneq ($(VLLM_TESTS),)
 	RLBUS_REQUIRE_VLLM=1 $(VLLM_PY) -m pytest -q -p no:cacheprovider -m vllm $(VLLM_TEST_FILES)
 endif

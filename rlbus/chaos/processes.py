@@ -541,7 +541,10 @@ async def worker_lag(rig: ChaosRig, *, seed: int = 0, quick: bool = False) -> Sc
             store.open.set()
             report.faults.append(f"rollout-b's blob store back after {time.monotonic() - frozen_at:.1f} s, "
                                  f"trainer at v{v1}")
-            await w.wait_until("training goes on after the thaw", lambda: _version_past(w, v1 + 1), timeout_s=240)
+            # The run may already be over when the thaw comes (rollout-a trained what rollout-b dropped):
+            # then every prompt has its outcome and there is no next version to wait for.
+            await w.wait_until("training goes on after the thaw, or every rollout has an outcome",
+                               lambda: _moved_on(w, v1 + 1), timeout_s=240)
             report.recovery_s = round(time.monotonic() - frozen_at, 2)
             freed = await w.state.get_counter(GROUPS_FREED_COUNTER)
             stale = (await w.join.counts()).get(Outcome.STALE.value, 0)
@@ -560,6 +563,14 @@ async def worker_lag(rig: ChaosRig, *, seed: int = 0, quick: bool = False) -> Sc
 
 async def _version_past(w: Workers, version: int) -> bool:
     return await w.state.get_counter(VERSION_COUNTER) >= version
+
+
+async def _moved_on(w: Workers, version: int) -> bool:
+    """The trainer reached ``version``, or the run has nothing left to train: every prompt admitted and
+    each of their rollouts given an outcome."""
+    if await _version_past(w, version):
+        return True
+    return await w.admitted() >= w.prompts and await w.outcomes() >= await w.expected()
 
 
 async def _dropped_stale(w: Workers) -> bool:

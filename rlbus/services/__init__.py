@@ -31,7 +31,8 @@ def ephemeral_range() -> tuple[int, int]:
     """The ports the kernel hands out to outgoing connections and to ``bind(0)`` (Linux's
     ``ip_local_port_range``; IANA's 49152–65535 where it cannot be read)."""
     try:
-        low, high = (int(x) for x in open("/proc/sys/net/ipv4/ip_local_port_range").read().split())
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            low, high = (int(x) for x in f.read().split())
     except (OSError, ValueError):
         return 49152, 65535
     return low, high
