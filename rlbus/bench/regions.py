@@ -68,7 +68,7 @@ from rlbus.blobs.local import LocalStore
 from rlbus.chaos.ledger import ScenarioReport
 from rlbus.chaos.processes import Workers
 from rlbus.chaos.rig import ChaosRig
-from rlbus.observe.runlog import WEIGHTS, read
+from rlbus.observe.runlog import WEIGHTS, RunLogTail, read
 from rlbus.observe.stats import percentile
 from rlbus.services import free_port, wan
 from rlbus.services import toxiproxy as tp
@@ -153,6 +153,8 @@ class Fleet:
         #: Each relay's counts from the runs of it that were stopped (a relay killed and started again).
         self.relay_history: dict[str, list[dict[str, int]]] = defaultdict(list)
         self.phases: list[Phase] = []
+        #: The run's logs, read as they grow (the phases poll them every fraction of a second).
+        self.log = RunLogTail(self.run_dir)
         #: Which proxies are cut (the region's clients, toward every other region).
         self.cut_proxies: list[tp.Proxy] = []
         #: Every rollout worker heartbeat seen (`Beat`).
@@ -226,6 +228,13 @@ class Fleet:
         await relay.upstream.close()  # type: ignore[union-attr]
         self.relay_history[region].append(dataclasses.asdict(relay.upstream_count))
 
+    def relay_upstream(self, region: str) -> dict[str, int]:
+        """What ``region``'s relay fetched from the origin over all its runs, the one running now included."""
+        server = self.relay_servers[region]
+        running = [dataclasses.asdict(server.upstream_count)] if region in self._relay_runners else []
+        runs = [*self.relay_history[region], *running]
+        return {k: sum(run[k] for run in runs) for k in ("blobs", "bytes", "retried_ranges", "abandoned")}
+
     async def stop_relays(self) -> None:
         for region in list(self._relay_runners):
             await self.stop_relay(region)
@@ -260,16 +269,16 @@ class Fleet:
 
     # --- what the run says -----------------------------------------------------------------------
     def version(self) -> int:
-        return max((int(e["version"]) for e in read(self.run_dir, WEIGHTS)), default=0)
+        return max((int(e["version"]) for e in self.log.events(WEIGHTS)), default=0)
 
     def published(self) -> list[tuple[float, int]]:
-        return sorted((float(e["t"]), int(e["version"])) for e in read(self.run_dir, WEIGHTS))
+        return sorted((float(e["t"]), int(e["version"])) for e in self.log.events(WEIGHTS))
 
     def syncs(self, name: str) -> list[dict[str, Any]]:
-        return list(read(self.run_dir, f"syncs-{name}"))
+        return list(self.log.events(f"syncs-{name}"))
 
     def rollouts(self, name: str) -> list[dict[str, Any]]:
-        return list(read(self.run_dir, f"rollouts-{name}"))
+        return list(self.log.events(f"rollouts-{name}"))
 
     def egress(self) -> dict[str, int]:
         return {region: self.origin.served_bytes.get(port, 0) for port, region in self.port_region.items()}
@@ -537,11 +546,7 @@ def _figures(fleet: Fleet, report: ScenarioReport, cut: dict[str, Any]) -> dict[
                 for region in REGIONS
             },
         })
-    relay = {}
-    for region, server in fleet.relay_servers.items():
-        running = [dataclasses.asdict(server.upstream_count)] if region in fleet._relay_runners else []
-        runs = [*fleet.relay_history[region], *running]
-        relay[region] = {k: sum(run[k] for run in runs) for k in ("blobs", "bytes", "retried_ranges", "abandoned")}
+    relay = {region: fleet.relay_upstream(region) for region in fleet.relay_servers}
     weights = list(read(fleet.run_dir, WEIGHTS))
     return {
         "relays": fleet.relays, "phases": phases, "relay_upstream": relay, "cut": cut,

@@ -118,6 +118,45 @@ def read(run_dir: Path, name: str) -> Iterator[dict[str, Any]]:
                 continue
 
 
+class RunLogTail:
+    """Follows a run directory's logs while the run writes them: each call to :meth:`events` reads only
+    the bytes appended since the last one, so a driver polling a long run does not re-parse every file
+    on every poll. A line is taken once its newline is written (a line being written is left for the
+    next call); a file that shrank (a new run in the same directory) is read again from the start."""
+
+    def __init__(self, run_dir: Path) -> None:
+        self.run_dir = Path(run_dir)
+        self._events: dict[str, list[dict[str, Any]]] = {}
+        self._offsets: dict[str, int] = {}
+
+    def events(self, name: str) -> list[dict[str, Any]]:
+        """Every complete event of ``name``.jsonl so far, in order (the list is the tail's own: copy it
+        before changing it)."""
+        events = self._events.setdefault(name, [])
+        path = self.run_dir / f"{name}.jsonl"
+        try:
+            size = path.stat().st_size
+        except FileNotFoundError:
+            return events
+        offset = self._offsets.get(name, 0)
+        if size < offset:
+            events.clear()
+            offset = 0
+        if size == offset:
+            return events
+        with path.open("rb") as handle:
+            handle.seek(offset)
+            data = handle.read(size - offset)
+        end = data.rfind(b"\n") + 1
+        for line in data[:end].splitlines():
+            try:
+                events.append(json.loads(line))
+            except json.JSONDecodeError:
+                continue
+        self._offsets[name] = offset + end
+        return events
+
+
 def read_all_syncs(run_dir: Path) -> Iterator[dict[str, Any]]:
     """The swap events of every worker that wrote into ``run_dir``."""
     for path in sorted(Path(run_dir).glob("syncs-*.jsonl")):

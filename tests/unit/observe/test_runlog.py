@@ -1,7 +1,7 @@
 from dataclasses import dataclass
 from pathlib import Path
 
-from rlbus.observe.runlog import RunLog, read, read_all_syncs, syncs_name
+from rlbus.observe.runlog import WEIGHTS, RunLog, RunLogTail, read, read_all_syncs, syncs_name
 
 
 @dataclass
@@ -28,3 +28,22 @@ def test_a_torn_last_line_is_skipped(tmp_path: Path) -> None:
     with (tmp_path / "steps.jsonl").open("a") as handle:
         handle.write('{"t": 1, "ste')
     assert [e["step"] for e in read(tmp_path, "steps")] == [1]
+
+
+def test_tail_reads_only_what_was_appended_and_waits_for_a_torn_line(tmp_path: Path) -> None:
+    tail = RunLogTail(tmp_path)
+    assert tail.events(WEIGHTS) == []  # no file yet
+    with RunLog(tmp_path) as log:
+        log.write(WEIGHTS, {"version": 1}, t=1.0)
+        assert [e["version"] for e in tail.events(WEIGHTS)] == [1]
+        log.write(WEIGHTS, {"version": 2}, t=2.0)
+        path = tmp_path / f"{WEIGHTS}.jsonl"
+        with path.open("a") as raw:  # a writer caught mid-line
+            raw.write('{"t":3.0,"vers')
+        assert [e["version"] for e in tail.events(WEIGHTS)] == [1, 2]
+        with path.open("a") as raw:
+            raw.write('ion":3}\n')
+        assert [e["version"] for e in tail.events(WEIGHTS)] == [1, 2, 3]
+        assert tail.events(WEIGHTS) == list(read(tmp_path, WEIGHTS))
+    (tmp_path / f"{WEIGHTS}.jsonl").write_text('{"t":9.0,"version":9}\n')  # a new run in the same directory
+    assert [e["version"] for e in tail.events(WEIGHTS)] == [9]
