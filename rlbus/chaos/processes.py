@@ -556,7 +556,9 @@ async def worker_lag(rig: ChaosRig, *, seed: int = 0, quick: bool = False) -> Sc
             store.open.set()
             await runner.cleanup()
 
-    return await _scenario(rig, "worker_lag", seed=seed, prompts=24 if quick else 48, body=body,
+    # 32 prompts even when quick: rollout-b starts late (a second model load on a busy machine), and the
+    # freeze, the staleness bound and the drops all have to happen while prompts are still left to play.
+    return await _scenario(rig, "worker_lag", seed=seed, prompts=32 if quick else 48, body=body,
                            max_staleness=staleness, admission="published",
                            roles=("trainer", "reward", "rollout-a", "prompts"), budget_s=_budget(quick))
 
