@@ -474,6 +474,35 @@ async def _cut(fleet: Fleet, plan: Plan, report: ScenarioReport) -> dict[str, An
         "held_version_at_cut": {n: held[n] for n in cut_workers},
         "rollouts_made_during_cut": {n: during[n] - _made_before(fleet, n, phase.t0) for n in cut_workers},
         "recovery_s": recovery_s,
+        "catch_up": {n: _catch_up(fleet, n, restored_at, target) for n in cut_workers},
+    }
+
+
+def _catch_up(fleet: Fleet, name: str, restored_at: float, target: int) -> dict[str, Any]:
+    """Where a cut worker's recovery went, from its own logs: how soon after the restore it applied its
+    first version, how many versions it applied (and how many of them through a rebuild) until it held
+    ``target``, their bytes and staging time, and when it made its first rollout again."""
+    after = sorted((s for s in fleet.syncs(name) if float(s["t"]) >= restored_at), key=lambda s: float(s["t"]))
+    upto = []
+    for sync in after:
+        upto.append(sync)
+        if int(sync["version"]) >= target:
+            break
+    reached = upto[-1] if upto and int(upto[-1]["version"]) >= target else None
+    first_rollout = min((float(r["created_at"]) for r in fleet.rollouts(name)
+                         if float(r["created_at"]) >= restored_at), default=None)
+
+    def since(t: float | None) -> float | None:
+        return None if t is None else round(t - restored_at, 2)
+
+    return {
+        "first_sync_s": since(float(upto[0]["t"]) if upto else None),
+        "held_target_s": since(float(reached["t"]) if reached else None),
+        "versions_applied": len(upto),
+        "rebuilt": sum(1 for s in upto if s.get("rebuilt")),
+        "bytes_fetched": sum(int(s.get("bytes_fetched", 0)) for s in upto),
+        "stage_s": round(sum(float(s.get("stage_s", 0.0)) for s in upto), 2),
+        "first_rollout_s": since(first_rollout),
     }
 
 
@@ -628,6 +657,14 @@ def _print(result: dict[str, Any]) -> None:
           f"{s['interregion_bytes_per_version_no_relay']:,} without; {CUT} cut {s['cut_s']:.0f} s, caught up "
           f"{s['cut_recovery_s']} s after the links came back; {RELAY_DOWN}'s relay down: {s['relay_down_syncs']} "
           f"swaps, {s['relay_down_failovers']} reads from the origin instead")
+    catch_up = result["runs"]["relay"]["cut"].get("catch_up", {})
+    if catch_up:
+        print_table(f"{CUT} catching up after the cut (seconds from the links' return)",
+                    ["worker", "first swap s", "holds newest s", "versions applied", "rebuilt", "bytes",
+                     "staging s", "first rollout s"],
+                    [[n, c["first_sync_s"], c["held_target_s"], c["versions_applied"], c["rebuilt"],
+                      f"{c['bytes_fetched']:,}", c["stage_s"], c["first_rollout_s"]] for n, c in catch_up.items()],
+                    width=140)
     for name, r in result["runs"].items():
         if not r["report"]["passed"]:
             failed = [c for c, ok in r["report"]["checks"].items() if not ok]
