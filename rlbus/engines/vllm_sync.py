@@ -16,7 +16,7 @@ manifest's — the trainer's — digest, as the mirror's must; a mismatch refuse
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Mapping
+from collections.abc import Awaitable, Mapping
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -39,13 +39,17 @@ class VLLMWeightSync(WeightSync):
         self.staged: list[StagedUpdate] = []
         self.vllm_verified = 0
 
-    async def stage(self, manifest: WeightVersion) -> tuple[list[StagedUpdate], int]:
-        staged, fetched = await super().stage(manifest)
+    async def stage(
+        self, manifest: WeightVersion, fetched: Mapping[str, Awaitable[bytes]] | None = None
+    ) -> tuple[list[StagedUpdate], int]:
+        staged, fetched_bytes = await super().stage(manifest, fetched)
         self.staged = staged  # what the swap of this version hands vLLM
-        return staged, fetched
+        return staged, fetched_bytes
 
-    async def _apply(self, manifest: WeightVersion, *, rebuilt: bool) -> None:
-        await super()._apply(manifest, rebuilt=rebuilt)
+    async def _apply(
+        self, manifest: WeightVersion, *, rebuilt: bool, fetched: Mapping[str, Awaitable[bytes]] | None = None
+    ) -> None:
+        await super()._apply(manifest, rebuilt=rebuilt, fetched=fetched)
         received = await asyncio.to_thread(self.engine.received_digest)
         if received != manifest.model_digest:
             self.version = None

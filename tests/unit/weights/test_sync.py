@@ -195,3 +195,93 @@ async def test_double_buffered_swap_repoints_module_parameters(setup: tuple[Memo
         assert sync._spare["head_bias"].data_ptr() != module.head_bias.data_ptr()
     # A pointer swap; the bound is loose because a loaded CI core stalls anything (the figure is benched).
     assert all(0 < s.swap_pause_s < 0.25 for s in sync.history)
+
+
+class SlowStore(LocalStore):
+    """A local store whose reads wait at a gate and count how many are in flight at once."""
+
+    def __init__(self, root: Path) -> None:
+        super().__init__(root)
+        self.gate = asyncio.Event()
+        self.gate.set()
+        self.in_flight: list[str] = []
+        self.most_in_flight = 0
+        #: The most versions whose chunks were downloading at one moment.
+        self.most_versions_in_flight = 0
+        self.keys: list[str] = []
+
+    async def get(self, key: str) -> bytes:
+        self.in_flight.append(key)
+        self.most_in_flight = max(self.most_in_flight, len(self.in_flight))
+        versions = {k.split("/")[1] for k in self.in_flight if "manifest" not in k}
+        self.most_versions_in_flight = max(self.most_versions_in_flight, len(versions))
+        try:
+            await self.gate.wait()
+            await asyncio.sleep(0.005)
+            self.keys.append(key)
+            return await super().get(key)
+        finally:
+            self.in_flight.remove(key)
+
+
+async def test_a_backlog_goes_straight_to_the_newest_version(tmp_path: Path) -> None:
+    """A worker held up while many versions were announced (a healed partition) does not step through
+    every one: it rebuilds to the newest from its keyframe, and is bit-exact there."""
+    bus = MemoryBus(topic_specs())
+    await bus.start()
+    store = SlowStore(tmp_path / "blobs")
+    trainer = Trainer(seed=5)
+    publisher = WeightPublisher(bus=bus, store=store, keyframe_every=10, retain_versions=40, chunk_bytes=8 * 1024)
+    sync = WeightSync(bus=bus, store=store, state=worker_state(publisher, trainer))
+    stop = asyncio.Event()
+    follower = asyncio.create_task(sync.run(stop))
+    try:
+        await publish(publisher, trainer, 2)
+        await until(lambda: sync.version == 2, "v2 applied", every_s=0.01)
+        store.gate.clear()  # v3's chunks hang: the manifests of v4..v24 queue up behind it
+        digests = await publish(publisher, trainer, 22)
+        await until(lambda: bool(store.in_flight), "v3 held up", every_s=0.01)
+        store.gate.set()
+        await until(lambda: sync.version == 24, "v24 applied", timeout_s=30, every_s=0.01)
+    finally:
+        stop.set()
+        await follower
+        await bus.close()
+    assert sync.digest == digests[-1] and state_digest(sync.state) == digests[-1]
+    assert [(s.version, s.kind) for s in sync.history] == [
+        (1, "keyframe"), (2, "delta"), (3, "delta"), (20, "keyframe"), (21, "delta"), (22, "delta"),
+        (23, "delta"), (24, "delta")]
+    assert not any(f"/{v:010d}/" in key for v in range(4, 20) for key in store.keys)  # skipped, never fetched
+
+
+async def test_a_rebuild_fetches_later_versions_while_applying_earlier_ones(setup: tuple[MemoryBus, LocalStore],
+                                                                         tmp_path: Path) -> None:
+    bus, _ = setup
+    store = SlowStore(tmp_path / "slow")
+    trainer = Trainer(seed=6)
+    publisher = WeightPublisher(bus=bus, store=store, keyframe_every=100, chunk_bytes=8 * 1024)
+    digests = await publish(publisher, trainer, 9)
+    sync = WeightSync(bus=bus, store=store, state=worker_state(publisher, trainer), fetch_parallelism=4)
+    await sync.rebuild(9)
+    assert sync.version == 9 and state_digest(sync.state) == digests[-1]
+    assert [s.version for s in sync.history] == list(range(1, 10))
+    assert store.most_in_flight == 4  # the parallelism bound: filled, never exceeded
+    assert store.most_versions_in_flight >= 2  # later versions' chunks downloading while earlier ones apply
+
+
+async def test_a_chain_with_a_missing_version_fails_cleanly(setup: tuple[MemoryBus, LocalStore]) -> None:
+    """A delta gone from the store mid-chain: the rebuild is refused, nothing half-applied is called a
+    version, and no prefetch is left running or unretrieved."""
+    bus, store = setup
+    trainer = Trainer(seed=7)
+    publisher = WeightPublisher(bus=bus, store=store, keyframe_every=100, chunk_bytes=8 * 1024)
+    await publish(publisher, trainer, 6)
+    for path in (store.root / "policy" / f"{5:010d}").iterdir():
+        if not path.name.startswith("manifest"):
+            path.unlink()  # v5's chunks lost; its manifest still says what they were
+    sync = WeightSync(bus=bus, store=store, state=worker_state(publisher, trainer))
+    manifests = [r async for r in _weights(bus)]
+    assert not await sync.handle(manifests[-1])
+    assert sync.version == 4 and sync.refused and "BlobNotFound" in sync.refused[-1][1]
+    pending = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+    assert not pending, pending
