@@ -28,7 +28,9 @@ and one-digit addition, so the figures are the system's, not a model's. The rela
    group sessions expire and their prompts move to other regions, admission bounds how stale anything
    trained may be (``max_staleness`` 3: the rest is ``dropped_stale``, an outcome, never trained);
 5. **recovery** — the links back: ``cut_recovery_s`` is the time until every ap-south worker has swapped
-   to the version published at the moment the link came back and has produced a rollout again.
+   to the version published at the moment the link came back and has produced a rollout again;
+   ``cut.catch_up`` says where that time went, per worker (first swap, holding the newest, versions
+   applied, bytes).
 
 A second run (fresh namespace, same brokers and links, shaped from the start) has no relays: every worker
 fetches from the origin across the WAN, the baseline of inter-region bytes per version. Each run ends with
