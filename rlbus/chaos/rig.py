@@ -65,12 +65,6 @@ def _chaos_user(cluster: kafka.KafkaCluster) -> dict[str, str]:
     }
 
 
-def free_port_block(count: int, host: str = "127.0.0.1") -> int:
-    """A port p with p .. p+count-1 all free right now (`rlbus.services.free_port_run`: below the ephemeral
-    range, so no client connection takes one before the broker binds it)."""
-    return free_port_run(count, host)
-
-
 @dataclass
 class ChaosRig:
     """A private Kafka cluster and Redis server under ``home``."""
@@ -91,8 +85,8 @@ class ChaosRig:
         regions``, :mod:`rlbus.services.wan`)."""
         home.mkdir(parents=True, exist_ok=True)
         cluster = kafka.start(
-            brokers=brokers, port=free_port_block(2 * brokers), home=home, timeout_s=timeout_s, fresh=True,
-            secure=secure, internal_port=free_port_block(brokers) if secure else None, racks=racks,
+            brokers=brokers, port=free_port_run(2 * brokers), home=home, timeout_s=timeout_s, fresh=True,
+            secure=secure, internal_port=free_port_run(brokers) if secure else None, racks=racks,
             region_ports=region_ports,
         )
         try:
