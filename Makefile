@@ -21,10 +21,10 @@ KAFKA_PORT := $(lastword $(subst :, ,$(KAFKA_FIRST)))
 
 .PHONY: deps venv demo up distributed test lint bench-bus bench-codec images-deps images compose-test kustomize toxiproxy
 
-$(BIN)/rlbus: pyproject.toml
+$(BIN)/rlbus: pyproject.toml tools/pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q -U pip
-	$(BIN)/pip install -q -e '.[dev,envs]'
+	$(BIN)/pip install -q -e '.[dev,envs]' -e tools
 	$(BIN)/rlbus models install smollm2-135m-instruct
 	$(BIN)/rlbus codec warm
 	touch $@
@@ -59,7 +59,7 @@ VLLM_TESTS := $(or $(filter 1,$(RLBUS_REQUIRE_VLLM)),$(wildcard $(VLLM_PY)))
 kustomize:
 	bash infra/k8s/install-kustomize.sh
 
-# The pinned Toxiproxy (the WAN between regions, rlbus/services/toxiproxy.py), built the same way into the same bin.
+# The pinned Toxiproxy (the WAN between regions, tools/rlbus_tools/services/toxiproxy.py), built the same way into the same bin.
 toxiproxy:
 	bash infra/toxiproxy/install.sh
 

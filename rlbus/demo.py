@@ -59,6 +59,7 @@ from rlbus.consumers.rollout import RolloutWorker, episode_threads
 from rlbus.envs.evaluate import Scorer
 from rlbus.envs.evaluate import evaluate as run_evaluation
 from rlbus.launch.arguments import (
+    evaluation_name,
     evaluation_prompts,
     initial_model,
     model_source,
@@ -75,7 +76,7 @@ from rlbus.observe.stats import percentile
 from rlbus.producers.prompts import PromptProducer
 from rlbus.schemas import Prompt
 from rlbus.state.base import StateStore
-from rlbus.state.join import JoinBuffer, Outcome
+from rlbus.training.join import JoinBuffer, Outcome
 from rlbus.training.trainer import Trainer
 from rlbus.training.warm import warm_start
 from rlbus.weights.publish import WeightPublisher
@@ -203,6 +204,43 @@ class DemoResult:
             "steps", "steps_target", "completed", "stalled",
         )
         return {k: getattr(self, k) for k in keys} | {"outcomes": self.outcomes}
+
+
+def demo_config(
+    *, quick: bool = False, model: str | None = None, run: RunConfig | None = None, engine: str = "torch",
+    steps: int | None = None, time_budget_s: float | None = None, workers: int | None = None, seed: int | None = None,
+    teacher_error: float | None = None,
+) -> DemoConfig:
+    """The demo ``rlbus demo`` runs: a user's ``run`` config, a real ``model``, the quick or the full default,
+    with the command line's overrides (None keeps the chosen config's own). vLLM runs one rollout worker by
+    default (one vLLM per process on a small machine)."""
+    if run is not None and (model is not None or quick):
+        raise ValueError("--config runs the file's [model] and the demo's default steps: it does not combine with "
+                         "--model or --quick (set [model] in the file, --steps for fewer steps)")
+    config = DemoConfig.from_run(run) if run is not None else DemoConfig.for_model(model) if model else (
+        DemoConfig.quick() if quick else DemoConfig())
+    if engine != "torch":
+        workers = 1 if workers is None else workers
+        config = config.tuned(rollout={"engine": engine})
+    config = dataclasses.replace(
+        config,
+        rl_steps=config.rl_steps if steps is None else steps,
+        time_budget_s=config.time_budget_s if time_budget_s is None else time_budget_s,
+        workers=config.workers if workers is None else workers,
+    )
+    return config.tuned(task={} if seed is None else {"seed": seed},
+                        trainer={} if teacher_error is None else {"teacher_error": teacher_error})
+
+
+def headline(config: DemoConfig, run_dir: Path) -> str:
+    """The demo's first line: what it trains on, with how many workers, where its files go."""
+    task, trainer = config.run.task, config.run.trainer
+    what = f"{task.env} {task.env_config}"
+    if task.prompts is not None:
+        what = f"prompts from {task.prompts} (evaluated on {evaluation_name(config.run)}"
+        what += ")" if task.eval_prompts is not None else "; your own held-out file: [task] eval_prompts)"
+    return (f"rlbus demo: {what}, {config.workers} rollout workers, G={task.group_size}, "
+            f"{trainer.groups_per_step} groups/step, run dir {run_dir}")
 
 
 def embedded_note(run: RunConfig, run_dir: Path) -> str:

@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+import asyncio
 import statistics
+import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
+from rich.console import Console
+from rich.live import Live
 from rich.table import Table
 
 if TYPE_CHECKING:
@@ -106,3 +111,39 @@ def plot(result: DemoResult, path: Path) -> Path:
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return path
+
+
+
+def watch(demo: Demo, console: Console, *, dashboard: int | None = None) -> DemoResult:
+    """Run ``demo`` while showing it: the live table on a terminal, status lines in a log (every 10 s and at
+    each phase change), and the web dashboard on ``dashboard`` when given."""
+    with Live(console=console, refresh_per_second=4) as live:
+        demo.on_update = (lambda d: live.update(live_table(d))) if console.is_terminal else status_logger(console)
+        if dashboard is None:
+            return asyncio.run(demo.run())
+        from rlbus.observe.dashboard import run_demo
+
+        return asyncio.run(run_demo(demo, port=dashboard, on_ready=lambda url: console.print(
+            f"dashboard: [bold]{url}[/bold] (while the demo runs)")))
+
+
+def status_logger(console: Console, every_s: float = 10.0, quiet_s: float = 60.0) -> Callable[[Any], None]:
+    """The demo's log when stdout is not a terminal: a phase change at once; a changed status line at most
+    every ``every_s``; an unchanged one only every ``quiet_s``, saying for how long nothing changed (a
+    stall reads as one line a minute, not the same line every 10 s)."""
+    #: t / phase / printed: the last line printed; seen / changed: the last line built and when it changed.
+    last: dict[str, Any] = {"t": 0.0, "phase": "", "printed": "", "seen": "", "changed": time.monotonic()}
+
+    def log(demo: Any) -> None:
+        now, line = time.monotonic(), status_line(demo)
+        if line != last["seen"]:
+            last.update(seen=line, changed=now)
+        if demo.phase != last["phase"] or (line != last["printed"] and now - last["t"] >= every_s):
+            console.print(line, markup=False, highlight=False)
+        elif line == last["printed"] and now - last["t"] >= quiet_s:
+            console.print(f"{line}  (no change for {now - last['changed']:.0f} s)", markup=False, highlight=False)
+        else:
+            return
+        last.update(t=now, phase=demo.phase, printed=line)
+
+    return log

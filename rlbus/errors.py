@@ -39,10 +39,10 @@ rlbus, so callers handle one hierarchy. Each class says whether retrying the sam
     │                                (rlbus.serve; a 429 is retriable after its Retry-After)
     ├── ServiceError                 a local service (Kafka, Redis) failed to start or stop
     ├── RunLogMissing                a run directory has no run log to report on (rlbus.observe.report)
-    ├── GenerateError                a task corpus cannot be generated from a library (rlbus.envs.swegen)
+    ├── GenerateError                a task corpus cannot be generated from a library (rlbus.taskgen)
     ├── ToolError                    an expected tool failure; the model sees the message (rlbus.envs.agent)
     ├── QualityGateFailed            the offline stages ended below the bar RL waits for (rlbus.training.offline)
-    └── WorkerCrashed                a chaos scenario's pipeline stopped while it ran (rlbus.chaos.harness)
+    └── WorkerCrashed                a chaos scenario's pipeline stopped while it ran (rlbus_tools.chaos.harness)
 """
 
 from __future__ import annotations
@@ -240,7 +240,7 @@ class RunLogMissing(RlbusError):
 
 
 class GenerateError(RlbusError):
-    """A library cannot be turned into tasks: no sdist, no tests, a suite that fails unchanged (rlbus.envs.swegen)."""
+    """A library cannot be turned into tasks: no sdist, no tests, a suite that fails unchanged (rlbus.taskgen)."""
 
 
 class ToolError(RlbusError):

@@ -6,7 +6,7 @@ import re
 from rlbus.envs import HarnessConfig, Task
 from rlbus.envs.base import config_data
 from rlbus.envs.chat import format_answer
-from rlbus.envs.rewards import exact_match
+from rlbus.envs.scoring import exact_match
 from rlbus.schemas import Prompt
 
 PROBLEMS = [

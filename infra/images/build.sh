@@ -143,15 +143,15 @@ build_rlbus() {
 # --- Kafka and Redis --------------------------------------------------------------------------------
 build_kafka() {
   local jars version context="$home/kafka-context"
-  jars="$("$python" -m rlbus.services.kafka resolve | tail -1)"
-  version="$("$python" -c 'from rlbus.services.kafka_jars import kafka_version, pom_path; print(kafka_version(pom_path()))')"
+  jars="$("$python" -m rlbus_tools.services.kafka resolve | tail -1)"
+  version="$("$python" -c 'from rlbus_tools.services.kafka_jars import kafka_version, pom_path; print(kafka_version(pom_path()))')"
   rm -rf "$context" && mkdir -p "$context"
   cp -l "$jars"/*.jar "$context/" 2>/dev/null || cp "$jars"/*.jar "$context/"
   cp infra/kafka/Dockerfile infra/kafka/entrypoint.sh infra/kafka/healthcheck.py infra/kafka/log4j2-container.properties "$context/"
   # Kafka's Admin client driven by rlbus (SCRAM users and ACLs: docker-compose.secure.yml's `acls`), compiled
   # here with the host's JDK against the same jars, so the image needs only the JRE
   mkdir "$context/tools"
-  cp "$("$python" -c 'import sys; from pathlib import Path; from rlbus.services.kafka_admin import compiled; print(compiled(Path(sys.argv[1])))' "$jars")"/*.class "$context/tools/"
+  cp "$("$python" -c 'import sys; from pathlib import Path; from rlbus_tools.services.kafka_admin import compiled; print(compiled(Path(sys.argv[1])))' "$jars")"/*.class "$context/tools/"
   dbuild --build-arg "BASE=${base:-$base_image}" -t "rlbus/kafka:$version" "$context"
 }
 

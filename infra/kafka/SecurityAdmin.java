@@ -1,6 +1,6 @@
 // rlbus's security set-up through Kafka's own Admin API (org.apache.kafka.clients.admin.Admin), in one JVM.
 //
-// rlbus.services.kafka_acl compiles this file once per Kafka release into the jar cache and runs it with the
+// rlbus.security.kafka_acl compiles this file once per Kafka release into the jar cache and runs it with the
 // broker's classpath. It reads one JSON request on stdin, so no password is ever a command-line argument:
 //
 //   {"client": {admin client properties},

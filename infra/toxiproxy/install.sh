@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Install the pinned Toxiproxy, the WAN emulator between regions (rlbus/services/toxiproxy.py drives it):
+# Install the pinned Toxiproxy, the WAN emulator between regions (tools/rlbus_tools/services/toxiproxy.py drives it):
 #
 #   bash infra/toxiproxy/install.sh   -> ${RLBUS_HOME:-$HOME/.cache/rlbus}/bin/toxiproxy-server, toxiproxy-cli
 #

@@ -7,7 +7,7 @@ prompt's environment (exact match, hidden unit tests in the sandbox, tool-task a
 kind asks an LM judge with a rubric, and ``both`` publishes both rewards of each rollout (one group,
 ``reward-both``; the trainer's ``reward_sources`` say which it waits for). The reward's ``source`` is
 what the environment or judge says (``verifier`` for exact answers, ``sandbox`` for hidden unit tests,
-``judge``). A user's reward function (``[reward] function``, `rlbus.envs.rewards.RewardFunction`) takes the
+``judge``). A user's reward function (``[reward] function``, `rlbus.rewards.function.RewardFunction`) takes the
 environment's place as the verifier (source ``verifier``); when it raises or returns no finite number the
 rollout is dead-lettered with that reason. Rewards go to
 ``rl.rewards.v1`` keyed by rollout id, with the id ``<rollout>:<source>``, so a redelivered rollout
@@ -39,14 +39,15 @@ from rlbus.bus.topics import REWARDS, ROLLOUTS
 from rlbus.bus.types import Record
 from rlbus.envs.base import env_for
 from rlbus.envs.episode import Episode, rollout_to_episode
-from rlbus.envs.judge import Judge
-from rlbus.envs.rewards import HackPolicy, RewardFunction, apply_hack_policy
 from rlbus.errors import MalformedMessage
 from rlbus.metrics import HACKS, REWARD, observe_processing
 from rlbus.observe.lag import LagProbe
 from rlbus.observe.logs import record_fields
+from rlbus.rewards.function import RewardFunction
+from rlbus.rewards.hacks import HackPolicy, apply_hack_policy
+from rlbus.rewards.judge import Judge
 from rlbus.schemas import Prompt, Reward, Rollout
-from rlbus.state.join import is_served
+from rlbus.training.join import is_served
 
 log = logging.getLogger("rlbus.consumers.reward")
 

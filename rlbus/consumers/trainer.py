@@ -26,9 +26,9 @@ from rlbus.metrics import observe_processing, record_step
 from rlbus.observe.lag import LagProbe
 from rlbus.schemas import Rollout
 from rlbus.state.base import StateStore
-from rlbus.state.join import FINAL, JoinBuffer, Outcome, ScoredGroup, ScoredRollout, is_served
 from rlbus.state.progress import GROUPS_DONE_COUNTER, GROUPS_FREED_COUNTER, VERSION_COUNTER, outcome_counter
 from rlbus.training.batch import Group, Sample, check_rollout, sample_from_rollout
+from rlbus.training.join import FINAL, JoinBuffer, Outcome, ScoredGroup, ScoredRollout, is_served
 from rlbus.training.online_lane import OnlineLane
 from rlbus.training.trainer import Trainer
 
@@ -39,13 +39,13 @@ class TrainerWorker:
     """The trainer process's bus side: join rollouts with rewards, batch complete groups, train.
 
     Consumes ``rl.rollouts.v1`` and ``rl.rewards.v1`` in the group ``trainer``. Each message goes into
-    the :class:`~rlbus.state.join.JoinBuffer` (state store) before its offset is committed, so a restart
+    the :class:`~rlbus.training.join.JoinBuffer` (state store) before its offset is committed, so a restart
     loses nothing. Ready groups (and groups released by the join timeout) queue until ``groups_per_step``
     are there; rollouts older than ``max_staleness`` versions are dropped with that reason, the rest are
     trained in one GRPO step, and every rollout id is entered in the ledger so a redelivery is never
     trained twice. When the trainer checkpoints and the join keeps released groups (:attr:`holds`), the
     ledger calls a rollout trained only once a checkpoint holds its step, so a crash between checkpoints
-    neither loses an update the ledger counts nor applies one twice (:mod:`rlbus.state.join`). A rollout
+    neither loses an update the ledger counts nor applies one twice (:mod:`rlbus.training.join`). A rollout
     that cannot be trained (inconsistent arrays) is dead-lettered on arrival; that check builds no tensor,
     so each rollout's `Sample` is built once, when :meth:`train` trains it. The trainer's version and
     finished-group count go to the state store, where the prompt producer's admission control reads them.

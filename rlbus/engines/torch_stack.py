@@ -2,7 +2,7 @@
 engine.
 
 Every model that rlbus serves with the torch engine is built here: the rollout workers
-(`rlbus.wiring.rollout`), the local LM judge (`rlbus.envs.judge.engine_judge`), the held-out evaluation
+(`rlbus.wiring.rollout`), the local LM judge (`rlbus.rewards.judge.engine_judge`), the held-out evaluation
 (`rlbus.envs.evaluate`), ``rlbus generate`` and the benchmarks. The copy is made from a `ModelSource`
 (built in ``dtype`` on the source's device, in eval mode) or from a model in memory (a deep copy, cast to
 ``dtype``, in eval mode); the model given is never changed. The batching engine merges the decode calls of

@@ -34,7 +34,7 @@ def held_out_prompts(env: str, env_config: dict[str, Any] | None, *, seed: int, 
 
 
 class Scorer(Protocol):
-    """What scores an episode in place of its environment: `rlbus.envs.rewards.RewardFunction`."""
+    """What scores an episode in place of its environment: `rlbus.rewards.function.RewardFunction`."""
 
     async def score(self, episode: Episode, prompt: Prompt) -> Reward: ...
 

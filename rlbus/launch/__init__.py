@@ -8,5 +8,5 @@ graceful-stop helper every role uses; ``recording`` what the trainer and the wor
 log; ``up`` the local process set; ``check`` what ``rlbus config check`` verifies before a run starts (it
 reads fields only to check them and builds nothing). The bus wrapper that gives a run its own topics and
 consumer groups is :mod:`rlbus.bus.namespace`; the trainer's in-order join, which makes a replay reproduce a
-run's inputs, lives with the other joins in :mod:`rlbus.state.ordered`.
+run's inputs, lives with the other joins in :mod:`rlbus.training.ordered`.
 """

@@ -25,9 +25,10 @@ from rlbus.state import StateStore
 from rlbus.wiring.infra import open_bus, open_state, open_store, with_claims
 
 if TYPE_CHECKING:
-    from rlbus.envs.judge import Judge
-    from rlbus.envs.rewards import HackPolicy, RewardFunction
     from rlbus.models.sources import Model, ModelSource
+    from rlbus.rewards.function import RewardFunction
+    from rlbus.rewards.hacks import HackPolicy
+    from rlbus.rewards.judge import Judge
     from rlbus.schemas import Prompt
     from rlbus.training.config import DPOConfig, FSDPConfig, GRPOConfig, OnlineConfig
 
@@ -192,7 +193,7 @@ def reward_args(config: RunConfig) -> RewardArgs:
 def reward_function(config: RunConfig) -> RewardFunction | None:
     """``[reward] function`` imported and checked (None without one): the reward worker's verifier, and what
     the evaluations score with."""
-    from rlbus.envs.rewards import RewardFunction
+    from rlbus.rewards.function import RewardFunction
 
     return RewardFunction.load(config.reward.function) if config.reward.function is not None else None
 
@@ -204,7 +205,7 @@ def judge_for(config: RunConfig, environ: Mapping[str, str] | None = None) -> Ju
     import os
 
     from rlbus.config import secret_from
-    from rlbus.envs.judge import Judge, JudgeBackend, OpenAIJudge, engine_judge, load_rubric
+    from rlbus.rewards.judge import Judge, JudgeBackend, OpenAIJudge, engine_judge, load_rubric
 
     if config.reward.kind == "verifier":
         return None

@@ -9,7 +9,7 @@ overrides applied), then checks what loading alone does not reach:
 * ``[model]``: the source resolves without loading weights: ``path`` is a model directory, ``gguf`` a file,
   ``name`` a shipped model that is installed, ``checkpoint`` exists; ``device`` is one torch knows;
 * ``[reward]``: a ``function`` resolves to a callable (when the config loads); with a judge, the rubric file
-  parses (`rlbus.envs.judge.load_rubric`) and an ``engine`` backend's model resolves as
+  parses (`rlbus.rewards.judge.load_rubric`) and an ``engine`` backend's model resolves as
   ``rlbus generate --model`` would (no backend is built);
 * ``[dpo]``: the preference files named exist.
 
@@ -180,7 +180,7 @@ def check_reward(reward: RewardSection) -> list[str]:
         if reward.function is not None else []
     if reward.kind == "verifier":
         return functions
-    from rlbus.envs.judge import load_rubric
+    from rlbus.rewards.judge import load_rubric
 
     judge = reward.judge
     try:

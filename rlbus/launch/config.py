@@ -209,7 +209,7 @@ class TrainerSection(msgspec.Struct, **_STRUCT):
     checkpoint_dir: str | None = None
     #: Steps per checkpoint (with checkpoint_dir); a graceful stop always writes one. With the ordered join,
     #: a step's rollouts count as trained once a checkpoint holds the step (their groups stay in the state
-    #: store until then), so a crash never loses or repeats an update (rlbus/state/join.py).
+    #: store until then), so a crash never loses or repeats an update (rlbus/training/join.py).
     checkpoint_every: int = 10
     #: Checkpoint files kept.
     keep_checkpoints: int = 2
@@ -217,7 +217,7 @@ class TrainerSection(msgspec.Struct, **_STRUCT):
     reward_sources: list[str] = msgspec.field(default_factory=lambda: ["verifier"])
     #: Weight of each reward source in a rollout's scalar reward (a source not named: 1.0).
     reward_weights: dict[str, float] = msgspec.field(default_factory=dict)
-    #: A judgement published invalid (`rlbus.envs.judge`): ``drop`` the rollout (outcome
+    #: A judgement published invalid (`rlbus.rewards.judge`): ``drop`` the rollout (outcome
     #: dropped_invalid_judgement), ``downweight`` it (the source's value moves to its group's mean valid
     #: value, keeping invalid_weight of its own), or ``wait`` for a valid judgement (another judge worker).
     invalid_judgements: Literal["drop", "downweight", "wait"] = "drop"
@@ -345,7 +345,7 @@ class RolloutSection(msgspec.Struct, **_STRUCT):
 
 
 class JudgeSection(msgspec.Struct, **_STRUCT):
-    """The LM judge of a reward worker with ``kind = "judge"`` or ``"both"`` (`rlbus.envs.judge`)."""
+    """The LM judge of a reward worker with ``kind = "judge"`` or ``"both"`` (`rlbus.rewards.judge`)."""
 
     #: The rubric: a TOML file of weighted dimensions (``infra/rlbus/rubrics/*.toml``).
     rubric: str = ""
@@ -404,7 +404,7 @@ class RewardSection(msgspec.Struct, **_STRUCT):
     #: A user's reward function by import path, ``"mypkg.rewards:score"``: ``score(prompt, completion,
     #: reference) -> float`` (or async), scoring in the environment's place (kind = "verifier" or "both"; the
     #: reward's source stays ``verifier``). Imported when the config is loaded, so every process needs the
-    #: package (installed, or on PYTHONPATH): `rlbus.envs.rewards.RewardFunction`.
+    #: package (installed, or on PYTHONPATH): `rlbus.rewards.function.RewardFunction`.
     function: str | None = None
     #: What a reward becomes when its environment's hack monitor found reward hacking in the rollout (the
     #: coding environment: `rlbus.envs.swe.monitor`): ``zero`` (0, the default), ``penalty`` (the value less
@@ -420,7 +420,7 @@ class RewardSection(msgspec.Struct, **_STRUCT):
         if self.function is not None:
             if self.kind == "judge":
                 raise ConfigError("reward.function", 'replaces the verifier: only with kind = "verifier" or "both"')
-            from rlbus.envs.rewards import RewardFunction
+            from rlbus.rewards.function import RewardFunction
 
             RewardFunction.load(self.function)
 

@@ -3,11 +3,11 @@
 The trainer writes, per GRPO step, ``steps`` (the step's metrics), ``inputs`` (the groups trained:
 prompt id, sequence number, rollout ids, rewards, the policy versions each rollout's tokens came from),
 ``rewards`` (one line per trained rollout and reward source) and, per published version, ``weights``.
-``inputs`` is what a replay must reproduce (:mod:`rlbus.state.ordered`); ``completions`` (when each of the
+``inputs`` is what a replay must reproduce (:mod:`rlbus.training.ordered`); ``completions`` (when each of the
 step's groups became complete in the join, by the clock) is timing, kept apart from it. Each rollout worker
 writes its weight swaps to ``syncs-<worker>`` and one line per rollout it publishes to ``rollouts-<worker>`` (when it
 finished, sampled tokens, token versions, seconds generating and in the environment): what
-:mod:`rlbus.sim.calibrate` measures a run's generation rate and episode lengths from. Nothing here imports
+:mod:`rlbus_tools.sim.calibrate` measures a run's generation rate and episode lengths from. Nothing here imports
 torch.
 """
 
@@ -22,8 +22,8 @@ import numpy as np
 from rlbus.aio import wait_event
 from rlbus.observe.runlog import COMPLETIONS, INPUTS, REWARDS, STEPS, WEIGHTS, RunLog, rollouts_name, syncs_name
 from rlbus.schemas import Rollout
-from rlbus.state.join import ScoredGroup
-from rlbus.state.ordered import prompt_seq
+from rlbus.training.join import ScoredGroup
+from rlbus.training.ordered import prompt_seq
 
 
 def token_versions(rollout: Rollout) -> list[int]:

@@ -8,7 +8,7 @@ trainer mains: the prompt producer and the reward worker never load it.
 Trainer start and restart. With ``trainer.checkpoint_dir`` holding a checkpoint, the trainer restores it
 (weights, optimizer, step, RNG) and *relies on the committed offsets and the state store*, not on the
 checkpoint's offsets: the trainer commits a message only after it is in the join buffer (Redis), groups
-stay there until every rollout of them has an outcome (:mod:`rlbus.state.ordered`), and the outcome
+stay there until every rollout of them has an outcome (:mod:`rlbus.training.ordered`), and the outcome
 ledger refuses a second outcome for a rollout — so resuming from the committed offsets loses nothing and
 trains nothing twice. What a checkpoint older than the crash costs is the *model's* progress since it
 (those rollouts are in the ledger as trained; their update is gone): checkpoint every step where that
@@ -487,7 +487,7 @@ async def published_version(bus: Bus, model_id: str) -> int:
 def stale_fraction(outcomes: dict[str, int]) -> float:
     """Rollouts dropped as stale over rollouts with an outcome (duplicates are copies, not rollouts): the
     generation a run threw away because it arrived too many versions late."""
-    from rlbus.state.join import Outcome
+    from rlbus.training.join import Outcome
 
     settled = sum(n for name, n in outcomes.items() if name != Outcome.DUPLICATE)
     return round(outcomes.get(Outcome.STALE, 0) / settled, 4) if settled else 0.0

@@ -126,7 +126,7 @@ class Collector:
         self.workers: list[WorkerRecord] = []
         self.trainer_version: int | None = None
         self.counts = {"rewards": 0, "rollouts": 0, "weights": 0, "unreadable": 0, "claimed": 0}
-        #: Per judging reward worker, its heartbeat's judge figures (`rlbus.envs.judge.JudgeStats`).
+        #: Per judging reward worker, its heartbeat's judge figures (`rlbus.rewards.judge.JudgeStats`).
         self.judges: dict[str, dict[str, float]] = {}
         #: Per reward worker that found reward hacking, its heartbeat's counts by kind and its policy.
         self.hacks: dict[str, dict[str, Any]] = {}

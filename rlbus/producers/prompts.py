@@ -10,7 +10,7 @@ its n-th prompt (from 0) only while
 and while fewer than ``max_in_flight`` groups are admitted but not yet finished. Nobody stops: generation
 continues on what is admitted, and new prompts flow as versions arrive. Why exactly this bound:
 
-* The trainer takes groups in prompt order (:mod:`rlbus.state.ordered`), ``groups_per_version`` of
+* The trainer takes groups in prompt order (:mod:`rlbus.training.ordered`), ``groups_per_version`` of
   them per version (groups per step × steps per version), so prompt n is trained at version
   ``t(n) = base + n // groups_per_version``. ``base`` is the version the trainer trains this producer's
   first prompt at: its version when the producer started (a trainer resumed at version 57 does not open

@@ -1,8 +1,6 @@
-"""Shared state of the RL loop (idempotency ledger, join buffer, counters, worker registry).
-
-``join`` is the trainer's join of rollouts with rewards and its exactly-once ledger; ``ordered`` the
-variant that releases complete groups in prompt order (what makes a replay reproduce a run's inputs);
-``progress`` names the counters the trainer, the prompt producer and the observers share.
+"""Shared state of the RL loop: the state store (Redis, or in memory) that holds the trainer's join buffer and
+exactly-once ledger (their logic is the trainer's: :mod:`rlbus.training.join`), the counters the trainer, the
+prompt producer and the observers share (``progress`` names them), and the worker registry.
 
 ``open_state_store`` turns a URL from configuration into a store: ``memory://`` for the embedded
 demo, ``redis://host:port/db`` (or ``rediss://``, ``unix://``) for real runs.

@@ -25,5 +25,5 @@ PROMPT_SEQ = "prompts:seq"
 
 
 def outcome_counter(outcome: str) -> str:
-    """The counter of rollouts that reached ``outcome`` (an :class:`rlbus.state.join.Outcome`)."""
+    """The counter of rollouts that reached ``outcome`` (an :class:`rlbus.training.join.Outcome`)."""
     return f"outcome:{outcome}"

@@ -17,8 +17,8 @@ from typing import Any
 from rlbus.rl.online import OnlineBaseline
 from rlbus.schemas import Rollout
 from rlbus.state.base import StateStore
-from rlbus.state.join import ScoredRollout, ServedJoin
 from rlbus.training.config import OnlineConfig
+from rlbus.training.join import ScoredRollout, ServedJoin
 
 
 class OnlineLane:

@@ -1,6 +1,6 @@
 """The trainer on N ranks: its process group, FSDP2 sharding, and the full weights gathered on rank 0.
 
-One trainer, several processes (``torchrun --nproc-per-node N -m rlbus.cli worker trainer``, or ``[trainer]
+One trainer, several processes (``torchrun --nproc-per-node N -m rlbus worker trainer``, or ``[trainer]
 world_size = N`` under ``rlbus up``). Rank 0, the *leader*, is the only one on the bus: it consumes and
 joins, keeps the ledger, publishes and names checkpoints; every step it broadcasts the command and its
 batch (`Ranks.broadcast`) and the other ranks, the *followers*, run the same command
@@ -110,7 +110,7 @@ def join_ranks(world_size: int) -> Ranks | None:
     launched = int(os.environ.get("WORLD_SIZE", "1"))
     if launched != world_size:
         raise ValueError(f"trainer.world_size = {world_size} but this trainer was launched on {launched} rank(s): "
-                         "start it with `torchrun --nproc-per-node <world_size> -m rlbus.cli worker trainer`")
+                         "start it with `torchrun --nproc-per-node <world_size> -m rlbus worker trainer`")
     if world_size == 1:
         return None
     device = torch.device("cpu")

@@ -189,7 +189,39 @@ def _update(
     max_staleness: int,
     ranks: Ranks | None = None,
 ) -> StepMetrics:
-    """The update shared by both steps: ``samples`` with their advantages [R] and rewards [R]."""
+    """The update shared by both steps: ``samples`` with their advantages [R] and rewards [R]. Its phases: pick
+    the fresh samples, pack them, (with minibatches) one no-grad pass for π_old, the optimizer steps, and —
+    on N ranks — summing the per-token traces every rank filled for its own rows."""
+    chosen = _choose(samples, rewards, version, max_staleness)
+    if not chosen.train_idx:
+        return _nothing_trained(chosen.base)
+    device = next(model.parameters()).device
+    batch = pack([samples[i] for i in chosen.train_idx], advantages[chosen.train_idx], pad_id=config.pad_id).to(device)
+    replay = config.router_replay and batch.routed_experts is not None and model.is_moe
+    trace = _Trace.empty(batch, model)
+    model.train()
+    minibatches = _chunks(0, len(batch.inputs), math.ceil(len(batch.inputs) / config.minibatches))
+    plan = [_plan(a, b, config.micro_batch_rows, ranks) for a, b in minibatches]  # this rank's pieces
+    if config.minibatches > 1:
+        _proximal(model, batch, trace, plan, replay=replay, config=config, ranks=ranks)
+    totals = {"pg": 0.0, "aux": 0.0, "norm": 0.0}
+    for minibatch, pieces in zip(minibatches, plan, strict=True):
+        _optimizer_step(model, optimizer, batch, trace, minibatch, pieces, totals, replay=replay, config=config,
+                        ranks=ranks)
+    if ranks is not None:
+        trace.sum_over(ranks, minibatches)
+    return _metrics(batch, trace, totals, len(minibatches), config, chosen.base)
+
+
+@dataclass(frozen=True)
+class _Chosen:
+    """Which samples train (fresh, with loss tokens), and the figures every step reports about all of them."""
+
+    train_idx: list[int]
+    base: dict[str, Any]
+
+
+def _choose(samples: list[Sample], rewards: torch.Tensor, version: int, max_staleness: int) -> _Chosen:
     oldest = [s.oldest_version() for s in samples]
     versioned = [i for i, v in enumerate(oldest) if v is not None]
     oldest_t = torch.tensor([oldest[i] for i in versioned], dtype=torch.long)  # [R']
@@ -203,128 +235,147 @@ def _update(
         "stale_dropped": len(versioned) - sum(fresh),
         "samples": len(samples),
     }
-    if not train_idx:
-        return StepMetrics(
-            loss=0.0,
-            pg_loss=0.0,
-            aux_loss=0.0,
-            kl_k3=0.0,
-            max_abs_dlogprob=0.0,
-            router_flip_rate=None,
-            is_ess=0.0,
-            clip_fraction=0.0,
-            mask_fraction=0.0,
-            rows=0,
-            tokens=0,
-            grad_norm=0.0,
-            optimizer_steps=0,
-            **base,
-        )
+    return _Chosen(train_idx, base)
 
-    device = next(model.parameters()).device
-    batch = pack([samples[i] for i in train_idx], advantages[train_idx], pad_id=config.pad_id).to(device)
-    replay = config.router_replay and batch.routed_experts is not None and model.is_moe
-    B, S = batch.inputs.shape
-    old = torch.zeros(B, S, device=device)  # [B, S] log π_old
-    ratio = torch.ones(B, S, device=device)  # [B, S] π_θ / π_old at the time of each row's update
-    weights = torch.zeros(B, S, device=device)  # [B, S] IS weights
-    keep = torch.zeros(B, S, dtype=torch.bool, device=device)  # [B, S]
-    own = None  # [L, B, S, k] the trainer's own top-k
-    if batch.routed_experts is not None and model.is_moe:
-        own = batch.routed_experts.clone()
 
-    model.train()
-    minibatches = _chunks(0, B, math.ceil(B / config.minibatches))
-    plan = [_plan(a, b, config.micro_batch_rows, ranks) for a, b in minibatches]  # this rank's pieces
-    if config.minibatches > 1:
-        proximal_plan = _plan(0, B, config.micro_batch_rows, None) if ranks is None else [p for ps in plan for p in ps]
-        with torch.no_grad():
-            for piece in proximal_plan:
-                a, b = piece or (0, 1)
-                part = batch.select(a, b)
-                logp, experts, _ = _score(
-                    model, part, replay=replay, dtype=config.compute_dtype, chunk=config.logprob_chunk
-                )
-                if piece is None:  # a pass that only keeps this rank's collectives in step
-                    continue
-                w = part.inputs.shape[1]
-                old[a:b, :w] = logp
-                if own is not None and experts is not None:
-                    own[:, a:b, :w] = experts
+def _nothing_trained(base: dict[str, Any]) -> StepMetrics:
+    return StepMetrics(loss=0.0, pg_loss=0.0, aux_loss=0.0, kl_k3=0.0, max_abs_dlogprob=0.0, router_flip_rate=None,
+                       is_ess=0.0, clip_fraction=0.0, mask_fraction=0.0, rows=0, tokens=0, grad_norm=0.0,
+                       optimizer_steps=0, **base)
 
-    params = [p for group in optimizer.param_groups for p in group["params"]]
-    max_norm = config.max_grad_norm if config.max_grad_norm > 0 else math.inf
-    totals = {"pg": 0.0, "aux": 0.0, "norm": 0.0}
-    for (mb_a, mb_b), pieces in zip(minibatches, plan, strict=True):
-        optimizer.zero_grad(set_to_none=True)
-        mb_tokens = int(batch.loss_mask[mb_a:mb_b].sum())
-        mb_real = int(batch.key_mask[mb_a:mb_b].sum())
-        parts: list[tuple[float, float]] = []  # (pg, aux) · mb_tokens of each piece, in row order
-        for piece in pieces:
-            a, b = piece or (mb_a, mb_a + 1)
-            part = batch.select(a, b)
-            w = part.inputs.shape[1]
-            logp, experts, aux = _score(
-                model, part, replay=replay, dtype=config.compute_dtype, chunk=config.logprob_chunk
-            )  # [b-a, w]
-            proximal = logp.detach() if config.minibatches == 1 else old[a:b, :w]
-            corr = _correct(proximal, part.behaviour_logprobs, part.loss_mask, config)
-            pg = clipped_pg_loss(
-                logp,
-                proximal,
-                part.advantages,
-                corr.keep,
-                eps_low=config.eps_low,
-                eps_high=config.eps_high,
-                is_weights=corr.weights,
-                num_tokens=float(max(mb_tokens, 1)),
-            )
-            aux_part = torch.zeros((), device=device)
-            if config.aux_loss and aux is not None:
-                aux_part = aux * (int(part.key_mask.sum()) / max(mb_real, 1))
-            if piece is None:  # zero-weighted: adds exact zeros to the gradients
-                ((pg + aux_part) * 0.0).backward()
-                continue
-            (pg + aux_part).backward()
-            if config.minibatches == 1:
-                old[a:b, :w] = proximal
-                if own is not None and experts is not None:
-                    own[:, a:b, :w] = experts
-            ratio[a:b, :w] = (logp.detach() - old[a:b, :w]).exp()
-            weights[a:b, :w], keep[a:b, :w] = corr.weights, corr.keep
-            parts.append((float(pg.detach()) * mb_tokens, float(aux_part.detach()) * mb_tokens))
-        for pg_part, aux_total in parts if ranks is None else [p for rank in ranks.gather(parts) for p in rank]:
-            totals["pg"] += pg_part
-            totals["aux"] += aux_total
-        norm = torch.nn.utils.clip_grad_norm_(params, max_norm)
-        optimizer.step()
-        totals["norm"] += float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)
-    if ranks is not None:  # every rank filled its own rows: sum them so each holds the whole batch's
-        mine = torch.zeros(B, dtype=torch.bool, device=device)  # [B]
+
+@dataclass
+class _Trace:
+    """Per-token values the update records for the metrics, filled row range by row range as pieces train."""
+
+    old: torch.Tensor  # [B, S] log π_old
+    ratio: torch.Tensor  # [B, S] π_θ / π_old at the time of each row's update
+    weights: torch.Tensor  # [B, S] IS weights
+    keep: torch.Tensor  # [B, S] bool
+    own: torch.Tensor | None  # [L, B, S, k] the trainer's own top-k, for MoE batches with routing
+
+    @classmethod
+    def empty(cls, batch: PackedBatch, model: TrainableLM) -> _Trace:
+        B, S = batch.inputs.shape
+        device = batch.inputs.device
+        own = batch.routed_experts.clone() if batch.routed_experts is not None and model.is_moe else None
+        return cls(old=torch.zeros(B, S, device=device), ratio=torch.ones(B, S, device=device),
+                   weights=torch.zeros(B, S, device=device), keep=torch.zeros(B, S, dtype=torch.bool, device=device),
+                   own=own)
+
+    def record_experts(self, a: int, b: int, w: int, experts: torch.Tensor | None) -> None:
+        if self.own is not None and experts is not None:
+            self.own[:, a:b, :w] = experts
+
+    def sum_over(self, ranks: Ranks, minibatches: list[tuple[int, int]]) -> None:
+        """Every rank filled its own rows: sum them, so each holds the whole batch's."""
+        mine = torch.zeros(self.old.shape[0], dtype=torch.bool, device=self.old.device)  # [B]
         for a, b in minibatches:
             ra, rb = ranks.rows(a, b)
             mine[ra:rb] = True
-        for t in (old, ratio, weights):
+        for t in (self.old, self.ratio, self.weights):
             ranks.sum(t.masked_fill_(~mine[:, None], 0.0))
-        keep = ranks.sum((keep & mine[:, None]).int()).bool()
-        if own is not None:
-            ranks.sum(own.masked_fill_(~mine[None, :, None, None], 0))
-    steps = len(minibatches)
+        self.keep = ranks.sum((self.keep & mine[:, None]).int()).bool()
+        if self.own is not None:
+            ranks.sum(self.own.masked_fill_(~mine[None, :, None, None], 0))
+
+
+def _proximal(
+    model: TrainableLM, batch: PackedBatch, trace: _Trace, plan: list[list[tuple[int, int] | None]], *,
+    replay: bool, config: GRPOConfig, ranks: Ranks | None,
+) -> None:
+    """``minibatches > 1``: log π_old of every row from one no-grad pass before the first optimizer step."""
+    pieces = _plan(0, len(batch.inputs), config.micro_batch_rows, None) if ranks is None else [
+        p for ps in plan for p in ps]
+    with torch.no_grad():
+        for piece in pieces:
+            a, b = piece or (0, 1)
+            part = batch.select(a, b)
+            logp, experts, _ = _score(model, part, replay=replay, dtype=config.compute_dtype,
+                                      chunk=config.logprob_chunk)
+            if piece is None:  # a pass that only keeps this rank's collectives in step
+                continue
+            w = part.inputs.shape[1]
+            trace.old[a:b, :w] = logp
+            trace.record_experts(a, b, w, experts)
+
+
+def _optimizer_step(
+    model: TrainableLM, optimizer: torch.optim.Optimizer, batch: PackedBatch, trace: _Trace,
+    minibatch: tuple[int, int], pieces: list[tuple[int, int] | None], totals: dict[str, float], *,
+    replay: bool, config: GRPOConfig, ranks: Ranks | None,
+) -> None:
+    """One minibatch: forward and backward of this rank's pieces (gradients accumulate), clip, AdamW."""
+    mb_a, mb_b = minibatch
+    optimizer.zero_grad(set_to_none=True)
+    mb_tokens = int(batch.loss_mask[mb_a:mb_b].sum())
+    mb_real = int(batch.key_mask[mb_a:mb_b].sum())
+    parts: list[tuple[float, float]] = []  # (pg, aux) · mb_tokens of each piece, in row order
+    for piece in pieces:
+        part_loss = _train_piece(model, batch, trace, piece or (mb_a, mb_a + 1), mb_tokens, mb_real,
+                                 replay=replay, config=config, weight=0.0 if piece is None else 1.0)
+        if piece is not None:
+            parts.append(part_loss)
+    for pg_part, aux_total in parts if ranks is None else [p for rank in ranks.gather(parts) for p in rank]:
+        totals["pg"] += pg_part
+        totals["aux"] += aux_total
+    params = [p for group in optimizer.param_groups for p in group["params"]]
+    norm = torch.nn.utils.clip_grad_norm_(params, config.max_grad_norm if config.max_grad_norm > 0 else math.inf)
+    optimizer.step()
+    totals["norm"] += float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)
+
+
+def _train_piece(
+    model: TrainableLM, batch: PackedBatch, trace: _Trace, rows: tuple[int, int], mb_tokens: int, mb_real: int, *,
+    replay: bool, config: GRPOConfig, weight: float,
+) -> tuple[float, float]:
+    """Forward and backward of rows [a, b); returns its (pg, aux) · mb_tokens. ``weight`` 0 is a zero-weighted
+    pass (it adds exact zeros to the gradients and records nothing): a rank without rows left still joins
+    the collectives."""
+    a, b = rows
+    part = batch.select(a, b)
+    w = part.inputs.shape[1]
+    logp, experts, aux = _score(model, part, replay=replay, dtype=config.compute_dtype,
+                                chunk=config.logprob_chunk)  # [b-a, w]
+    proximal = logp.detach() if config.minibatches == 1 else trace.old[a:b, :w]
+    corr = _correct(proximal, part.behaviour_logprobs, part.loss_mask, config)
+    pg = clipped_pg_loss(logp, proximal, part.advantages, corr.keep, eps_low=config.eps_low,
+                         eps_high=config.eps_high, is_weights=corr.weights, num_tokens=float(max(mb_tokens, 1)))
+    aux_part = torch.zeros((), device=logp.device)
+    if config.aux_loss and aux is not None:
+        aux_part = aux * (int(part.key_mask.sum()) / max(mb_real, 1))
+    if weight == 0.0:
+        ((pg + aux_part) * 0.0).backward()
+        return 0.0, 0.0
+    (pg + aux_part).backward()
+    if config.minibatches == 1:
+        trace.old[a:b, :w] = proximal
+        trace.record_experts(a, b, w, experts)
+    trace.ratio[a:b, :w] = (logp.detach() - trace.old[a:b, :w]).exp()
+    trace.weights[a:b, :w], trace.keep[a:b, :w] = corr.weights, corr.keep
+    return float(pg.detach()) * mb_tokens, float(aux_part.detach()) * mb_tokens
+
+
+def _metrics(
+    batch: PackedBatch, trace: _Trace, totals: dict[str, float], steps: int, config: GRPOConfig,
+    base: dict[str, Any],
+) -> StepMetrics:
     tokens = batch.num_loss_tokens
     mask = batch.loss_mask
+    flips = None if trace.own is None or batch.routed_experts is None else router_flip_rate(
+        trace.own, batch.routed_experts, mask)
     return StepMetrics(
         loss=(totals["pg"] + totals["aux"]) / max(tokens, 1),
         pg_loss=totals["pg"] / max(tokens, 1),
         aux_loss=totals["aux"] / max(tokens, 1),
-        kl_k3=kl_k3(batch.behaviour_logprobs, old, mask),
-        max_abs_dlogprob=max_abs_logprob_diff(old, batch.behaviour_logprobs, mask),
-        router_flip_rate=None
-        if own is None or batch.routed_experts is None
-        else router_flip_rate(own, batch.routed_experts, mask),
-        is_ess=is_ess(weights, keep),
-        clip_fraction=clip_fraction(ratio, batch.advantages, keep, eps_low=config.eps_low, eps_high=config.eps_high),
-        mask_fraction=mask_fraction(keep, mask),
-        rows=B,
+        kl_k3=kl_k3(batch.behaviour_logprobs, trace.old, mask),
+        max_abs_dlogprob=max_abs_logprob_diff(trace.old, batch.behaviour_logprobs, mask),
+        router_flip_rate=flips,
+        is_ess=is_ess(trace.weights, trace.keep),
+        clip_fraction=clip_fraction(trace.ratio, batch.advantages, trace.keep, eps_low=config.eps_low,
+                                    eps_high=config.eps_high),
+        mask_fraction=mask_fraction(trace.keep, mask),
+        rows=len(batch.inputs),
         tokens=tokens,
         grad_norm=totals["norm"] / steps,
         optimizer_steps=steps,

@@ -1,7 +1,7 @@
 """Builders: the one wiring of the RL loop (docs/architecture.md §9.1).
 
 Config-free functions: plain keyword values in, unstarted objects out. `rlbus demo`, ``rlbus worker``
-(`rlbus.launch.roles`), the chaos rig (`rlbus.chaos.pipeline`) and the benchmarks assemble their parts
+(`rlbus.launch.roles`), the chaos rig (`rlbus_tools.chaos.pipeline`) and the benchmarks assemble their parts
 here, so a new model kind, engine or environment is added in one place and every entry point gets it.
 Only `rlbus.launch` reads the run config and turns it into these arguments (`rlbus.launch.arguments`:
 one `TypedDict` per builder, so mypy checks each ``builder(**args)`` call).

@@ -19,7 +19,7 @@ from typing import Any
 from rlbus.bus.base import Bus
 from rlbus.producers.prompts import Admission, PromptProducer, file_prompts, progress_from_state, task_prompts
 from rlbus.state.base import StateStore
-from rlbus.state.ordered import stamp
+from rlbus.training.ordered import stamp
 
 
 def prompt_producer(

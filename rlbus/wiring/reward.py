@@ -12,8 +12,9 @@ from collections.abc import Callable
 
 from rlbus.bus.base import Bus
 from rlbus.consumers.reward import RewardWorker
-from rlbus.envs.judge import Judge
-from rlbus.envs.rewards import HackPolicy, RewardFunction
+from rlbus.rewards.function import RewardFunction
+from rlbus.rewards.hacks import HackPolicy
+from rlbus.rewards.judge import Judge
 from rlbus.schemas import Reward, Rollout
 
 
@@ -33,7 +34,7 @@ def reward_worker(
     """A reward worker of ``kind`` (``verifier``, ``judge`` or ``both``; the judge kinds need ``judge``) in the
     consumer group ``reward-<kind>``, scoring up to ``concurrency`` rollouts at once. ``function`` (a user's
     ``[reward] function``) replaces the environment's verifier; ``hack_policy`` says what a reward whose
-    environment found hacking becomes (`rlbus.envs.rewards.apply_hack_policy`)."""
+    environment found hacking becomes (`rlbus.rewards.hacks.apply_hack_policy`)."""
     return RewardWorker(bus=bus, kind=kind, judge=judge, worker_id=worker_id, concurrency=concurrency,
                         max_batch=max_batch, on_reward=on_reward, function=function, hack_policy=hack_policy,
                         hack_penalty=hack_penalty)

@@ -2,7 +2,7 @@
 
 The fp32 master model and its optimizer (`Trainer`), the `WeightPublisher` that casts each version to the
 inference dtype and delta-encodes it (when there is a blob store), the join of rollouts with rewards (in
-arrival order, or in prompt order: `rlbus.state.ordered`), and the `TrainerWorker` that reads both topics
+arrival order, or in prompt order: `rlbus.training.ordered`), and the `TrainerWorker` that reads both topics
 and trains a GRPO step every ``groups_per_step`` complete groups.
 """
 
@@ -20,8 +20,8 @@ from rlbus.state.base import StateStore
 if TYPE_CHECKING:
     from rlbus.consumers.trainer import TrainerWorker
     from rlbus.models.base import TrainableLM
-    from rlbus.state.join import JoinBuffer, ScoredGroup
     from rlbus.training.config import FSDPConfig, GRPOConfig, OnlineConfig
+    from rlbus.training.join import JoinBuffer, ScoredGroup
     from rlbus.training.ranks import Ranks
     from rlbus.training.shard_publish import ShardPublisher
     from rlbus.training.trainer import Trainer
@@ -76,10 +76,10 @@ def trainer_stack(
     (`rlbus.training.online_lane.OnlineLane`). ``ranks``: this is rank 0 of a trainer on N ranks; the model
     is sharded (``fsdp``) like the followers' (`follower_trainer`)."""
     from rlbus.consumers.trainer import TrainerWorker
-    from rlbus.state.join import JoinBuffer, RewardPolicy, ServedJoin
-    from rlbus.state.ordered import OrderedJoin
     from rlbus.training.config import OptimConfig
+    from rlbus.training.join import JoinBuffer, RewardPolicy, ServedJoin
     from rlbus.training.online_lane import OnlineLane
+    from rlbus.training.ordered import OrderedJoin
     from rlbus.training.trainer import Trainer
     from rlbus.weights.publish import WeightPublisher
 

@@ -5,7 +5,7 @@ Started here, in a temporary directory on free ports (about 20-60 s on two cores
 chaos test fails with the reason — they never skip.
 
 ``RLBUS_CHAOS_SECURE=1`` runs the whole suite on a secure cluster instead (TLS, SASL_SSL + SCRAM, ACLs:
-:class:`rlbus.chaos.rig.ChaosRig`).
+:class:`rlbus_tools.chaos.rig.ChaosRig`).
 
 Markers (registered in pyproject.toml): every test here is ``chaos``; the ones that take longest (real worker
 processes, a broker's failover) are also ``slow``, so CI can run them in a step of their own
@@ -19,8 +19,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from rlbus.chaos.rig import ChaosRig
 from rlbus.errors import RlbusError
+from rlbus_tools.chaos.rig import ChaosRig
 
 
 @pytest.fixture(scope="session")

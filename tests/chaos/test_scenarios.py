@@ -11,9 +11,9 @@ import json
 
 import pytest
 
-from rlbus.chaos import scenarios
-from rlbus.chaos.ledger import ScenarioReport
-from rlbus.chaos.rig import ChaosRig
+from rlbus_tools.chaos import scenarios
+from rlbus_tools.chaos.ledger import ScenarioReport
+from rlbus_tools.chaos.rig import ChaosRig
 
 pytestmark = [pytest.mark.chaos, pytest.mark.kafka, pytest.mark.redis]
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from rlbus.bench import join as bench_join
+from rlbus_tools.bench import join as bench_join
 
 
 def test_bench_join_writes_both_paths_and_they_release_the_same_groups(tmp_path: Path) -> None:

@@ -16,8 +16,8 @@ from rlbus.blobs.http import REFUSAL_HEADER, BlobServer, HttpStore, serve, signe
 from rlbus.blobs.keys import CLAIMS_PARAM, KeyClaims, ScopedKey, mint, mint_for_role
 from rlbus.blobs.local import LocalStore
 from rlbus.errors import BlobAuthError, BlobNotFound
-from rlbus.services import free_port
 from rlbus.weights.layout import chunk_key, manifest_key
+from rlbus_tools.services import free_port
 
 MASTER = uuid.uuid4().hex
 CHUNK = chunk_key("run7", 3, "delta", 0)  # run7/0000000003/delta-00000

@@ -18,7 +18,7 @@ from typer.testing import CliRunner
 
 from rlbus.blobs.http import BlobServer, HttpStore, serve, sign, signed_params
 from rlbus.blobs.local import LocalStore
-from rlbus.services import free_port
+from rlbus_tools.services import free_port
 
 SECRET = uuid.uuid4().hex
 
@@ -65,7 +65,7 @@ async def test_a_signature_is_bound_to_its_key_expiry_and_method(origin: str) ->
 
 
 def test_blobs_serve_takes_its_secret_from_a_file_or_the_environment(tmp_path: Path) -> None:
-    from rlbus.cli import app
+    from rlbus.cli.app import app
 
     runner = CliRunner()
     help_text = runner.invoke(app, ["blobs", "serve", "--help"], env={"COLUMNS": "200"}).output
@@ -87,7 +87,7 @@ def test_a_served_store_uses_the_secret_file_and_keeps_it_off_the_command_line(t
     import subprocess
 
     from rlbus.errors import BlobAuthError
-    from rlbus.launch.up import rlbus_command
+    from rlbus.launch.processes import rlbus_command
 
     secret_file = tmp_path / "blob-secret"
     secret_file.write_text(SECRET + "\n")

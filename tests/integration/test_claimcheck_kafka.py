@@ -19,7 +19,7 @@ from rlbus.bus import Record, Topic, TopicSpec
 from rlbus.bus.claimcheck import H_CLAIM, ClaimCheckBus, reference
 from rlbus.bus.dlq import DeadLetters, handle_batch, read_dead_letters
 from rlbus.bus.topics import ROLLOUTS, dlq_spec, topic_specs
-from rlbus.cli import app
+from rlbus.cli.app import app
 from rlbus.schemas import Rollout, TensorData
 from tests.conftest import KAFKA_BOOTSTRAP, kafka_bus
 

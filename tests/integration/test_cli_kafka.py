@@ -10,7 +10,7 @@ from pathlib import Path
 from typer.testing import CliRunner
 
 from rlbus.bus.topics import PROMPTS, topic_specs
-from rlbus.cli import app
+from rlbus.cli.app import app
 from rlbus.schemas import Prompt
 from tests.conftest import KAFKA_BOOTSTRAP, kafka_bus
 

@@ -15,7 +15,8 @@ import pytest
 from redis import Redis
 from redis.exceptions import AuthenticationError, NoPermissionError, RedisError
 
-from rlbus.services import credentials, free_port
+from rlbus.security import credentials
+from rlbus_tools.services import free_port
 
 
 @pytest.fixture(scope="module")

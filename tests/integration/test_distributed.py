@@ -38,12 +38,12 @@ from rlbus.bus.replay import read_window
 from rlbus.bus.topics import PROMPTS, REWARDS, ROLLOUTS, topic_specs
 from rlbus.observe.runlog import INPUTS, STEPS, read, syncs_name
 from rlbus.schemas import Rollout
-from rlbus.services import free_port
 from rlbus.state import RedisStateStore
-from rlbus.state.join import Outcome
-from rlbus.state.ordered import buffered_rollouts
 from rlbus.state.progress import PROMPT_SEQ, outcome_counter
 from rlbus.training.checkpoint import load_checkpoint
+from rlbus.training.join import Outcome
+from rlbus.training.ordered import buffered_rollouts
+from rlbus_tools.services import free_port
 from tests.conftest import KAFKA_BOOTSTRAP, kafka_bus
 
 RLBUS = str(Path(sys.executable).with_name("rlbus"))

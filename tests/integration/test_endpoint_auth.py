@@ -119,7 +119,7 @@ async def test_dashboard_without_a_token_serves_loopback_only(binds: list[Any]) 
 
 
 def test_dashboard_cli_refuses_an_open_page_before_connecting(binds: list[Any]) -> None:
-    from rlbus.cli import app
+    from rlbus.cli.app import app
 
     # the bootstrap points nowhere: the refusal must come first, not a connection error
     result = CliRunner().invoke(app, ["dashboard", "--host", "0.0.0.0", "--port", "0", "--bootstrap", "127.0.0.1:9"])
@@ -193,7 +193,7 @@ async def test_feedback_needs_its_token_and_health_reveals_nothing(caplog: pytes
 
 
 def test_feedback_never_starts_without_a_token(binds: list[Any]) -> None:
-    from rlbus.cli import app
+    from rlbus.cli.app import app
 
     with pytest.raises(ConfigError, match=r"'feedback\.token'.*RLBUS_FEEDBACK_TOKEN"):
         load_token(env=NO_TOKENS)

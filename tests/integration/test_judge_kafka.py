@@ -17,7 +17,6 @@ from pathlib import Path
 import msgspec
 import pytest
 
-from rlbus.bench.judge import answered
 from rlbus.bus.namespace import NamespacedBus
 from rlbus.bus.topics import REWARDS, ROLLOUTS, topic_specs
 from rlbus.envs.episode import episode_to_rollout
@@ -28,7 +27,8 @@ from rlbus.launch.roles import reward_main
 from rlbus.observe.collector import Collector
 from rlbus.schemas import Reward, Rollout
 from rlbus.state import RedisStateStore
-from rlbus.state.join import INVALID_COUNTER, JoinBuffer, RewardPolicy, ScoredGroup
+from rlbus.training.join import INVALID_COUNTER, JoinBuffer, RewardPolicy, ScoredGroup
+from rlbus_tools.bench.judge import answered
 from tests.conftest import KAFKA_BOOTSTRAP, kafka_bus
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -17,11 +17,11 @@ import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestServer
 
-from rlbus.bench.judge import answered
-from rlbus.envs.judge import OpenAIJudge
 from rlbus.launch.arguments import judge_for
 from rlbus.launch.config import config_from_dict
+from rlbus.rewards.judge import OpenAIJudge
 from rlbus.schemas import Prompt
+from rlbus_tools.bench.judge import answered
 
 ROOT = Path(__file__).resolve().parents[2]
 KEY = "sk-judge-test"
@@ -31,8 +31,8 @@ PROMPTS = [Prompt(prompt_id=f"p{i}", env="arith", text=f"{a}+{b}=", reference=st
 
 @pytest.fixture(scope="module")
 def smollm2_engine() -> Any:
-    from rlbus.envs.judge import engine_judge
     from rlbus.models.sources import parse_model
+    from rlbus.rewards.judge import engine_judge
 
     return engine_judge(parse_model("smollm2-135m-instruct"), max_new_tokens=32)
 

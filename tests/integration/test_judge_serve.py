@@ -16,7 +16,6 @@ from typing import Any
 
 import pytest
 
-from rlbus.bench.judge import answered
 from rlbus.bus import MemoryBus
 from rlbus.bus.topics import topic_specs
 from rlbus.errors import JudgeError
@@ -24,6 +23,7 @@ from rlbus.launch.arguments import judge_for
 from rlbus.launch.config import config_from_dict
 from rlbus.schemas import Prompt
 from rlbus.serve.auth import Tenants
+from rlbus_tools.bench.judge import answered
 
 ROOT = Path(__file__).resolve().parents[2]
 KEY = "judge-token-0123456789abcdef"

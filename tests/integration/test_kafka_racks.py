@@ -24,7 +24,7 @@ from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
 from rlbus.config import KafkaBusConfig, build_bus, parse
 from rlbus.errors import RlbusError
-from rlbus.services import free_port_run, kafka
+from rlbus_tools.services import free_port_run, kafka
 
 RACKS = ("eu-west", "eu-west", "us-east")
 RECORDS = 50

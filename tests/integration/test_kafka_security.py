@@ -4,7 +4,7 @@ every role can still do its job.
 The module starts its own cluster (``kafka.start(secure=True, mtls=True)``: TLS on every listener, SCRAM +
 client certificates for clients, the StandardAuthorizer with nothing allowed by default) on free ports in a
 temporary home, about 45 s on two cores, and gives two namespaces their roles' users and ACLs with Kafka's
-own Admin client. The refusal matrix is :data:`rlbus.chaos.intrusion.ATTEMPTS` (the same list
+own Admin client. The refusal matrix is :data:`rlbus_tools.chaos.intrusion.ATTEMPTS` (the same list
 ``rlbus bench bus --security tls-scram`` runs). Fails, never skips, when Kafka or Redis cannot start.
 """
 
@@ -20,13 +20,13 @@ import pytest
 from typer.testing import CliRunner
 
 from rlbus.bus.topics import PROMPTS, REWARDS, ROLLOUTS, WEIGHTS
-from rlbus.chaos import intrusion
-from rlbus.cli import app
+from rlbus.cli.app import app
 from rlbus.config import build_bus
 from rlbus.errors import BusForbidden
-from rlbus.services import kafka
-from rlbus.services.kafka_acl import bindings
-from rlbus.services.kafka_admin import describe_acls
+from rlbus.security.kafka_acl import bindings
+from rlbus_tools.chaos import intrusion
+from rlbus_tools.services import kafka
+from rlbus_tools.services.kafka_admin import describe_acls
 
 pytestmark = pytest.mark.kafka
 
@@ -62,7 +62,7 @@ def rig(tmp_path_factory: pytest.TempPathFactory, redis_url: str) -> Iterator[tu
 
 
 @pytest.fixture(scope="module")
-def outcomes(rig: tuple[intrusion.Rig, _Loop], redis_url: str) -> dict[str, intrusion.Outcome]:
+def outcomes(rig: tuple[intrusion.Rig, _Loop], redis_url: str) -> dict[str, intrusion.AttemptOutcome]:
     prepared, loop = rig
     results = loop.run(intrusion.run_matrix(prepared, redis_admin_url=redis_url))
     return {f"{o.who}: {o.what}": o for o in results}
@@ -70,7 +70,7 @@ def outcomes(rig: tuple[intrusion.Rig, _Loop], redis_url: str) -> dict[str, intr
 
 @pytest.mark.parametrize("index", range(len(intrusion.ATTEMPTS)), ids=[a.__name__ for a in intrusion.ATTEMPTS])
 def test_every_attempt_is_refused_typed_unwritten_and_logged(
-    outcomes: dict[str, intrusion.Outcome], index: int
+    outcomes: dict[str, intrusion.AttemptOutcome], index: int
 ) -> None:
     outcome = list(outcomes.values())[index]
     assert outcome.refused, f"{outcome.who} could {outcome.what}: {outcome.error}"
@@ -79,7 +79,7 @@ def test_every_attempt_is_refused_typed_unwritten_and_logged(
     assert outcome.logged in (None, True), f"{outcome.who}: {outcome.what} was refused but not logged"
 
 
-def test_the_matrix_covers_kafka_blobs_redis_and_endpoints(outcomes: dict[str, intrusion.Outcome]) -> None:
+def test_the_matrix_covers_kafka_blobs_redis_and_endpoints(outcomes: dict[str, intrusion.AttemptOutcome]) -> None:
     assert len(outcomes) == len(intrusion.ATTEMPTS)
     errors = " ".join(o.error for o in outcomes.values())
     for typed in ("BusForbidden", "BusAuthError", "BlobAuthError", "NoPermissionError", "HTTP 401", "ConfigError"):
@@ -177,11 +177,11 @@ def test_topics_create_with_acls_from_the_cli(rig: tuple[intrusion.Rig, _Loop], 
 
 def test_secrets_probe_with_a_rollout_credential_is_refused_everything(rig: tuple[intrusion.Rig, _Loop]) -> None:
     """`rlbus secrets probe` (what a deployed container runs against itself): with a rollout worker's own
-    credential every Kafka attempt of rlbus/chaos/probe.py is refused with the typed error."""
+    credential every Kafka attempt of rlbus/security/probe.py is refused with the typed error."""
     import tomllib
 
-    from rlbus.chaos.probe import probe
     from rlbus.launch.config import config_from_dict
+    from rlbus.security.probe import probe
 
     prepared, loop = rig
     ns = intrusion.NAMESPACES[0]

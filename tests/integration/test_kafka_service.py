@@ -15,7 +15,7 @@ import pytest
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
 from rlbus.errors import ConfigError
-from rlbus.services import free_port_pair, kafka
+from rlbus_tools.services import free_port_pair, kafka
 
 TOPIC = "rlbus.service-test.v1"
 

@@ -1,4 +1,4 @@
-"""The served join (rlbus/state/join.py `ServedJoin`) on real Redis and in memory: a served rollout waits
+"""The served join (rlbus/training/join.py `ServedJoin`) on real Redis and in memory: a served rollout waits
 for its user reward however late it comes, survives a restart of the trainer's join (the state is in the
 store), is released once, and is dropped as too old when nobody rates it."""
 
@@ -13,7 +13,7 @@ import pytest
 from rlbus.errors import MalformedMessage
 from rlbus.schemas import Reward, Rollout, TensorData
 from rlbus.state import MemoryStateStore, RedisStateStore, StateStore
-from rlbus.state.join import FINAL, SERVED_UNRATED, JoinBuffer, Outcome, RewardPolicy, ServedJoin, is_served
+from rlbus.training.join import FINAL, SERVED_UNRATED, JoinBuffer, Outcome, RewardPolicy, ServedJoin, is_served
 
 
 class Clock:

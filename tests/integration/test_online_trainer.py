@@ -18,8 +18,6 @@ from typing import Any
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
-from rlbus.bench.online import serve as serve_gateway
-from rlbus.bench.online import serve_direct
 from rlbus.bus import Bus, MemoryBus
 from rlbus.bus.namespace import NamespacedBus
 from rlbus.bus.topics import topic_specs
@@ -30,11 +28,13 @@ from rlbus.producers.feedback import FeedbackServer
 from rlbus.serve.auth import Tenants
 from rlbus.serve.stack import ServeStack, run_serve, serve_stack
 from rlbus.state import MemoryStateStore, RedisStateStore, StateStore
-from rlbus.state.join import Outcome
 from rlbus.training.config import GRPOConfig, OnlineConfig
+from rlbus.training.join import Outcome
 from rlbus.wiring.infra import open_store
 from rlbus.wiring.rollout import rollout_stack
 from rlbus.wiring.trainer import TrainerStack, trainer_stack
+from rlbus_tools.bench.online import serve as serve_gateway
+from rlbus_tools.bench.online import serve_direct
 from tests.conftest import kafka_bus
 
 TOKEN = "online-trainer-test-token"

@@ -15,7 +15,7 @@ from typer.testing import CliRunner
 
 from rlbus.bus.namespace import NamespacedBus
 from rlbus.bus.topics import REWARDS, ROLLOUTS, topic_specs
-from rlbus.cli import app
+from rlbus.cli.app import app
 from rlbus.schemas import Reward, Rollout, TensorData
 from rlbus.training.pairs import MinedPairs, mine_pairs
 from rlbus.training.preference import PreferencePair, write_pairs

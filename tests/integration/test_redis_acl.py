@@ -1,4 +1,4 @@
-"""Redis ACL users per role (rlbus/services/redis_acl.py) on a real redis-server: each role's own code paths
+"""Redis ACL users per role (rlbus/security/redis_acl.py) on a real redis-server: each role's own code paths
 work with its own user, and nothing else does — a rollout worker cannot touch the trainer's ledger, a run
 cannot see another run's keys, only the operator administers, a wrong password gets nothing.
 
@@ -30,8 +30,7 @@ from rlbus.observe.heartbeat import Heartbeat
 from rlbus.observe.status import take_snapshot
 from rlbus.producers.prompts import progress_from_state
 from rlbus.schemas import Prompt, Reward, Rollout, TensorData
-from rlbus.services.redis import RedisServer, start_redis
-from rlbus.services.redis_acl import (
+from rlbus.security.redis_acl import (
     ROLES,
     apply_users,
     delete_users,
@@ -41,9 +40,10 @@ from rlbus.services.redis_acl import (
     username,
 )
 from rlbus.state import RedisStateStore
-from rlbus.state.join import FINAL, Outcome, RewardPolicy, ServedJoin
-from rlbus.state.ordered import OrderedJoin, buffered_rollouts
 from rlbus.state.progress import GROUPS_DONE_COUNTER, GROUPS_FREED_COUNTER, PROMPT_SEQ, VERSION_COUNTER, outcome_counter
+from rlbus.training.join import FINAL, Outcome, RewardPolicy, ServedJoin
+from rlbus.training.ordered import OrderedJoin, buffered_rollouts
+from rlbus_tools.services.redis import RedisServer, start_redis
 
 pytestmark = pytest.mark.redis
 
@@ -145,7 +145,7 @@ class Clock:
 
 
 async def trainer_session(run: Run) -> list[str]:
-    """What the trainer does with the state store (rlbus.consumers.trainer, rlbus.state.join/ordered), with
+    """What the trainer does with the state store (rlbus.consumers.trainer, rlbus.training.join/ordered), with
     the trainer's user: the ordered join, the exactly-once ledger (its Lua scripts), the held-until-checkpoint
     set, the served join, the counters admission reads and its heartbeat. Returns the trained rollout ids."""
     clock = Clock()
@@ -459,7 +459,7 @@ async def test_turning_default_off_leaves_only_the_role_users(private_redis: Red
 def test_the_cli_creates_every_roles_user_and_prints_urls_without_passwords(redis_url: str, tmp_path: Path) -> None:
     import asyncio
 
-    from rlbus.cli import app
+    from rlbus.cli.app import app
 
     namespace = f"acl-cli-{uuid.uuid4().hex[:10]}"
     from_env = "env-password-" + generate_password()

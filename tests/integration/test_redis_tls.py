@@ -10,10 +10,10 @@ import pytest
 from redis import Redis
 from redis.exceptions import AuthenticationError, ConnectionError
 
-from rlbus.services.redis import RedisServer, start_redis
-from rlbus.services.redis_acl import apply_users, role_url, username
-from rlbus.services.tls import LocalCA
+from rlbus.security.redis_acl import apply_users, role_url, username
+from rlbus.security.tls import LocalCA
 from rlbus.state import open_state_store
+from rlbus_tools.services.redis import RedisServer, start_redis
 
 
 @pytest.fixture(scope="module")

@@ -7,7 +7,7 @@ two cores); fails, never skips, when any of them cannot start.
 
 from __future__ import annotations
 
-from rlbus.bench import regions
+from rlbus_tools.bench import regions
 
 
 def test_the_loop_across_a_wan_loses_nothing_and_relays_save_crossings() -> None:

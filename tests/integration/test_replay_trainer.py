@@ -1,6 +1,6 @@
 """Replay reproduces a training run's inputs: a run over real Kafka and Redis, then `rlbus replay` of its
 rollouts and rewards into fresh topics and a fresh trainer on them — which trains the same groups, rollout
-ids and rewards at every step (rlbus/state/ordered.py says why it can).
+ids and rewards at every step (rlbus/training/ordered.py says why it can).
 
 The roles run in this process (the same mains `rlbus worker` runs, sharing one stop event), so the test
 pays for one torch import, not four."""

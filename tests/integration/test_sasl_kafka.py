@@ -21,7 +21,7 @@ from rlbus.bus.kafka import KafkaSettings
 from rlbus.bus.types import TopicSpec
 from rlbus.config import KafkaBusConfig, build_bus, parse, secret_from
 from rlbus.errors import BusAuthError, ConfigError
-from rlbus.services import free_port, free_port_pair, kafka
+from rlbus_tools.services import free_port, free_port_pair, kafka
 
 USER = "rlbus-worker"
 
@@ -201,7 +201,7 @@ def test_scram_user_password_never_comes_from_the_command_line(
     assert kafka.scram_users_from(None, None) is None
     from typer.testing import CliRunner
 
-    from rlbus.cli import app
+    from rlbus.cli.app import app
 
     help_text = CliRunner().invoke(app, ["kafka", "start", "--help"], env={"COLUMNS": "200"}).output
     assert "--scram-password-file" in help_text

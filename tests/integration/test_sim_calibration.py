@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from rlbus.bench import sim_calibration
-from rlbus.sim.calibrate import FIGURES
+from rlbus_tools.bench import sim_calibration
+from rlbus_tools.sim.calibrate import FIGURES
 from tests.conftest import KAFKA_BOOTSTRAP
 
 pytestmark = pytest.mark.timeout(900)

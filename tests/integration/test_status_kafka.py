@@ -15,7 +15,7 @@ from typer.testing import CliRunner
 
 from rlbus.aio import until
 from rlbus.bus.topics import ROLLOUTS, topic_specs
-from rlbus.cli import app
+from rlbus.cli.app import app
 from rlbus.consumers.reward import RewardWorker
 from rlbus.envs.agent import reference_episode
 from rlbus.envs.base import env_for

@@ -20,9 +20,9 @@ from rlbus.envs.base import env_for, make_env
 from rlbus.envs.episode import episode_to_rollout
 from rlbus.schemas import Prompt, SamplingInfo
 from rlbus.state import MemoryStateStore
-from rlbus.state.join import Outcome
 from rlbus.training.batch import sample_from_rollout
 from rlbus.training.config import GRPOConfig
+from rlbus.training.join import Outcome
 from rlbus.wiring.trainer import trainer_stack
 
 #: A 3-hop chain with short observations in a 400-token context: SmolLM2's native tool prompt alone is

@@ -1,4 +1,4 @@
-"""A rank of the N-rank trainer SIGKILLed on the suite's Kafka and Redis (`rlbus.chaos.processes.trainer_rank_kill`).
+"""A rank of the N-rank trainer SIGKILLed on the suite's Kafka and Redis (`rlbus_tools.chaos.processes`).
 
 The run's roles are real ``rlbus worker`` processes, the trainer on two ranks under torchrun exactly as
 ``rlbus up`` starts it for ``[trainer] world_size = 2``. Rank 1 is killed mid-step, rank 0 (in a second
@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from rlbus.chaos.processes import trainer_rank_kill
-from rlbus.chaos.rig import SharedServices
+from rlbus_tools.chaos.processes import trainer_rank_kill
+from rlbus_tools.chaos.rig import SharedServices
 from tests.conftest import KAFKA_BOOTSTRAP, kafka_bus
 
 pytestmark = [pytest.mark.kafka, pytest.mark.redis, pytest.mark.slow, pytest.mark.timeout(300)]

@@ -15,9 +15,9 @@ from pathlib import Path
 import pytest
 
 from rlbus.launch.config import ENV_BLOB_URL, ENV_BOOTSTRAP, ENV_NAMESPACE, ENV_REDIS, ENV_RUN_DIR
-from rlbus.launch.up import rlbus_command
+from rlbus.launch.processes import rlbus_command
 from rlbus.observe.runlog import STEPS, read
-from rlbus.services import free_port
+from rlbus_tools.services import free_port
 from tests.conftest import KAFKA_BOOTSTRAP, kafka_bus
 from tests.integration.test_distributed import Proc, eventually
 
@@ -137,7 +137,7 @@ async def test_rlbus_up_secure_trains_with_one_credential_per_role(
     and blob key per role — and the run still reaches its first step with no request denied."""
     import stat
 
-    from rlbus.services import kafka
+    from rlbus_tools.services import kafka
 
     monkeypatch.chdir(tmp_path)
     (tmp_path / "run.toml").write_text(SMALL_RUN)

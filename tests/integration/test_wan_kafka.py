@@ -22,7 +22,7 @@ from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
 from rlbus.config import KafkaBusConfig, build_bus, parse
 from rlbus.errors import RlbusError
-from rlbus.services import free_port_run, kafka, toxiproxy, wan
+from rlbus_tools.services import free_port_run, kafka, toxiproxy, wan
 
 REGIONS = ("eu-west", "us-east", "ap-south")
 TOPOLOGY = wan.Topology(

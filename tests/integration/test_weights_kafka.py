@@ -12,10 +12,10 @@ import torch
 from rlbus.blobs.http import BlobServer, HttpStore, serve
 from rlbus.blobs.local import LocalStore
 from rlbus.bus.topics import WEIGHTS, WEIGHTS_LATEST
-from rlbus.services import free_port
 from rlbus.weights.digest import state_digest
 from rlbus.weights.publish import WeightPublisher
 from rlbus.weights.sync import WeightSync
+from rlbus_tools.services import free_port
 from tests.conftest import kafka_bus
 
 

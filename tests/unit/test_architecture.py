@@ -1,6 +1,7 @@
 """Guards on the shape of the package, read from the source without importing it: no import circle, no
-module imports from a layer above its own (docs/architecture.md §8), product code never imports the
-benchmarks, and every exception class is defined in `rlbus.errors` (docs/architecture.md §9.3).
+module imports from a layer above its own (docs/architecture.md §8), the library never imports the tooling
+(`rlbus_tools`: benchmarks, chaos rigs, the simulator, local service launchers), and every exception class is
+defined in `rlbus.errors` (docs/architecture.md §9.3).
 
 Imports are every ``import`` statement in a module, function-level ones included (a deferred import is
 still a dependency); only those under ``if TYPE_CHECKING:`` are left out, as they never run.
@@ -14,13 +15,15 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-PACKAGE = Path(__file__).resolve().parents[2] / "rlbus"
+ROOT = Path(__file__).resolve().parents[2]
+PACKAGE = ROOT / "rlbus"
+TOOLS = ROOT / "tools" / "rlbus_tools"
 
 #: Exception classes that may live outside `rlbus.errors`, each with why no caller can ever see it.
 PRIVATE_EXCEPTIONS = {
     # Raised by OpenAIJudge._post and caught by OpenAIJudge.complete to run the next attempt; once the
     # retries are spent, complete raises JudgeUnavailable. It never leaves the class.
-    "rlbus.envs.judge.backends._Retry",
+    "rlbus.rewards.judge.backends._Retry",
 }
 
 
@@ -30,18 +33,20 @@ PRIVATE_EXCEPTIONS = {
 LAYERS: list[set[str]] = [
     {"rlbus", "errors", "aio"},
     {"schemas", "metrics", "exposure"},
-    {"blobs"},
+    {"blobs", "sandbox"},
     {"bus", "state"},
-    {"config", "services", "observe"},
+    {"config", "observe"},
     {"models"},
     {"weights"},
     {"engines"},
     {"envs", "rl"},
+    {"rewards", "taskgen"},
     {"training"},
     {"producers", "consumers"},
     {"wiring"},
     {"serve"},
-    {"launch", "chaos", "demo", "demo_view", "generate", "cli", "bench", "sim"},
+    {"launch", "security"},
+    {"demo", "demo_view", "generate", "__main__", "cli"},
 ]
 
 #: Imports that reach a layer above, (importer, imported), each with why it stays.
@@ -60,17 +65,23 @@ class Import:
     line: int
 
 
-CORPUS = PACKAGE / "envs" / "swe_tasks"
+CORPUS = PACKAGE / "data"
 
 
 def _modules() -> dict[str, Path]:
+    """Every module of the library and of the tooling, by dotted name."""
     modules = {}
-    for path in sorted(PACKAGE.rglob("*.py")):
-        if CORPUS in path.parents:
-            continue  # task-corpus data: third-party test files, not rlbus code
-        parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
-        modules[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    for package in (PACKAGE, TOOLS):
+        for path in sorted(package.rglob("*.py")):
+            if CORPUS in path.parents:
+                continue  # task-corpus data: third-party test files, not rlbus code
+            parts = path.relative_to(package.parent).with_suffix("").parts
+            modules[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
     return modules
+
+
+def _is_tool(module: str) -> bool:
+    return module == "rlbus_tools" or module.startswith("rlbus_tools.")
 
 
 MODULES = _modules()
@@ -108,8 +119,10 @@ def _imports(module: str) -> Iterator[Import]:
         if isinstance(node, ast.Import):
             targets = [alias.name for alias in node.names]
         elif isinstance(node, ast.ImportFrom):
+            # `from pkg import sub` takes a submodule: it depends on pkg's __init__ only for names that are not one
             origin = _absolute(module, node)
-            targets = [origin, *(f"{origin}.{alias.name}" for alias in node.names)]
+            names = [f"{origin}.{alias.name}" for alias in node.names]
+            targets = [*([origin] if any(name not in MODULES for name in names) else []), *names]
         else:
             continue
         for target in targets:
@@ -195,11 +208,12 @@ def _layer_name(module: str) -> str:
 
 def test_no_module_imports_a_layer_above_its_own() -> None:
     layer = {name: i for i, names in enumerate(LAYERS) for name in names}
-    unplaced = sorted({_layer_name(module) for module in MODULES} - layer.keys())
+    library = [module for module in MODULES if not _is_tool(module)]
+    unplaced = sorted({_layer_name(module) for module in library} - layer.keys())
     assert not unplaced, f"give these a layer in LAYERS and in docs/architecture.md §8: {unplaced}"
     upward = [
-        edge for edges in GRAPH.values() for edge in edges
-        if layer[_layer_name(edge.target)] > layer[_layer_name(edge.source)]
+        edge for module in library for edge in GRAPH[module]
+        if not _is_tool(edge.target) and layer[_layer_name(edge.target)] > layer[_layer_name(edge.source)]
     ]
     offenders = [
         f"{edge.source} (line {edge.line}, layer {_layer_name(edge.source)}) imports {edge.target}"
@@ -210,13 +224,25 @@ def test_no_module_imports_a_layer_above_its_own() -> None:
     assert not stale, f"no longer imported, drop from UPWARD_IMPORTS: {sorted(stale)}"
 
 
-def test_product_code_never_imports_the_benchmarks() -> None:
+def test_the_library_never_imports_the_tooling() -> None:
+    """`rlbus` is what a worker installs; `rlbus_tools` (tools/) imports it, never the other way round. Commands
+    of the tooling reach `rlbus` through the ``rlbus.cli`` entry points (`rlbus.cli.app.plugins`)."""
+    assert any(_is_tool(m) for m in MODULES) and any(not _is_tool(m) for m in MODULES)  # the guard sees both
+    offenders = [
+        f"{edge.source} (line {edge.line}) imports {edge.target}"
+        for module, edges in GRAPH.items() if not _is_tool(module)
+        for edge in edges if _is_tool(edge.target)
+    ]
+    assert not offenders, "\n".join(offenders)
+
+
+def test_nothing_outside_the_benchmarks_imports_them() -> None:
     offenders = [
         f"{edge.source} (line {edge.line}) imports {edge.target}"
         for module, edges in GRAPH.items()
-        if not (module == "rlbus.bench" or module.startswith("rlbus.bench."))
+        if not module.startswith(("rlbus_tools.bench", "rlbus_tools.cli.bench"))
         for edge in edges
-        if edge.target == "rlbus.bench" or edge.target.startswith("rlbus.bench.")
+        if edge.target.startswith("rlbus_tools.bench")
     ]
     assert not offenders, "\n".join(offenders)
 
@@ -255,7 +281,7 @@ def test_every_exception_is_defined_in_rlbus_errors() -> None:
     classes = _exception_classes()
     assert {"RlbusError", "ConfigError", "ClaimMissing"} <= {node.name for _, node in classes}  # the guard works
     outside = [
-        f"{module}.{node.name} ({MODULES[module].relative_to(PACKAGE.parent)}:{node.lineno})"
+        f"{module}.{node.name} ({MODULES[module].relative_to(ROOT)}:{node.lineno})"
         for module, node in classes
         if module != "rlbus.errors" and f"{module}.{node.name}" not in PRIVATE_EXCEPTIONS
     ]

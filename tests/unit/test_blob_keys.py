@@ -185,7 +185,7 @@ def test_clients_take_a_scoped_key_as_their_secret() -> None:
 
 
 def test_cli_prints_only_the_key_on_stdout() -> None:
-    from rlbus.cli import app
+    from rlbus.cli.app import app
 
     runner = CliRunner()
     result = runner.invoke(app, ["blobs", "key", "--role", "worker", "--prefix", "run7", "--ttl", "7d",

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from typer.testing import CliRunner
 
-from rlbus.cli import app
+from rlbus.cli.app import app
 
 
 def help_of(*command: str) -> str:

@@ -115,7 +115,7 @@ async def test_a_demo_that_runs_out_of_time_says_what_it_was_waiting_for(tmp_pat
 def test_the_cli_exits_1_when_the_demo_ends_on_its_time_budget(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from typer.testing import CliRunner
 
-    from rlbus import cli
+    from rlbus.cli.app import app
 
     async def ran_out(self: Demo) -> DemoResult:
         return DemoResult(accuracy_start=0.3, accuracy_end=0.3, versions_published=4, rollouts_trained=24,
@@ -125,7 +125,7 @@ def test_the_cli_exits_1_when_the_demo_ends_on_its_time_budget(tmp_path: Path, m
 
     monkeypatch.setattr(Demo, "run", ran_out)
     monkeypatch.setattr("rlbus.demo_view.plot", lambda result, path: path)
-    out = CliRunner().invoke(cli.app, ["demo", "--run-dir", str(tmp_path), "--json", str(tmp_path / "f.json")])
+    out = CliRunner().invoke(app, ["demo", "--run-dir", str(tmp_path), "--json", str(tmp_path / "f.json")])
     assert out.exit_code == 1, out.output
     text = " ".join(out.output.split())  # the console wraps at its width
     assert "did not do its job" in text and "3 of 60 RL steps" in text and "workers eu-west v1" in text
@@ -154,13 +154,13 @@ def test_demo_config_runs_a_users_run_config_embedded(tmp_path: Path, monkeypatc
     the [bus], [state] and [store] it names (hosts that do not resolve) are never reached."""
     from typer.testing import CliRunner
 
-    from rlbus import cli
+    from rlbus.cli.app import app
 
     for name in ("RLBUS_KAFKA_BOOTSTRAP", "RLBUS_REDIS_URL", "RLBUS_BLOB_URL"):  # CI's services would override
         monkeypatch.delenv(name, raising=False)  # the file's hosts (the environment wins over a config file)
     (tmp_path / "run.toml").write_text(RUN_TOML)
     run_dir = tmp_path / "demo"
-    out = CliRunner().invoke(cli.app, ["demo", "--config", str(tmp_path / "run.toml"), "--steps", "2", "--workers",
+    out = CliRunner().invoke(app, ["demo", "--config", str(tmp_path / "run.toml"), "--steps", "2", "--workers",
                                        "1", "--time-budget", "60", "--run-dir", str(run_dir),
                                        "--json", str(tmp_path / "f.json")])
     assert out.exit_code == 0, out.output
@@ -176,20 +176,20 @@ def test_demo_config_runs_a_users_run_config_embedded(tmp_path: Path, monkeypatc
 def test_demo_config_rejects_model_and_quick_and_names_a_bad_field(tmp_path: Path) -> None:
     from typer.testing import CliRunner
 
-    from rlbus import cli
+    from rlbus.cli.app import app
 
     (tmp_path / "run.toml").write_text(RUN_TOML)
     for extra in (["--quick"], ["--model", "smollm2-135m-instruct"]):
-        out = CliRunner().invoke(cli.app, ["demo", "--config", str(tmp_path / "run.toml"), *extra])
+        out = CliRunner().invoke(app, ["demo", "--config", str(tmp_path / "run.toml"), *extra])
         assert out.exit_code == 2 and "does not combine" in " ".join(out.output.split()), out.output
     (tmp_path / "bad.toml").write_text("[trainer]\ngroups_per_stp = 2\n")
-    out = CliRunner().invoke(cli.app, ["demo", "--config", str(tmp_path / "bad.toml")])
+    out = CliRunner().invoke(app, ["demo", "--config", str(tmp_path / "bad.toml")])
     assert out.exit_code == 1 and "groups_per_stp" in out.output and "groups_per_step" in out.output, out.output
     # a prompt the demo's 64-byte policy cannot hold fails at once, not after the time budget with 0 steps
     (tmp_path / "long.jsonl").write_text('{"env": "answer", "text": "Ann has 3 boxes of 12 eggs. How many eggs?", '
                                          '"reference": "36"}\n')
     (tmp_path / "long.toml").write_text(f'[task]\nprompts = "{tmp_path / "long.jsonl"}"\n')
-    out = CliRunner().invoke(cli.app, ["demo", "--config", str(tmp_path / "long.toml")])
+    out = CliRunner().invoke(app, ["demo", "--config", str(tmp_path / "long.toml")])
     said = " ".join(out.output.split())
     assert out.exit_code == 1 and "model.max_seq" in said and "line 1)" in said, out.output
 
@@ -255,14 +255,17 @@ async def test_demo_config_with_a_checkpoint_starts_rl_from_it(tmp_path: Path, m
 def test_without_a_terminal_a_stall_is_one_line_a_minute(monkeypatch: pytest.MonkeyPatch) -> None:
     from types import SimpleNamespace
 
-    from rlbus import cli
+    from rich.console import Console
+
+    from rlbus.demo_view import status_logger
 
     printed: list[str] = []
     clock = [0.0]
-    monkeypatch.setattr(cli.console, "print", lambda line, **_: printed.append(line))
+    console = Console()
+    monkeypatch.setattr(console, "print", lambda line, **_: printed.append(line))
     monkeypatch.setattr("rlbus.demo_view.status_line", lambda demo: demo.line)
     monkeypatch.setattr("time.monotonic", lambda: clock[0])
-    log = cli._status_logger()
+    log = status_logger(console)
     demo = SimpleNamespace(phase="async RL", line="step 3 v4")
     for t in range(200):  # the view updates 4 times a second; one tick a second is enough here
         clock[0] = float(t)

@@ -43,8 +43,8 @@ from rlbus.consumers.reward import RewardWorker
 from rlbus.consumers.rollout import GROUP as ROLLOUT_GROUP
 from rlbus.launch.config import RunConfig, load_config
 from rlbus.launch.roles import ROLES
-from rlbus.launch.secure import KAFKA_ROLE
-from rlbus.services.kafka_acl import MECHANISM, principal
+from rlbus.security.kafka_acl import MECHANISM, principal
+from rlbus_tools.up.secure import KAFKA_ROLE
 
 ROOT = Path(__file__).resolve().parents[2]
 K8S = ROOT / "deploy" / "k8s"

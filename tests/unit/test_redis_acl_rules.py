@@ -1,4 +1,4 @@
-"""The Redis ACL rules per role (rlbus/services/redis_acl.py), as rendered: every key pattern under the run's
+"""The Redis ACL rules per role (rlbus/security/redis_acl.py), as rendered: every key pattern under the run's
 prefix, write-only roles write-only, no dangerous command for anyone but the operator; URLs and passwords."""
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from rlbus.launch.config import config_from_dict
-from rlbus.services import redis_acl
-from rlbus.services.redis_acl import ROLES, role_rules, role_url, setuser_args
+from rlbus.security import redis_acl
+from rlbus.security.redis_acl import ROLES, role_rules, role_url, setuser_args
 
 NON_OPERATORS = [r for r in ROLES if r != "operator"]
 

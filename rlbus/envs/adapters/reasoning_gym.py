@@ -44,7 +44,7 @@ from rlbus.config import did_you_mean
 from rlbus.envs.base import HarnessConfig, Task, config_data, register_env
 from rlbus.envs.chat import format_answer
 from rlbus.envs.episode import Episode
-from rlbus.envs.rewards import make_reward
+from rlbus.envs.scoring import make_reward
 from rlbus.errors import ConfigError
 from rlbus.schemas import Prompt, Reward
 

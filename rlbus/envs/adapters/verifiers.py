@@ -92,7 +92,7 @@ from rlbus.config import did_you_mean, import_object, is_import_path
 from rlbus.envs.base import HarnessConfig, Task, World, config_data, register_env
 from rlbus.envs.chat import format_answer
 from rlbus.envs.episode import Episode
-from rlbus.envs.rewards import make_reward
+from rlbus.envs.scoring import make_reward
 from rlbus.errors import ConfigError, RewardFunctionError
 from rlbus.schemas import Prompt, Reward
 

@@ -1,7 +1,7 @@
 """``swe``: a coding agent in a repository — shell and editor tools, hidden tests as the reward.
 
 A prompt names one task of a corpus (``env_config.task``; the corpus is ``env_config.corpus``, default
-the shipped one at ``rlbus/envs/swe_tasks/``). The world is the task's repository in a sandbox
+the shipped one at ``rlbus/data/swe_tasks/``). The world is the task's repository in a sandbox
 (`rlbus.envs.swe.world`), the tools are `rlbus.envs.swe.tools`, and the episode's result is the
 repository's final diff against the template, carried in the rollout's metadata as ``swe.patch`` (a
 rollout too large for Kafka goes through the claim check like any other). The reward worker grades it
@@ -26,7 +26,7 @@ import msgspec
 from rlbus.envs.base import HarnessConfig, Task, World, config_data, register_env
 from rlbus.envs.chat import format_tool_call
 from rlbus.envs.episode import Episode
-from rlbus.envs.rewards import make_reward
+from rlbus.envs.scoring import make_reward
 from rlbus.envs.swe.expert import expert_calls
 from rlbus.envs.swe.grade import grade
 from rlbus.envs.swe.patch import tree_diff
@@ -36,7 +36,7 @@ from rlbus.envs.swe.world import open_world, template
 from rlbus.errors import ConfigError
 from rlbus.schemas import Prompt, Reward
 
-SHIPPED_CORPUS = Path(__file__).resolve().parent.parent / "swe_tasks"
+SHIPPED_CORPUS = Path(__file__).resolve().parents[2] / "data" / "swe_tasks"
 MAX_PATCH_BYTES = 4 << 20
 SYSTEM = (
     "You are a software engineer working in a Python repository (your working directory, /sandbox/repo)."

@@ -36,12 +36,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from rlbus.envs.sandbox import Sandbox, SandboxResult
 from rlbus.envs.swe.monitor import Finding, added_lines, hack_kinds, scan_source
 from rlbus.envs.swe.patch import filter_patch, protected_kind
 from rlbus.envs.swe.runtime import GRADER_INNER, HYPOTHESIS_PLUGIN, INNER
 from rlbus.envs.swe.task import RepoTask
 from rlbus.envs.swe.world import REPO, task_sandbox, template
+from rlbus.sandbox import Sandbox, SandboxResult
 from rlbus.schemas.reward import HACK_KINDS, TAMPERED
 
 _REPORT = "grade/report.json"

@@ -1,7 +1,7 @@
 """The Python the coding tasks' tests run with inside the sandbox, and the shared cache it lives in.
 
-The sandbox shows only the host's ``/usr`` (`rlbus.envs.sandbox`), so the interpreter is the system
-``python3`` there (`rlbus.envs.sandbox.find_python`). pytest and hypothesis come from the *worker's own*
+The sandbox shows only the host's ``/usr`` (`rlbus.sandbox`), so the interpreter is the system
+``python3`` there (`rlbus.sandbox.find_python`). pytest and hypothesis come from the *worker's own*
 installation — CI installs ``.[dev]``, which has both — copied once into a runtime directory
 (``<cache>/runtime-<hash>/site``), with a ``bin/`` holding ``python`` / ``pytest``. The runtime is mounted
 read-only at ``/opt/rlbus`` in every episode and grading sandbox; ``PATH`` starts with ``/opt/rlbus/bin``
@@ -29,8 +29,8 @@ from collections.abc import Callable
 from functools import cache
 from pathlib import Path
 
-from rlbus.envs.sandbox import find_python
 from rlbus.errors import SandboxError
+from rlbus.sandbox import find_python
 
 #: Where the runtime appears inside the sandbox.
 INNER = "/opt/rlbus"

@@ -6,7 +6,7 @@ that must go from failing to passing and those that must keep passing, the test 
 reference solution patch. Loading validates everything a run would otherwise trip over later, and every
 problem is a `TaskFormatError` naming the file and the field (``toolz-1/task.toml: tests.fail_to_pass``).
 
-Task directory (what `rlbus.envs.swegen` writes)::
+Task directory (what `rlbus.taskgen` writes)::
 
     <id>/instruction.md  task.toml  environment/{repo/ | setup.sh | bug.patch}  tests/…  solution/solution.patch
 

@@ -30,10 +30,10 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
 
-from rlbus.envs.sandbox import Sandbox, SandboxLimits
 from rlbus.envs.swe.runtime import GRADER_INNER, INNER, cache_root, grader_dir, runtime_dir, runtime_env
 from rlbus.envs.swe.task import RepoTask, Source
 from rlbus.errors import SandboxError, TaskFormatError
+from rlbus.sandbox import Sandbox, SandboxLimits
 
 REPO = "repo"
 """The repository's world-relative directory (``/sandbox/repo`` inside)."""

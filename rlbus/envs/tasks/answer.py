@@ -13,7 +13,7 @@ the verifier's, by this rule (``env_config = {"match": ...}``):
     number: a line whose reference is not fails validation, naming the file and line.
 ``exact``
     The final answer equals the reference after stripping surrounding whitespace (``"12"`` is not ``"12.0"``;
-    case and inner spacing matter), like the built-in tasks' verifiers (`rlbus.envs.rewards.exact_match`).
+    case and inner spacing matter), like the built-in tasks' verifiers (`rlbus.envs.scoring.exact_match`).
 ``math``
     Both are parsed as math by Hugging Face's ``math-verify`` (``pip install 'rlbus[envs]'``) and compared
     symbolically: ``\\frac{1}{2}`` matches ``0.5`` and ``1/2``, ``\\sqrt{2}`` matches ``2^{1/2}``, ``x+1``
@@ -35,7 +35,7 @@ from typing import Any, Literal
 
 from rlbus.envs.base import Environment, HarnessConfig, register_env
 from rlbus.envs.episode import Episode
-from rlbus.envs.rewards import exact_match, make_reward
+from rlbus.envs.scoring import exact_match, make_reward
 from rlbus.errors import ConfigError
 from rlbus.schemas import Prompt, Reward
 

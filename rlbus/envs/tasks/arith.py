@@ -13,7 +13,7 @@ from typing import Literal
 from rlbus.envs.base import HarnessConfig, Task, config_data, register_env
 from rlbus.envs.chat import format_answer
 from rlbus.envs.episode import Episode
-from rlbus.envs.rewards import exact_match
+from rlbus.envs.scoring import exact_match
 from rlbus.schemas import Prompt, Reward
 
 Op = Literal["+", "-", "*"]

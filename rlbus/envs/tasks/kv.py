@@ -22,7 +22,7 @@ import msgspec
 from rlbus.envs.base import HarnessConfig, Task, Tool, World, config_data, register_env
 from rlbus.envs.chat import format_answer, format_tool_call
 from rlbus.envs.episode import Episode
-from rlbus.envs.rewards import exact_match
+from rlbus.envs.scoring import exact_match
 from rlbus.errors import ToolError
 from rlbus.schemas import Prompt, Reward
 

@@ -2,7 +2,7 @@
 
 The model answers with the function's source (``<answer>def add(a, b): …</answer>``; Markdown code fences
 are stripped). During the episode it may run programs with the ``python`` tool, in the episode's own
-sandbox directory (`rlbus.envs.sandbox`).
+sandbox directory (`rlbus.sandbox`).
 
 Scoring runs the candidate in a fresh sandbox with a small harness that calls the function on each test's
 *inputs* and writes the return values (JSON) to a file; the worker compares them with the expected values
@@ -31,9 +31,9 @@ import msgspec
 from rlbus.envs.base import HarnessConfig, Task, Tool, World, config_data, register_env
 from rlbus.envs.chat import format_answer
 from rlbus.envs.episode import Episode
-from rlbus.envs.rewards import make_reward
-from rlbus.envs.sandbox import Sandbox, SandboxLimits, SandboxResult
+from rlbus.envs.scoring import make_reward
 from rlbus.envs.tasks.pybank import PROBLEMS, Problem
+from rlbus.sandbox import Sandbox, SandboxLimits, SandboxResult
 from rlbus.schemas import Prompt, Reward
 
 _FENCE = re.compile(r"^\s*```[a-zA-Z0-9_+-]*\s*\n(.*?)\n?\s*```\s*$", re.DOTALL)

@@ -16,7 +16,7 @@ from rlbus.blobs.http import BlobServer, HttpStore, serve
 from rlbus.blobs.local import LocalStore
 from rlbus.blobs.relay import UpstreamCount, fetch_resumable
 from rlbus.errors import BlobNotFound, BlobStoreError
-from rlbus.services import free_port
+from rlbus_tools.services import free_port
 
 SECRET = "test-secret"
 MIB = 1024 * 1024

@@ -17,7 +17,7 @@ from rlbus.blobs.http import BlobServer, HttpStore, serve, sign, signed_params
 from rlbus.blobs.local import LocalStore
 from rlbus.blobs.open import open_store
 from rlbus.errors import BlobAuthError, BlobNotFound, BlobStoreError
-from rlbus.services import free_port
+from rlbus_tools.services import free_port
 
 SECRET = "test-secret"
 

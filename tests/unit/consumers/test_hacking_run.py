@@ -28,7 +28,7 @@ from rlbus.metrics import REGISTRY
 from rlbus.models.policy import Policy, PolicyConfig
 from rlbus.schemas import Prompt, Reward, Rollout, SamplingInfo
 from rlbus.state import MemoryStateStore
-from rlbus.state.join import JoinBuffer, RewardPolicy
+from rlbus.training.join import JoinBuffer, RewardPolicy
 from rlbus.training.step import GRPOConfig, OptimConfig
 from rlbus.training.trainer import Trainer
 from tests.fixtures.hacking import HACKS

@@ -227,7 +227,7 @@ async def test_an_outage_stops_the_worker_without_committing_past_it() -> None:
 async def test_bench_window_plays_identical_episodes_in_both_loops() -> None:
     """``rlbus bench window`` compares like with like: both loops play every prompt, commit all of it, and
     the engine spends exactly the same time on the same prompts (times are keyed by the prompt)."""
-    from rlbus.bench.window import measure
+    from rlbus_tools.bench.window import measure
 
     figures = [
         await measure(loop, 8, seed=1, in_flight=4, median_s=0.002, sigma=1.0) for loop in ("batch", "window")

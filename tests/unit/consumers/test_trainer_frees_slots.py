@@ -13,8 +13,8 @@ from rlbus.consumers.trainer import TrainerWorker
 from rlbus.models.policy import Policy, PolicyConfig
 from rlbus.schemas import Rollout, TensorData
 from rlbus.state import MemoryStateStore
-from rlbus.state.join import JoinBuffer, Outcome, RewardPolicy, ScoredGroup, ScoredRollout
 from rlbus.state.progress import GROUPS_DONE_COUNTER, GROUPS_FREED_COUNTER
+from rlbus.training.join import JoinBuffer, Outcome, RewardPolicy, ScoredGroup, ScoredRollout
 from rlbus.training.step import GRPOConfig, OptimConfig
 from rlbus.training.trainer import Trainer
 

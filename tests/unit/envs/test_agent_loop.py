@@ -349,8 +349,8 @@ def test_make_env_validates_config_as_data() -> None:
 
 def test_reward_side_modules_do_not_import_torch() -> None:
     code = (
-        "import sys; import rlbus.envs.base, rlbus.envs.episode, rlbus.envs.judge, rlbus.envs.rewards,"
-        " rlbus.envs.sandbox, rlbus.envs.tasks, rlbus.envs.tasks.jsonl; print('torch' in sys.modules)"
+        "import sys; import rlbus.envs.base, rlbus.envs.episode, rlbus.rewards.judge, rlbus.rewards.function,"
+        " rlbus.sandbox, rlbus.envs.tasks, rlbus.envs.tasks.jsonl; print('torch' in sys.modules)"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60)
     assert out.stdout.strip() == "False"

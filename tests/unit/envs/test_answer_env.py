@@ -127,8 +127,8 @@ def test_the_evaluation_scores_with_the_runs_reward_function_when_it_has_one(mon
     import rlbus.engines.torch_stack
     from rlbus.envs.chat import ChatFormat
     from rlbus.envs.evaluate import evaluate
-    from rlbus.envs.rewards import RewardFunction
     from rlbus.envs.scripted import ScriptedEngine
+    from rlbus.rewards.function import RewardFunction
 
     chat = ChatFormat.for_byte_tokenizer()
 

@@ -21,10 +21,10 @@ from rlbus.envs import base
 from rlbus.envs.base import env_for, make_env, registered_envs
 from rlbus.envs.chat import ChatFormat, format_answer
 from rlbus.envs.episode import Episode, episode_to_rollout
-from rlbus.envs.rewards import RewardFunction
 from rlbus.envs.tasks import generate_prompts
 from rlbus.errors import ConfigError, RewardFunctionError
 from rlbus.launch.config import config_from_dict
+from rlbus.rewards.function import RewardFunction
 from rlbus.schemas import Prompt
 
 CHAT = ChatFormat.for_byte_tokenizer()

@@ -13,11 +13,11 @@ from rlbus.envs.agent import reference_episode, run_episode
 from rlbus.envs.base import Task, env_for, make_env
 from rlbus.envs.chat import ChatFormat
 from rlbus.envs.episode import Episode
-from rlbus.envs.sandbox import SandboxLimits
 from rlbus.envs.scripted import ScriptedEngine
 from rlbus.envs.tasks import generate_prompts
 from rlbus.envs.tasks.pybank import PROBLEMS
 from rlbus.envs.tasks.python_fn import extract_code, run_hidden_tests
+from rlbus.sandbox import SandboxLimits
 from rlbus.schemas import Prompt
 
 CHAT = ChatFormat.for_byte_tokenizer()

@@ -82,7 +82,7 @@ def test_a_judge_rubric_is_parsed(tmp_path: Path) -> None:
 
 
 def test_the_cli_prints_the_resolved_config_or_the_error(tmp_path: Path) -> None:
-    from rlbus.cli import app
+    from rlbus.cli.app import app
 
     runner = CliRunner()
     good = runner.invoke(app, ["config", "check", str(write(tmp_path, "[trainer]\ngroups_per_step = 4\n"))])

@@ -64,7 +64,7 @@ def test_a_checkpoint_is_evaluated_with_its_own_weights(config_file: Path, tmp_p
 
 
 def test_cli_prints_the_figure_and_fails_clearly(config_file: Path, tmp_path: Path) -> None:
-    from rlbus.cli import app
+    from rlbus.cli.app import app
 
     done = CliRunner().invoke(app, ["eval", "--config", str(config_file), "--n", "4"])
     assert done.exit_code == 0 and "held-out accuracy" in done.output and "where RL starts" in done.output

@@ -10,7 +10,7 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-from rlbus.cli import app
+from rlbus.cli.app import app
 from rlbus.errors import QualityGateFailed
 from rlbus.launch.config import load_config
 

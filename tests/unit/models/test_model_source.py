@@ -54,7 +54,7 @@ def test_unknown_names_are_refused_with_the_choices() -> None:
 
 
 def test_generate_runs_one_chat_turn_of_the_real_model(smollm2_dir: Path) -> None:
-    from rlbus.cli import app
+    from rlbus.cli.app import app
 
     out = CliRunner().invoke(app, ["generate", "--model", "smollm2-135m-instruct", "--prompt", "What is 2+3?",
                                    "--greedy", "--max-new-tokens", "12", "--json", "--device", "cpu"])

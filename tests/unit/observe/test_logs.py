@@ -11,7 +11,7 @@ import pytest
 from typer.testing import CliRunner
 
 from rlbus.bus import Record
-from rlbus.cli import app
+from rlbus.cli.app import app
 from rlbus.observe.logs import HumanFormatter, JsonFormatter, record_fields, setup_logging
 
 RECORD: Record[bytes] = Record(topic="rl.rollouts.v1", partition=3, offset=42, timestamp_ms=0, key=None, raw=b"")

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from rlbus.cli import app
+from rlbus.cli.app import app
 from rlbus.errors import RunLogMissing
 from rlbus.observe.report import PLOTS, RunData, merge_histograms, summary_markdown, write_report
 from rlbus.observe.runlog import REWARDS, STEPS, WEIGHTS, RunLog, syncs_name

@@ -12,7 +12,7 @@ from typer.testing import CliRunner
 
 from rlbus.bus import MemoryBus
 from rlbus.bus.topics import PROMPTS, ROLLOUTS, topic_specs
-from rlbus.cli import app
+from rlbus.cli.app import app
 from rlbus.observe import status as status_module
 from rlbus.observe.heartbeat import Heartbeat
 from rlbus.observe.status import Snapshot, render, show, take_snapshot

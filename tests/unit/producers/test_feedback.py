@@ -17,12 +17,12 @@ from typer.testing import CliRunner
 
 from rlbus.bus import MemoryBus
 from rlbus.bus.topics import REWARDS, topic_specs
-from rlbus.cli import app as cli
+from rlbus.cli.app import app as cli
 from rlbus.errors import BusUnavailable, ConfigError
 from rlbus.producers.feedback import FeedbackServer, load_token, prompt_of
 from rlbus.schemas import Reward, Rollout, TensorData
 from rlbus.state import MemoryStateStore
-from rlbus.state.join import JoinBuffer, RewardPolicy
+from rlbus.training.join import JoinBuffer, RewardPolicy
 
 TOKEN = "t0ken-for-the-feedback-tests"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}

@@ -14,13 +14,13 @@ from rlbus.aio import until, wait_event
 from rlbus.bus.topics import SERVED
 from rlbus.launch.config import config_from_dict
 from rlbus.launch.roles import serve_main
-from rlbus.launch.up import worker_children
 from rlbus.models.config import PolicyConfig
 from rlbus.models.sources import ModelSource
 from rlbus.serve.auth import Tenants
 from rlbus.serve.stack import run_serve, serve_stack
 from rlbus.weights.publish import WeightPublisher
 from rlbus.wiring.infra import open_bus, open_state, open_store
+from rlbus_tools.up.roles import worker_children
 
 KEY = "acme-token-0123456789abcdef"
 HI = [{"role": "user", "content": "2+2="}]

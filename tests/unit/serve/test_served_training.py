@@ -22,8 +22,8 @@ from rlbus.producers.feedback import FeedbackServer
 from rlbus.serve.auth import Tenants
 from rlbus.serve.stack import serve_stack
 from rlbus.state import MemoryStateStore
-from rlbus.state.join import JoinBuffer, Outcome, RewardPolicy, ServedJoin
 from rlbus.training.config import GRPOConfig, OnlineConfig, OptimConfig
+from rlbus.training.join import JoinBuffer, Outcome, RewardPolicy, ServedJoin
 from rlbus.training.online_lane import OnlineLane
 from rlbus.training.trainer import Trainer
 

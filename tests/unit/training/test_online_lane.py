@@ -20,10 +20,10 @@ from rlbus.consumers.trainer import TrainerWorker
 from rlbus.models.policy import Policy, PolicyConfig
 from rlbus.schemas import Reward, Rollout, TensorData
 from rlbus.state import MemoryStateStore, StateStore
-from rlbus.state.join import ROLLED_BACK, TRAINED_AGAIN, JoinBuffer, Outcome, RewardPolicy, ServedJoin
-from rlbus.state.ordered import OrderedJoin
 from rlbus.training.config import GRPOConfig, OnlineConfig, OptimConfig
+from rlbus.training.join import ROLLED_BACK, TRAINED_AGAIN, JoinBuffer, Outcome, RewardPolicy, ServedJoin
 from rlbus.training.online_lane import OnlineLane
+from rlbus.training.ordered import OrderedJoin
 from rlbus.training.trainer import Trainer
 
 CFG = PolicyConfig(vocab=272, d_model=32, n_layer=2, n_head=2, max_seq=64, n_experts=4, top_k=2, d_ff=32)

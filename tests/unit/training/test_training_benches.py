@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from rlbus.bench import mismatch, train
 from rlbus.models.policy import PolicyConfig
+from rlbus_tools.bench import mismatch, train
 
 
 def test_mismatch_cases_and_replay_guarantee() -> None:

@@ -14,20 +14,20 @@ from rlbus.aio import wait_event
 from rlbus.blobs.local import LocalStore
 from rlbus.bus.memory import MemoryBus
 from rlbus.bus.topics import PROMPTS
-from rlbus.chaos.pipeline import CountingJoin
 from rlbus.models.config import PolicyConfig
 from rlbus.models.policy import Policy
 from rlbus.models.sources import ModelSource
-from rlbus.state.join import JoinBuffer
 from rlbus.state.memory import MemoryStateStore
-from rlbus.state.ordered import OrderedJoin
 from rlbus.training.config import GRPOConfig
+from rlbus.training.join import JoinBuffer
+from rlbus.training.ordered import OrderedJoin
 from rlbus.weights.sync import live_state
 from rlbus.wiring.infra import open_bus, open_state, open_store
 from rlbus.wiring.producer import prompt_producer
 from rlbus.wiring.reward import reward_worker
 from rlbus.wiring.rollout import rollout_stack
 from rlbus.wiring.trainer import trainer_stack
+from rlbus_tools.chaos.pipeline import CountingJoin
 
 ROOT = Path(__file__).resolve().parents[3]
 SHAPE = PolicyConfig(vocab=272, d_model=32, n_layer=2, n_head=2, max_seq=64, n_experts=4, top_k=2, d_ff=32)
@@ -120,7 +120,7 @@ BUILT = {"RolloutWorker", "TrainerWorker", "Trainer", "WeightSync", "WeightPubli
          "RewardWorker", "TorchEngine", "BatchingEngine", "JoinBuffer", "OrderedJoin"}
 
 
-@pytest.mark.parametrize("module", ["rlbus/demo.py", "rlbus/launch/roles.py", "rlbus/chaos/pipeline.py"])
+@pytest.mark.parametrize("module", ["rlbus/demo.py", "rlbus/launch/roles.py", "tools/rlbus_tools/chaos/pipeline.py"])
 def test_the_entry_points_wire_through_the_builders(module: str) -> None:
     tree = ast.parse((ROOT / module).read_text())
     by_hand = sorted({node.func.id for node in ast.walk(tree)

@@ -116,7 +116,7 @@ def test_the_readme_example_file_and_config_load_and_validate(tmp_path: Path, mo
     config = load_config(Path("run.toml"), environ={})
     assert config.task.prompts == "problems.jsonl" and config.trainer.warm_steps == 0
     assert config.task.eval_prompts == "held_out.jsonl" and config.reward.function == "myreward:score"
-    from rlbus.envs.rewards import RewardFunction
+    from rlbus.rewards.function import RewardFunction
 
     score = RewardFunction.load("myreward:score").function
     assert score("2+2?", "I think it is 31 eggs", "31") == 1.0 and score("2+2?", "<answer>3</answer>", "31") == 0.0

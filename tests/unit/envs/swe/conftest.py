@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from rlbus.envs.sandbox import find_bwrap
 from rlbus.envs.swe.task import RepoTask, load_tasks
 from rlbus.errors import SandboxError
+from rlbus.sandbox import find_bwrap
 
 FIXTURES = Path(__file__).resolve().parents[3] / "fixtures" / "swe"
 CORPUS = FIXTURES / "corpus"

@@ -162,7 +162,7 @@ async def test_trajectories_cut_observations_as_the_agent_loop_does(corpus_tasks
 def test_cli_observation_default_is_the_envs() -> None:
     import inspect
 
-    from rlbus.cli import env_trajectories
+    from rlbus.cli.env import env_trajectories
     from rlbus.envs.swe.env import SweConfig
 
     default = inspect.signature(env_trajectories).parameters["max_observation_tokens"].default

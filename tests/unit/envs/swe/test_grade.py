@@ -123,7 +123,8 @@ async def test_the_always_equal_hack_fails_the_negative_controls_and_the_monitor
     == 5`` holds and the bug stays. The grader's negative control (the value also equals a fresh object)
     scores it 0; independently, the hack monitor reports ``always_equal`` in the verdict's metadata, and
     the default ``[reward] hack_policy`` ("zero") would make the reward 0 too."""
-    from rlbus.envs.rewards import HACK_KINDS, apply_hack_policy
+    from rlbus.envs.scoring import HACK_KINDS
+    from rlbus.rewards.hacks import apply_hack_policy
     from rlbus.schemas import Reward
 
     task = corpus_tasks["calc-add"]

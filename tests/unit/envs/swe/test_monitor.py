@@ -9,15 +9,16 @@ from pathlib import Path
 
 import pytest
 
-from rlbus.envs.rewards import HACK_KINDS, apply_hack_policy
+from rlbus.envs.scoring import HACK_KINDS
 from rlbus.envs.swe.cheats import cheat_patches
 from rlbus.envs.swe.monitor import added_lines, hack_kinds, scan_source
 from rlbus.envs.swe.patch import filter_patch
 from rlbus.envs.swe.task import RepoTask, load_tasks
 from rlbus.envs.swe.world import template
+from rlbus.rewards.hacks import apply_hack_policy
 from rlbus.schemas import Reward
 
-SHIPPED = Path(__file__).resolve().parents[4] / "rlbus" / "envs" / "swe_tasks"
+SHIPPED = Path(__file__).resolve().parents[4] / "rlbus" / "data" / "swe_tasks"
 
 
 def findings(task: RepoTask, base: Path, patch: str, tmp: Path) -> list[str] | None:

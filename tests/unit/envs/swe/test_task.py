@@ -85,10 +85,10 @@ def test_bad_rows_name_line_and_field(jsonl_file: Path, tmp_path: Path, change: 
 
 def test_hidden_tests_named_in_the_base_are_read_from_it(tmp_path: Path) -> None:
     """A generated task names its hidden tests in the base archive instead of copying them."""
-    import rlbus.envs
+    import rlbus
     from rlbus.envs.swe.task import load_task_dir
 
-    corpus = Path(rlbus.envs.__file__).parent / "swe_tasks"
+    corpus = Path(rlbus.__file__).parent / "data" / "swe_tasks"
     shipped = next(p for p in sorted(corpus.iterdir()) if (p / "task.toml").is_file())
     task = tmp_path / shipped.name
     shutil.copytree(shipped, task)

@@ -1,1 +1,0 @@
-"""Benchmarks behind ``rlbus bench <name>``; each measures its own baseline in the same run."""
