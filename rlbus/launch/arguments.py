@@ -67,15 +67,18 @@ def claims_for(config: RunConfig, bus: Bus, store: BlobStore) -> Bus:
 
 def model_source(config: RunConfig, *, progress: Callable[[str], None] | None = None) -> ModelSource:
     """The run's model (`rlbus.models.sources.ModelSource`): ``[model]``'s HF model (a GGUF or a shipped name is
-    converted once, reporting to ``progress``), else the checkpoint's model, else the policy shape."""
+    converted once, reporting to ``progress``), else the checkpoint's model, else the policy shape; on
+    ``[model] device``, resolved and announced (to ``progress``) once."""
+    from rlbus.models.device import announce
     from rlbus.models.sources import ModelSource, model_dir
 
     m = config.model
+    device = announce(m.device, say=progress).device  # resolved once: every model of the role lands there
     if m.kind == "hf" and (m.name or m.path or m.gguf):
-        return ModelSource.hf(model_dir(name=m.name, path=m.path, gguf=m.gguf, progress=progress), device=m.device)
+        return ModelSource.hf(model_dir(name=m.name, path=m.path, gguf=m.gguf, progress=progress), device=device)
     if m.checkpoint is not None:
-        return ModelSource.of(initial_model(config), device=m.device)
-    return ModelSource.policy(m.policy, device=m.device)
+        return ModelSource.of(initial_model(config), device=device)
+    return ModelSource.policy(m.policy, device=device)
 
 
 def initial_model(config: RunConfig) -> Model:

@@ -171,7 +171,8 @@ class ModelSection(msgspec.Struct, **_STRUCT):
     #: kind = "hf": a GGUF file, converted once into a cached safetensors directory under ``RLBUS_HOME``.
     gguf: str | None = None
     #: Where the model runs: ``auto`` (CUDA when available, else CPU), ``cpu``, ``cuda``, ``cuda:1`` …
-    device: str = "cpu"
+    #: (`rlbus.models.device`: resolved once per role, logged at start).
+    device: str = "auto"
     #: kind = "policy": the shape (`rlbus.models.config.PolicyConfig`: vocab, d_model, n_layer, n_head,
     #: max_seq, rope_theta, n_experts, top_k, d_ff, aux_loss_coef, norm_eps).
     policy: PolicyConfig = msgspec.field(default_factory=lambda: DEMO_SHAPE)
@@ -248,6 +249,7 @@ class TrainerSection(msgspec.Struct, **_STRUCT):
     #: Ranks the trainer runs on (README "The trainer on N ranks"): 1 = one process; N > 1 = FSDP2 over N
     #: processes that `rlbus up` starts with ``torch.distributed.run --nproc-per-node N`` (gloo on CPU, NCCL on
     #: GPU); rank 0 alone is on the bus. ``rlbus worker trainer`` must then run under torchrun with N ranks.
+    #: 0 = one rank per GPU the trainer's machine has (1 without one).
     world_size: int = 1
     #: With world_size > 1: every rank uploads the weight chunks it encoded to the blob store itself (each
     #: rank's egress, README "The trainer on N ranks"); false: the other ranks hand theirs to rank 0, which
@@ -259,10 +261,12 @@ class TrainerSection(msgspec.Struct, **_STRUCT):
 
     def __post_init__(self) -> None:
         positive = ("lr", "groups_per_step", "publish_every", "checkpoint_every", "keep_checkpoints",
-                    "join_timeout_s", "warm_lr", "keyframe_every", "retain_versions", "torch_threads", "world_size")
+                    "join_timeout_s", "warm_lr", "keyframe_every", "retain_versions", "torch_threads")
         for name in positive:
             if not getattr(self, name) > 0:
                 raise ValueError(f"{name} must be > 0")
+        if self.world_size < 0:
+            raise ValueError("world_size must be ≥ 0 (0: one rank per GPU)")
         if self.warm_steps < 0:
             raise ValueError("warm_steps must be ≥ 0")
         if not 0 <= self.admission_slack <= self.grpo.max_staleness:
@@ -354,8 +358,8 @@ class JudgeSection(msgspec.Struct, **_STRUCT):
     #: engine: a shipped model, model directory or .gguf (like ``rlbus generate --model``); openai: the
     #: model name sent in each request.
     model: str = "smollm2-135m-instruct"
-    #: engine: where the judge model runs (``cpu``, ``cuda``, ``auto``).
-    device: str = "cpu"
+    #: engine: where the judge model runs (``auto``: CUDA when available, ``cpu``, ``cuda``).
+    device: str = "auto"
     #: openai: the endpoint's root (``http://host:8000``) or its ``/v1`` path.
     base_url: str | None = None
     #: openai: a file holding the API key (a mounted secret); else ``$<api_key_env>``; neither: no key.

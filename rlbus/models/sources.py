@@ -126,10 +126,10 @@ def model_dir(
 
 
 def resolve_device(device: str) -> torch.device:
-    """``auto`` → CUDA when available, else CPU; anything else as torch spells it."""
-    if device == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(device)
+    """``auto`` → CUDA when available, else CPU; anything else as torch spells it (`rlbus.models.device`)."""
+    from rlbus.models.device import resolve_device as resolve
+
+    return resolve(device)
 
 
 def load_hf(directory: Path, *, dtype: torch.dtype = torch.float32, device: str = "cpu") -> HFCausalLM:
@@ -179,22 +179,22 @@ class ModelSource:
     kind: Literal["policy", "hf"] = "policy"
     shape: PolicyConfig | None = None
     directory: Path | None = None
-    device: str = "cpu"
+    device: str = "auto"
 
     def __post_init__(self) -> None:
         if (self.kind == "policy") != (self.shape is not None) or (self.kind == "hf") != (self.directory is not None):
             raise ValueError("a policy source needs a shape, an hf source a directory")
 
     @classmethod
-    def policy(cls, shape: PolicyConfig, *, device: str = "cpu") -> ModelSource:
+    def policy(cls, shape: PolicyConfig, *, device: str = "auto") -> ModelSource:
         return cls(kind="policy", shape=shape, device=device)
 
     @classmethod
-    def hf(cls, directory: Path, *, device: str = "cpu") -> ModelSource:
+    def hf(cls, directory: Path, *, device: str = "auto") -> ModelSource:
         return cls(kind="hf", directory=directory, device=device)
 
     @classmethod
-    def of(cls, model: Any, *, device: str = "cpu") -> ModelSource:
+    def of(cls, model: Any, *, device: str = "auto") -> ModelSource:
         """The source a built model came from (what its `describe()` says: a checkpoint's model)."""
         from rlbus.models.config import PolicyConfig
 
@@ -249,10 +249,14 @@ class ModelSource:
         return int(pad)
 
 
-def parse_model(text: str, *, device: str = "cpu", progress: Callable[[str], None] | None = None) -> ModelSource:
+def parse_model(text: str, *, device: str = "auto", progress: Callable[[str], None] | None = None) -> ModelSource:
     """A model named on the command line: ``tiny`` / ``bench`` / ``demo`` (in-house policy presets), a shipped
-    HF model's name (``smollm2-135m-instruct``), a model directory, or a ``.gguf`` file."""
+    HF model's name (``smollm2-135m-instruct``), a model directory, or a ``.gguf`` file; on ``device``,
+    resolved once and announced (`rlbus.models.device.announce`)."""
     from rlbus.models.config import DEMO_SHAPE, PolicyConfig
+    from rlbus.models.device import announce
+
+    device = announce(device, say=progress).device
 
     presets = {"tiny": PolicyConfig.tiny, "bench": PolicyConfig.bench, "demo": lambda: DEMO_SHAPE}
     if text in presets:
