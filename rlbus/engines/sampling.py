@@ -18,8 +18,9 @@ the allowed tokens and renormalised, and the recorded log-probs stay exact for i
 is constrained passes None and pays nothing; a constrained row next to unconstrained ones gets an all-True
 row in the mask. A row whose mask allows nothing has no distribution: the caller must not build one.
 
-Sampling is inverse-CDF with one counter-based uniform per row and step: u = H(seed, counter), where the
-counter is the number of tokens the row has sampled so far and H a keyed integer hash (the counter-based
+Sampling is inverse-CDF with one counter-based uniform per row and step: u = H(key, counter), where the
+key is a hash of the row's seed (`row_key`, once, on the host), the counter the number of tokens the row
+has sampled so far and H a keyed integer hash (the counter-based
 generator idea of Salmon et al., "Parallel random numbers: as easy as 1, 2, 3", SC 2011; the mixing
 function is the public-domain "lowbias32" integer hash of C. Wellons). The token is the first x whose
 cumulative π' (in vocabulary order, float64) exceeds u · Σπ'. A row's draws therefore depend only on its
@@ -94,22 +95,34 @@ def _mix32(x: torch.Tensor) -> torch.Tensor:
     return x ^ (x >> 16)
 
 
-def counter_uniform(seeds: torch.Tensor, counters: torch.Tensor) -> torch.Tensor:
-    """u ∈ (0, 1) float64 [B] from int64 seeds [B] and counters [B]: a pure function of each pair."""
-    s_lo, s_hi = seeds & _M32, (seeds >> 32) & _M32
-    c_lo, c_hi = counters & _M32, (counters >> 32) & _M32
-    a = _mix32(c_lo ^ s_lo)
-    b = _mix32(c_hi ^ s_hi ^ _mix32(a ^ 0x9E3779B9))
-    a = _mix32(a ^ _mix32(b ^ 0x85EBCA6B))
-    b = _mix32(b ^ _mix32(a ^ 0xC2B2AE35))
+def _mix32_int(x: int) -> int:
+    """`_mix32` on a Python int (the host side of a row's key)."""
+    x ^= x >> 16
+    x = (x * 0x7FEB352D) & _M32
+    x ^= x >> 15
+    x = (x * 0x846CA68B) & _M32
+    return x ^ (x >> 16)
+
+
+def row_key(seed: int) -> int:
+    """A request's seed (any Python int) as the 32-bit key its draws hash with (computed once, on the host)."""
+    seed &= (1 << 64) - 1
+    return _mix32_int((seed & _M32) ^ _mix32_int((seed >> 32) ^ 0x9E3779B9))
+
+
+def counter_uniform(keys: torch.Tensor, counters: torch.Tensor) -> torch.Tensor:
+    """u ∈ (0, 1) float64 [B] from row keys [B] (`row_key`, int64) and counters [B]: a pure function of each
+    pair, 53 bits of it from two rounds of the hash."""
+    a = _mix32((counters & _M32) ^ keys)
+    b = _mix32(a ^ ((counters >> 32) & _M32) ^ 0x85EBCA6B)
     bits = (a << 21) | (b >> 11)  # 53 random bits
     return (bits.double() + 0.5) * 2.0**-53
 
 
-def sample(logprobs: torch.Tensor, seeds: torch.Tensor, counters: torch.Tensor) -> torch.Tensor:
-    """One token per row of log π' [B, V], row i drawn with ``counter_uniform(seeds[i], counters[i])``;
+def sample(logprobs: torch.Tensor, keys: torch.Tensor, counters: torch.Tensor) -> torch.Tensor:
+    """One token per row of log π' [B, V], row i drawn with ``counter_uniform(keys[i], counters[i])``;
     ids [B]. A token outside the support (log π' = −inf) is never drawn."""
-    u = counter_uniform(seeds, counters)  # [B]
+    u = counter_uniform(keys, counters)  # [B]
     cdf = logprobs.double().exp().cumsum(dim=-1)  # [B, V] float64
     target = (u * cdf[:, -1])[:, None]  # [B, 1] strictly inside (0, Σπ')
     tokens = torch.searchsorted(cdf, target, right=True).squeeze(1).clamp(max=logprobs.shape[-1] - 1)  # [B]
@@ -126,13 +139,13 @@ class SamplingParams:
     temperature: torch.Tensor  # [B] float32
     top_k: torch.Tensor  # [B] int64
     top_p: torch.Tensor  # [B] float32
-    seed: torch.Tensor  # [B] int64
+    seed: torch.Tensor  # [B] int64: each row's key (`row_key` of its seed)
     counter: torch.Tensor  # [B] int64
     truncate: bool
 
     @classmethod
     def of(cls, rows: list[tuple[float, int, float, int, int]], device: torch.device | str) -> SamplingParams:
-        """From (temperature, top_k, top_p, seed, counter) per row: one host→device copy."""
+        """From (temperature, top_k, top_p, key, counter) per row: one host→device copy."""
         floats = torch.tensor([(t, p) for t, _, p, _, _ in rows], dtype=torch.float32).reshape(-1, 2)  # [B, 2]
         ints = torch.tensor([(k, s, c) for _, k, _, s, c in rows], dtype=torch.int64).reshape(-1, 3)  # [B, 3]
         floats, ints = floats.to(device), ints.to(device)
@@ -166,7 +179,3 @@ def draw(
     return tokens, logp.gather(1, tokens[:, None]).squeeze(1), logp
 
 
-def row_seed(seed: int) -> int:
-    """A request's seed as the signed 64-bit value the sampler hashes (any Python int is accepted)."""
-    seed &= (1 << 64) - 1
-    return seed - (1 << 64) if seed >= 1 << 63 else seed

@@ -89,7 +89,7 @@ from rlbus.engines.base import (
 )
 from rlbus.engines.graphs import StepGraphs
 from rlbus.engines.prefix import Prefix, PrefixCache
-from rlbus.engines.sampling import SamplingParams, draw, row_seed
+from rlbus.engines.sampling import SamplingParams, draw, row_key
 from rlbus.engines.static import LlamaFamily, StaticBatch, static_support
 from rlbus.models.base import CausalLM
 
@@ -99,7 +99,7 @@ class _Row:
     """Mutable per-request state from `submit` to its result."""
 
     request: GenerationRequest
-    seed: int  # the sampler's key for this row (`rlbus.engines.sampling.counter_uniform`)
+    seed: int  # the sampler's key for this row (`rlbus.engines.sampling.row_key` of its seed)
     future: Future[GenerationResult]
     submitted: float
     admitted: float = 0.0
@@ -573,7 +573,7 @@ class TorchEngine:
     # -- per row --------------------------------------------------------------------------------------
 
     def _row_seed(self, request: GenerationRequest) -> int:
-        return row_seed(self._seeds.getrandbits(63) if request.seed is None else request.seed)
+        return row_key(self._seeds.getrandbits(63) if request.seed is None else request.seed)
 
     def _boundary(self) -> None:
         if self.between_steps is not None:

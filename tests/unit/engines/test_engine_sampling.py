@@ -4,14 +4,19 @@ the counter-based sampler."""
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import torch
 
-from rlbus.engines.sampling import SamplingParams, counter_uniform, draw, processed_logprobs, row_seed, sample
+from rlbus.engines.sampling import SamplingParams, _mix32, counter_uniform, draw, processed_logprobs, row_key, sample
 
 # Base distribution p = [0.1, 0.2, 0.3, 0.4] (logits = log p, so softmax(logits) = p at temperature 1).
 LOGITS = torch.tensor([[0.1, 0.2, 0.3, 0.4]]).log()
 NEG_INF = float("-inf")
+
+
+def _keys(seeds: Any) -> torch.Tensor:
+    return torch.tensor([row_key(s) for s in seeds])
 
 
 def _pi(temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0) -> torch.Tensor:
@@ -64,18 +69,18 @@ def test_sampler_follows_the_distribution_and_never_leaves_its_support() -> None
     lp = processed_logprobs(
         LOGITS.expand(n, 4), torch.ones(n), torch.full((n,), 2), torch.ones(n)
     )  # every row: [0, 0, 3/7, 4/7]
-    draws = sample(lp, torch.arange(n), torch.zeros(n, dtype=torch.long))  # n seeds, first token each
+    draws = sample(lp, _keys(range(n)), torch.zeros(n, dtype=torch.long))  # n seeds, first token each
     assert set(draws.tolist()) <= {2, 3}
     freq = float((draws == 3).float().mean())
     assert abs(freq - 4 / 7) < 4 * math.sqrt((4 / 7) * (3 / 7) / n)  # within 4 standard errors
     # one seed along its counter is a stream with the same law
-    along = sample(lp, torch.full((n,), 7), torch.arange(n))
+    along = sample(lp, _keys([7] * n), torch.arange(n))
     assert abs(float((along == 3).float().mean()) - 4 / 7) < 4 * math.sqrt((4 / 7) * (3 / 7) / n)
 
 
 def test_sampler_is_a_pure_function_of_seed_and_counter() -> None:
     lp = processed_logprobs(torch.randn(8, 50), torch.ones(8), torch.zeros(8, dtype=torch.long), torch.ones(8))
-    seeds, counters = torch.arange(8) * 1_000_003, torch.arange(8) + 5
+    seeds, counters = _keys(range(0, 8_000_024, 1_000_003)), torch.arange(8) + 5
     a = sample(lp, seeds, counters)
     assert torch.equal(a, sample(lp, seeds, counters))
     # a row's draw does not depend on the rows beside it, nor on their order
@@ -86,8 +91,8 @@ def test_sampler_is_a_pure_function_of_seed_and_counter() -> None:
 
 def test_counter_uniforms_are_uniform_and_independent() -> None:
     n = 100_000
-    u = counter_uniform(torch.full((n,), 42), torch.arange(n))  # one stream
-    v = counter_uniform(torch.arange(n) - n // 2, torch.zeros(n, dtype=torch.long))  # first draw of many seeds
+    u = counter_uniform(_keys([42] * n), torch.arange(n))  # one stream
+    v = counter_uniform(_keys(range(-n // 2, n // 2)), torch.zeros(n, dtype=torch.long))  # first draw of many seeds
     for x in (u, v):
         assert 0 < float(x.min()) and float(x.max()) < 1
         assert abs(float(x.mean()) - 0.5) < 4 * math.sqrt(1 / 12 / n)
@@ -98,8 +103,18 @@ def test_counter_uniforms_are_uniform_and_independent() -> None:
     assert abs(float(torch.corrcoef(torch.stack([u, v]))[0, 1])) < 0.02  # streams
 
 
-def test_any_python_seed_maps_to_int64() -> None:
-    assert row_seed(5) == 5 and row_seed(-1) == -1 and row_seed(2**64 + 3) == 3 and row_seed(2**63) == -(2**63)
+def test_row_keys_take_any_python_seed_and_the_hash_is_exact() -> None:
+    keys = [row_key(s) for s in (0, 1, 5, -1, 2**63, 2**64 + 5, 10**30)]
+    assert all(0 <= k < 2**32 for k in keys) and len(set(keys[:5])) == 5 and keys[2] == keys[5]  # mod 2^64
+    x = torch.randint(0, 2**32, (1000,), dtype=torch.int64)
+    reference = []
+    for v in x.tolist():  # lowbias32 in Python's exact integers
+        v ^= v >> 16
+        v = (v * 0x7FEB352D) % 2**32
+        v ^= v >> 15
+        v = (v * 0x846CA68B) % 2**32
+        reference.append(v ^ (v >> 16))
+    assert _mix32(x).tolist() == reference
 
 
 def test_draw_advances_each_rows_counter_and_returns_exact_logprobs() -> None:
@@ -122,7 +137,7 @@ def test_the_logits_mask_restricts_and_renormalises_before_truncation() -> None:
     torch.testing.assert_close(lp[1].exp(), torch.tensor([0.1, 0.2, 0.3, 0.4]))
     lp = processed_logprobs(logits, torch.ones(2), torch.tensor([2, 2]), torch.ones(2), allowed=allowed)
     torch.testing.assert_close(lp[0].exp(), torch.tensor([0.0, 2 / 5, 3 / 5, 0.0]))
-    draws = sample(lp[:1].expand(500, 4), torch.arange(500), torch.zeros(500, dtype=torch.long))
+    draws = sample(lp[:1].expand(500, 4), _keys(range(500)), torch.zeros(500, dtype=torch.long))
     assert set(draws.tolist()) == {1, 2}
 
 
