@@ -85,8 +85,9 @@ def counting_syncs() -> Iterator[SyncCounter]:
             setattr(torch.Tensor, name, fn)
 
 
-def _devices() -> list[str]:
-    return ["cpu", *(["cuda"] if torch.cuda.is_available() else [])]
+def _devices() -> list[Any]:
+    """The CPU, and CUDA (marked ``cuda``) where there is one."""
+    return ["cpu", *([pytest.param("cuda", marks=pytest.mark.cuda)] if torch.cuda.is_available() else [])]
 
 
 def _per_step(engine: TorchEngine, method: str, requests: list[GenerationRequest]) -> list[list[str]]:
@@ -142,7 +143,7 @@ def test_a_dynamic_decode_step_of_a_dense_policy_copies_once() -> None:
 
 def test_the_counter_sees_what_would_sync() -> None:
     """The dispatch mode is not blind: each kind of sync in a step is counted."""
-    for device in _devices():
+    for device in ["cpu", *(["cuda"] if torch.cuda.is_available() else [])]:
         x = torch.randn(8, device=device)
         with counting_syncs() as counter:
             float(x.sum())
