@@ -21,6 +21,7 @@ turns graphs off for the engine, with a warning; the eager step computes the sam
 from __future__ import annotations
 
 import logging
+import threading
 from typing import Any
 
 import torch
@@ -28,6 +29,8 @@ import torch
 from rlbus.engines.static import StaticBatch
 
 log = logging.getLogger(__name__)
+#: One capture at a time in a process (several engines — rollout workers, an evaluation — may share a GPU).
+_capturing = threading.Lock()
 
 
 def buckets(max_batch: int) -> list[int]:
@@ -76,7 +79,7 @@ class StepGraphs:
         eager_logp = batch.logp
         graph = torch.cuda.CUDAGraph()
         try:
-            with torch.cuda.graph(graph, pool=self._pool, capture_error_mode="thread_local"):
+            with _capturing, torch.cuda.graph(graph, pool=self._pool, capture_error_mode="thread_local"):
                 batch.step(b, graph=True, truncate=truncate)
         except Exception as exc:  # an op that cannot be captured here: the eager step is as exact
             log.warning("CUDA graph capture failed (%s); decoding without graphs", exc)

@@ -23,7 +23,8 @@ key is a hash of the row's seed (`row_key`, once, on the host), the counter the 
 has sampled so far and H a keyed integer hash (the counter-based
 generator idea of Salmon et al., "Parallel random numbers: as easy as 1, 2, 3", SC 2011; the mixing
 function is the public-domain "lowbias32" integer hash of C. Wellons). The token is the first x whose
-cumulative π' (in vocabulary order, float64) exceeds u · Σπ'. A row's draws therefore depend only on its
+cumulative π' (in vocabulary order, summed in float64; a probability under float32's 1e-45 counts as 0)
+exceeds u · Σπ'. A row's draws therefore depend only on its
 own seed and its position, never on the batch it shares or on a generator object: a seeded request
 samples the same tokens alone, in any batch, before or after a CUDA graph replay. Everything is tensor
 ops over the batch ([B] hashes, one [B, V] cumsum and a searchsorted), so the step needs no host sync.
@@ -123,7 +124,7 @@ def sample(logprobs: torch.Tensor, keys: torch.Tensor, counters: torch.Tensor) -
     """One token per row of log π' [B, V], row i drawn with ``counter_uniform(keys[i], counters[i])``;
     ids [B]. A token outside the support (log π' = −inf) is never drawn."""
     u = counter_uniform(keys, counters)  # [B]
-    cdf = logprobs.double().exp().cumsum(dim=-1)  # [B, V] float64
+    cdf = torch.cumsum(logprobs.exp(), dim=-1, dtype=torch.float64)  # [B, V] summed in float64
     target = (u * cdf[:, -1])[:, None]  # [B, 1] strictly inside (0, Σπ')
     tokens = torch.searchsorted(cdf, target, right=True).squeeze(1).clamp(max=logprobs.shape[-1] - 1)  # [B]
     # u · Σ rounding up to Σ would land past the last supported token: take the row's mode instead

@@ -165,6 +165,8 @@ def main(
     if dtype is not None and dtype not in DTYPES:
         raise typer.BadParameter("--dtype is bfloat16 or float32")
     sizes = tuple(int(b) for b in batches.split(","))
+    if device == "cpu" and threads:
+        torch.set_num_threads(threads)
     where = str(announce(device, say=print).device)
     if torch.device(where).type == "cpu" and threads:
         torch.set_num_threads(threads)
