@@ -1,5 +1,6 @@
 # Fresh-machine entry points. Both create and use .venv in the checkout.
 #   make demo  — the main job: async RL end to end in one process (embedded bus, CPU, a few minutes)
+#   make check — the edit loop: lint, types and the unit tier (tests/unit without the `slow` ones), minutes
 #   make test  — install the missing system packages (infra/install-deps.sh; a non-root user is told the command),
 #                start Kafka unless one answers at RLBUS_KAFKA_BOOTSTRAP, then run the whole test suite
 #                (Kafka + Redis tests fail, never skip)
@@ -19,7 +20,7 @@ KAFKA_FIRST := $(firstword $(subst $(comma), ,$(RLBUS_KAFKA_BOOTSTRAP)))
 KAFKA_HOST := $(firstword $(subst :, ,$(KAFKA_FIRST)))
 KAFKA_PORT := $(lastword $(subst :, ,$(KAFKA_FIRST)))
 
-.PHONY: deps venv demo up distributed test lint bench-bus bench-codec images-deps images compose-test kustomize toxiproxy
+.PHONY: deps venv demo up distributed test check kafka lint bench-bus bench-codec images-deps images compose-test kustomize toxiproxy
 
 $(BIN)/rlbus: pyproject.toml tools/pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -63,9 +64,12 @@ kustomize:
 toxiproxy:
 	bash infra/toxiproxy/install.sh
 
-test: deps venv kustomize toxiproxy
+# A Kafka for the tests: the one that answers at RLBUS_KAFKA_BOOTSTRAP, else a local broker started there.
+kafka: venv
 	$(BIN)/python -c 'import socket; socket.create_connection(("$(KAFKA_HOST)", $(KAFKA_PORT)), 2).close()' \
 	  2>/dev/null && echo "Kafka answers at $(KAFKA_FIRST)" || $(BIN)/rlbus kafka start --port $(KAFKA_PORT)
+
+test: deps venv kustomize toxiproxy kafka
 	$(BIN)/python -m pytest -q --durations=15 $(if $(VLLM_TESTS),-m 'not vllm')
 ifneq ($(VLLM_TESTS),)
 	RLBUS_REQUIRE_VLLM=1 $(VLLM_PY) -m pytest -q -p no:cacheprovider -m vllm $(VLLM_TEST_FILES)
@@ -84,8 +88,13 @@ compose-test: images-deps venv
 	$(BIN)/rlbus bench compose --quick --json $(or $(RLBUS_ARTIFACTS),artifacts)/compose.json
 
 lint: venv
-	$(BIN)/ruff check rlbus tests
-	$(BIN)/mypy rlbus
+	$(BIN)/ruff check rlbus tools tests
+	$(BIN)/mypy rlbus tools/rlbus_tools
+
+# The edit loop (target: under 3 minutes on 2 cores): lint, types, and the unit tier without the tests marked
+# `slow` (those run in `make test`). The unit tier's bus and state contracts run on real Kafka too.
+check: lint kafka
+	$(BIN)/python -m pytest -q -p no:cacheprovider -m 'not slow and not vllm' --durations=10 tests/unit
 
 bench-bus: venv
 	$(BIN)/rlbus bench bus --json bench/bus.json
