@@ -1709,6 +1709,16 @@ def bench(
         typer.Option(help="train only: N ≥ 2 runs the trainer on N gloo ranks (FSDP2, CPU) against 1 rank on the "
                           "same batches: tokens/s and memory per rank, publish and checkpoint times, exactness."),
     ] = 1,
+    device: Annotated[
+        str | None,
+        typer.Option(help="codec only: cpu or cuda — encode and decode+apply GB/s at model scale beside the same "
+                          "run's floors (copy, XOR, nonzero, scatter), instead of the corpus comparison."),
+    ] = None,
+    state_gb: Annotated[
+        str | None,
+        typer.Option(help="codec only: state sizes in GB, comma-separated (default 0.27,1.4 and 14 on cuda; "
+                          "--quick: 0.27, SmolLM2-135M's layout)."),
+    ] = None,
 ) -> None:
     """Run a benchmark: prints a short table (with its same-run baseline) and optionally writes JSON."""
     if name not in BENCHMARKS:
@@ -1743,6 +1753,14 @@ def bench(
         kwargs["security"] = security
     if name == "train" and model is not None and world_size == 1:
         raise typer.BadParameter("--model is for the N-rank comparison: add --world-size 2")
+    if device is not None or state_gb is not None:
+        if name != "codec" or device not in (None, "cpu", "cuda"):
+            raise typer.BadParameter("--device cpu|cuda and --state-gb are for the codec benchmark")
+        kwargs["device"] = device
+        try:
+            kwargs["state_gb"] = [float(x) for x in state_gb.split(",")] if state_gb else None
+        except ValueError:
+            raise typer.BadParameter("--state-gb takes sizes in GB, comma-separated (e.g. 0.27,1.4)") from None
     if world_size != 1:
         if name != "train" or world_size < 2:
             raise typer.BadParameter("--world-size N (N ≥ 2) is for the train benchmark")

@@ -226,8 +226,21 @@ def measure_keyframe(state: State, full: int, reps: int, cores: int) -> dict[str
 # ---------------------------------------------------------------------------------------------- run
 
 
-def run(quick: bool, json_path: Path | None) -> dict[str, Any]:
-    """Run the benchmark, print a table, write JSON to ``json_path`` if given; returns the result."""
+def run(
+    quick: bool, json_path: Path | None, device: str | None = None, state_gb: list[float] | None = None
+) -> dict[str, Any]:
+    """Run the benchmark, print a table, write JSON to ``json_path`` if given; returns the result.
+
+    With ``device`` or ``state_gb``: the speed measurement at model scale instead (`rlbus.bench.codec_speed`):
+    SmolLM2-size (0.27 GB) and 1.4 GB states by default (and 14 GB on CUDA), only the first when quick."""
+    if device is not None or state_gb is not None:
+        from rlbus.bench import codec_speed
+
+        device = device or "cpu"
+        sizes = state_gb or ([0.27] if quick else [0.27, 1.4] + ([14.0] if device == "cuda" else []))
+        result = codec_speed.run(device=device, sizes=sizes, quick=quick)
+        write_json(json_path, result)
+        return result
     cores = os.cpu_count() or 1
     saved_threads = torch.get_num_threads()
     lrs = (3e-6,) if quick else LRS
