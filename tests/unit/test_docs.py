@@ -88,6 +88,14 @@ def test_the_generated_reference_pages_are_current() -> None:
     assert not out_of_date, f"stale generated pages {out_of_date}: run `make docs` (python -m rlbus_tools.docs)"
 
 
+def test_the_cli_page_does_not_depend_on_the_terminal_or_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    """CI runs with its own Kafka address and no terminal: the page must come out the same there."""
+    monkeypatch.setenv("COLUMNS", "30")
+    monkeypatch.setenv("RLBUS_KAFKA_BOOTSTRAP", "10.0.0.1:29092")
+    monkeypatch.setenv("RLBUS_REDIS_URL", "redis://10.0.0.1:6390/0")
+    assert PAGES["reference/cli.md"]() == (DOCS / "reference" / "cli.md").read_text()
+
+
 def _nav_pages(node: Any) -> list[str]:
     if isinstance(node, str):
         return [node]

@@ -62,7 +62,7 @@ def _section(path: tuple[str, ...], command: Any, ctx: Any) -> Iterator[str]:
     yield f"{'#' * max(2, len(path))} `{' '.join(path)}` {{#{_anchor(path)}}}"
     yield ""
     yield "```text"
-    yield command.get_usage(ctx).strip()
+    yield f"Usage: {ctx.command_path} {' '.join(command.collect_usage_pieces(ctx))}"  # unwrapped: any $COLUMNS
     yield "```"
     if command.help:
         yield ""
