@@ -11,6 +11,8 @@
 #                 (infra/images/build.sh; as root, it installs Docker and starts dockerd where none runs)
 #   make compose-test — the whole loop in containers, built, run, scaled, a broker killed, checked
 #                 (`rlbus bench compose --quick`; CI runs it)
+#   make docs  — the documentation site: the reference pages generated from the code, then a strict mkdocs build
+#                 into site/ (broken links, missing anchors and pages left out of the nav fail it)
 PYTHON ?= python3.11
 VENV := .venv
 BIN := $(VENV)/bin
@@ -20,7 +22,7 @@ KAFKA_FIRST := $(firstword $(subst $(comma), ,$(RLBUS_KAFKA_BOOTSTRAP)))
 KAFKA_HOST := $(firstword $(subst :, ,$(KAFKA_FIRST)))
 KAFKA_PORT := $(lastword $(subst :, ,$(KAFKA_FIRST)))
 
-.PHONY: deps venv demo up distributed test check kafka lint bench-bus bench-codec images-deps images compose-test kustomize toxiproxy
+.PHONY: deps venv demo up distributed test check kafka lint docs bench-bus bench-codec images-deps images compose-test kustomize toxiproxy
 
 $(BIN)/rlbus: pyproject.toml tools/pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -86,6 +88,13 @@ images: images-deps venv
 compose-test: images-deps venv
 	mkdir -p $(or $(RLBUS_ARTIFACTS),artifacts)
 	$(BIN)/rlbus bench compose --quick --json $(or $(RLBUS_ARTIFACTS),artifacts)/compose.json
+
+# The reference pages under docs/reference/ are generated (tools/rlbus_tools/docs) and committed; a test fails
+# when one differs from what the code renders, so run this after changing a config field, a command or a schema.
+# NO_MKDOCS_2_WARNING silences the theme's banner about its successor (a notice, not a build warning).
+docs: venv
+	$(BIN)/python -m rlbus_tools.docs docs
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict
 
 lint: venv
 	$(BIN)/ruff check rlbus tools tests

@@ -3,7 +3,7 @@
 rlbus gateway (``rlbus serve``), each episode is one RL session, and the harness's own check of the answers
 closes the session with a reward. Needs only ``openai`` (and ``httpx``, which ``openai`` depends on).
 
-The contract (README, "Your harness: the OpenAI client against the model being trained"):
+The contract (docs/harness.md, "The contract"):
 
     base URL  http://HOST:PORT/v1                        the OpenAI client's base_url
     token     Authorization: Bearer <tenant token>       the OpenAI client's api_key; the gateway's tokens

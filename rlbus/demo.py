@@ -24,7 +24,7 @@ task, model, trainer, rollout and reward; always the embedded bus, in-memory sta
 
 A live view shows reward, versions per worker, staleness, delta bytes and swap pauses; at the end the demo
 evaluates the policy again, prints a summary, writes ``summary.json`` and ``demo.png`` into the run
-directory, and (with ``--json``) the figures the README quotes.
+directory, and (with ``--json``) the figures the README and docs/getting-started.md quote.
 
 Accuracy is greedy exact-match on a fixed evaluation set drawn from the task generator with a seed the
 training stream never uses; for single-digit addition the problem space is small (100 problems), so the

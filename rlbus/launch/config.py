@@ -243,14 +243,14 @@ class TrainerSection(msgspec.Struct, **_STRUCT):
     torch_threads: int = 1
     #: Training on served traffic with late user rewards (``[trainer.online]``: enabled, estimator, baseline,
     #: ema, window, max_age_s, max_staleness, release_every_rewards, release_every_s …; see
-    #: `rlbus.training.config.OnlineConfig` and README "Learning from served traffic").
+    #: `rlbus.training.config.OnlineConfig` and docs/online.md).
     online: OnlineConfig = msgspec.field(default_factory=OnlineConfig)
-    #: Ranks the trainer runs on (README "The trainer on N ranks"): 1 = one process; N > 1 = FSDP2 over N
+    #: Ranks the trainer runs on (docs/ranks.md): 1 = one process; N > 1 = FSDP2 over N
     #: processes that `rlbus up` starts with ``torch.distributed.run --nproc-per-node N`` (gloo on CPU, NCCL on
     #: GPU); rank 0 alone is on the bus. ``rlbus worker trainer`` must then run under torchrun with N ranks.
     world_size: int = 1
     #: With world_size > 1: every rank uploads the weight chunks it encoded to the blob store itself (each
-    #: rank's egress, README "The trainer on N ranks"); false: the other ranks hand theirs to rank 0, which
+    #: rank's egress, docs/ranks.md); false: the other ranks hand theirs to rank 0, which
     #: uploads them, and never open the blob store.
     rank_uploads: bool = False
     #: How N ranks shard the model (``[trainer.fsdp]``: param_dtype, reduce_dtype; see
@@ -374,8 +374,9 @@ class JudgeSection(msgspec.Struct, **_STRUCT):
     parse_retries: int = 2
     #: Temperature of those retries (a greedy judge would repeat itself).
     retry_temperature: float = 0.7
-    #: openai: limit of one request, and further attempts after a connection error, timeout, 429 or 5xx.
+    #: openai: limit of one request, in seconds.
     timeout_s: float = 60.0
+    #: openai: further attempts after a connection error, timeout, 429 or 5xx.
     retries: int = 4
     #: The reward source the judgements are published as.
     source: str = "judge"
@@ -410,6 +411,7 @@ class RewardSection(msgspec.Struct, **_STRUCT):
     #: coding environment: `rlbus.envs.swe.monitor`): ``zero`` (0, the default), ``penalty`` (the value less
     #: ``hack_penalty``, not below 0) or ``flag`` (unchanged; only counted and reported).
     hack_policy: Literal["zero", "penalty", "flag"] = "zero"
+    #: With ``hack_policy = "penalty"``: what is taken off the reward, in [0, 1].
     hack_penalty: float = 0.5
 
     def __post_init__(self) -> None:
