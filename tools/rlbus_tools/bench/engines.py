@@ -66,7 +66,7 @@ async def _swap(directory: Path, steps: int, tok: Any, engine_for_rollouts: Any)
     from rlbus.bus.topics import topic_specs
     from rlbus.models.base import weight_tensors
     from rlbus.models.hf import HFCausalLM
-    from rlbus.models.sources import ModelSource
+    from rlbus.models.hf_source import HFSource
     from rlbus.training.batch import Group, sample_from_generation
     from rlbus.training.config import GRPOConfig, OptimConfig
     from rlbus.training.step import build_optimizer, grpo_step
@@ -80,7 +80,7 @@ async def _swap(directory: Path, steps: int, tok: Any, engine_for_rollouts: Any)
         master = HFCausalLM.from_pretrained(directory).train()
         optimizer = build_optimizer(master, OptimConfig(lr=1e-5))
         publisher = WeightPublisher(bus=bus, store=store, model_id="policy", keyframe_every=100)
-        stack = rollout_stack(bus=bus, store=store, model=ModelSource.hf(directory), worker_id="bench-vllm",
+        stack = rollout_stack(bus=bus, store=store, model=HFSource(directory), worker_id="bench-vllm",
                               seed=0, engine="vllm", max_batch=64)
         sync, engine = stack.sync, stack.engine
         assert sync is not None
