@@ -6,8 +6,10 @@ overrides applied), then checks what loading alone does not reach:
 * ``[task]``: the environment exists (an unknown name suggests the closest registered one), is built from
   ``env_config`` (a misspelt field names ``task.env_config.<field>`` and the closest valid one) and draws a
   few prompts from ``seed`` as the prompt producer would;
-* ``[model]``: the source resolves without loading weights: ``path`` is a model directory, ``gguf`` a file,
-  ``name`` a shipped model that is installed, ``checkpoint`` exists; ``device`` is one torch knows;
+* ``[model]``: the source resolves without loading weights, as its kind checks it (`ModelKind.check`: ``path``
+  is a model directory, ``gguf`` a file, ``name`` a shipped model that is installed), ``checkpoint`` exists;
+  ``device`` is one torch knows;
+* ``[rollout]``: the engine kind loads (a user's, through its entry point or import path), and where it runs;
 * ``[reward]``: a ``function`` resolves to a callable (when the config loads); with a judge, the rubric file
   parses (`rlbus.rewards.judge.load_rubric`) and an ``engine`` backend's model resolves as
   ``rlbus generate --model`` would (no backend is built);
@@ -32,6 +34,7 @@ from rlbus.launch.config import (
     DPOSection,
     ModelSection,
     RewardSection,
+    RolloutSection,
     RunConfig,
     TaskSection,
     load_config,
@@ -56,6 +59,7 @@ def check_config(path: Path, environ: Any = None) -> Checked:
     config = load_config(path, environ)
     notes = [check_task(config.task), *check_prompts(config.task), check_model(config.model)]
     notes += check_fit(config)
+    notes.append(check_engine(config.rollout))
     notes += check_reward(config.reward)
     notes += check_dpo(config.dpo)
     return Checked(config, notes)
@@ -163,6 +167,20 @@ def check_model(model: ModelSection) -> str:
             raise ConfigError("model.checkpoint", f"no such file or directory: {model.checkpoint}")
         return f"model: checkpoint {model.checkpoint} exists"
     return model_kind(model.kind).check(model.options)
+
+
+def check_engine(rollout: RolloutSection) -> str:
+    """``[rollout] engine``: the engine kind loads (an entry point or import path of a user's package included),
+    and which Python environment its rollout workers run in (`EngineKind.python`)."""
+    from rlbus.engines.kinds import engine_kind
+
+    kind = engine_kind(rollout.engine)
+    try:
+        python = kind.python()
+    except ConfigError as exc:
+        return f"rollout: engine {rollout.engine!r} loads, but its environment is missing here: {exc.problem}"
+    where = "this Python environment" if python is None else f"the environment of {python}"
+    return f"rollout: engine {rollout.engine!r} loads; its rollout workers run in {where}"
 
 
 def check_reward(reward: RewardSection) -> list[str]:

@@ -20,7 +20,7 @@ Tables (each optional; defaults equal ``rlbus demo``'s, so a file with only ``[b
     [dpo]      the offline preference stage before RL: data, eval_data, task_pairs, gate_accuracy …
     [dpo.train]  how it trains: steps (0: no stage), beta, loss, lr, batch_size …
                (rlbus.training.config.DPOConfig)
-    [rollout]  temperature, prompts_in_flight, max_batch …
+    [rollout]  temperature, prompts_in_flight, max_batch, engine (a registered engine: rlbus.engines.kinds) …
     [reward]   kind = "verifier" | "judge" | "both", concurrency, function (a user's reward function by import
                path, in the verifier's place); [reward.judge] the LM judge (rubric, backend …)
     [run]      run_dir (the run log), namespace (prefix of topics, groups and Redis keys), metrics_port,
@@ -50,6 +50,7 @@ from typing import Any, Literal
 import msgspec
 
 from rlbus.config import KafkaBusConfig, did_you_mean, parse, secret_from
+from rlbus.engines.kinds import ENGINES
 from rlbus.errors import ConfigError
 from rlbus.models.config import DEMO_SHAPE
 from rlbus.models.kinds import model_kind
@@ -317,9 +318,11 @@ class RolloutSection(msgspec.Struct, **_STRUCT):
     episode_threads: int = 64
     #: torch intra-op threads.
     torch_threads: int = 1
-    #: Inference engine: ``torch`` (in-process, the project's environment) or ``vllm`` (vLLM in its own
-    #: environment, ``make vllm-env``: `rlbus up` starts these workers with its python; needs an HF model).
-    engine: Literal["torch", "vllm"] = "torch"
+    #: Inference engine (`rlbus.engines.kinds`): ``torch`` (in-process, the project's environment), ``vllm``
+    #: (vLLM in its own environment, ``make vllm-env``: `rlbus up` starts these workers with its python; needs
+    #: an HF model), the name of an installed package's ``rlbus.engines`` entry point, or a user's engine kind
+    #: by import path (``"mypkg.engines:MyEngine"``). Checked by name when the config loads (nothing imported).
+    engine: str = "torch"
     #: torch engine: tokens of finished rows' keys/values kept for prompts that extend them
     #: (`rlbus.engines.prefix`): a multi-turn episode's next turn prefills only what it added. 0 = off;
     #: SmolLM2 in bf16 holds 23 KB a token (30 layers × K, V × 3 heads × 64), so 65536 tokens take 1.5 GB.
@@ -332,6 +335,7 @@ class RolloutSection(msgspec.Struct, **_STRUCT):
                 raise ValueError(f"{name} must be > 0")
         if self.prefix_cache_tokens < 0:
             raise ValueError("prefix_cache_tokens must be >= 0")
+        ENGINES.require(self.engine)
 
 
 class JudgeSection(msgspec.Struct, **_STRUCT):

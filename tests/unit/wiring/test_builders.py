@@ -128,10 +128,10 @@ def test_the_entry_points_wire_through_the_builders(module: str) -> None:
     assert by_hand == [], f"{module} constructs {by_hand} itself: use rlbus.wiring"
 
 
-#: Where each engine class may be constructed: the torch chain's one builder (and the vLLM rollout stack's
+#: Where each engine class may be constructed: the torch chain's one builder (and the vLLM engine kind's
 #: batching engine, over vLLM).
 ENGINE_BUILDERS = {"TorchEngine": {"rlbus/engines/torch_stack.py"},
-                   "BatchingEngine": {"rlbus/engines/torch_stack.py", "rlbus/wiring/rollout.py"}}
+                   "BatchingEngine": {"rlbus/engines/torch_stack.py", "rlbus/engines/vllm_kind.py"}}
 
 
 def test_the_torch_chain_is_built_in_one_place() -> None:

@@ -102,8 +102,8 @@ async def _swap(directory: Path, steps: int, tok: Any, engine_for_rollouts: Any)
             manifest = await publisher.publish(weight_tensors(master), version=2 + step)
             await sync.handle(manifest)
             stats = sync.history[-1]
-            push = engine.pushes[-1]  # type: ignore[union-attr]
-            bit_exact = engine.received_digest() == manifest.model_digest  # type: ignore[union-attr]
+            push = engine.pushes[-1]
+            bit_exact = engine.received_digest() == manifest.model_digest
             versions.append({
                 "version": manifest.version, "train_step_s": train_s, "bytes_fetched": stats.bytes_fetched,
                 "stage_s": stats.stage_s, "swap_pause_ms": stats.swap_pause_s * 1000, "verify_s": stats.verify_s,
@@ -111,7 +111,7 @@ async def _swap(directory: Path, steps: int, tok: Any, engine_for_rollouts: Any)
                 "tensors_total": len(sync.state), "bit_exact": bit_exact,
                 "refused": [r for v, r in sync.refused if v == manifest.version],
             })
-        engine.close()  # type: ignore[union-attr]
+        engine.close()
     await bus.close()
     return {"versions": versions}
 
