@@ -10,9 +10,9 @@ overrides applied), then checks what loading alone does not reach:
   is a model directory, ``gguf`` a file, ``name`` a shipped model that is installed), ``checkpoint`` exists;
   ``device`` is one torch knows;
 * ``[rollout]``: the engine kind loads (a user's, through its entry point or import path), and where it runs;
-* ``[reward]``: a ``function`` resolves to a callable (when the config loads); with a judge, the rubric file
-  parses (`rlbus.rewards.judge.load_rubric`) and an ``engine`` backend's model resolves as
-  ``rlbus generate --model`` would (no backend is built);
+* ``[reward]``: every scorer named loads and checks what it will use (`Scorer.check`): a ``function`` resolves
+  to a callable (when the config loads); with a judge, the rubric file parses (`rlbus.rewards.judge.load_rubric`)
+  and an ``engine`` backend's model resolves as ``rlbus generate --model`` would (no backend is built);
 * ``[dpo]``: the preference files named exist.
 
 The first problem raises a `ConfigError` naming the field. `render_toml` prints the resolved config, every
@@ -184,50 +184,21 @@ def check_engine(rollout: RolloutSection) -> str:
 
 
 def check_reward(reward: RewardSection) -> list[str]:
-    """``[reward]``: the reward function (imported when the config loaded) is named; a judge's rubric parses and
-    an engine backend's model resolves; no backend is built."""
-    functions = [f"reward: function {reward.function} is callable as score(prompt, completion, reference)"] \
-        if reward.function is not None else []
-    if reward.kind == "verifier":
-        return functions
-    from rlbus.rewards.judge import load_rubric
+    """``[reward]``: each scorer it names loads (a user's through its entry point or import path) and checks what
+    it will use, without being built (`Scorer.check`: the reward function is callable, a judge's rubric parses
+    and an engine backend's model resolves)."""
+    from rlbus.rewards.scorers import SCORERS, ScorerContext, scorer_config
 
-    judge = reward.judge
-    try:
-        rubric = load_rubric(judge.rubric)
-    except ConfigError as exc:
-        raise ConfigError("reward.judge.rubric", f"{exc.field}: {exc.problem}") from None
-    notes = [*functions, f"reward: rubric {judge.rubric} parses ({len(rubric.dimensions)} dimensions)"]
-    if judge.backend == "engine":
-        notes.append(f"reward: judge model {_judge_model(judge.model)}")
+    context, notes = ScorerContext(function=reward.function), []
+    for name in reward.scorer_names():
+        scorer = SCORERS.get(name)
+        if name not in SCORERS.builtin:
+            notes.append(f"reward: scorer {name!r} loads ({scorer.__module__}:{scorer.__qualname__})")
+        try:
+            notes += scorer.check(scorer_config(name, reward.table(name)), context)
+        except ConfigError as exc:
+            raise ConfigError(f"reward.{name}.{exc.field}", exc.problem) from None
     return notes
-
-
-def _judge_model(text: str) -> str:
-    """How ``[reward.judge] model`` resolves for the engine backend (`rlbus.models.sources.parse_model`'s
-    rules, without loading or converting anything)."""
-    from rlbus.models.sources import SHIPPED, model_dir, shipped_gguf
-
-    presets = ("tiny", "bench", "demo")
-    if text in presets:
-        return f"{text} (an in-house policy preset)"
-    if text in SHIPPED:
-        try:
-            return f"{text} (shipped, installed at {shipped_gguf(text)})"
-        except ConfigError as exc:
-            raise ConfigError("reward.judge.model", exc.problem) from None
-    if text.endswith(".gguf"):
-        if not Path(text).expanduser().is_file():
-            raise ConfigError("reward.judge.model", f"no such file: {text}")
-        return f"{text} (a GGUF file)"
-    if Path(text).expanduser().is_dir():
-        try:
-            return f"{model_dir(path=text)} (a model directory)"
-        except ConfigError as exc:
-            raise ConfigError("reward.judge.model", exc.problem) from None
-    names = [*presets, *SHIPPED]
-    raise ConfigError("reward.judge.model", f"{text!r}{did_you_mean(text, names)} is none of: {', '.join(names)}, "
-                      "a model directory, a .gguf file")
 
 
 def check_dpo(dpo: DPOSection) -> list[str]:

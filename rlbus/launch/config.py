@@ -21,8 +21,9 @@ Tables (each optional; defaults equal ``rlbus demo``'s, so a file with only ``[b
     [dpo.train]  how it trains: steps (0: no stage), beta, loss, lr, batch_size …
                (rlbus.training.config.DPOConfig)
     [rollout]  temperature, prompts_in_flight, max_batch, engine (a registered engine: rlbus.engines.kinds) …
-    [reward]   kind = "verifier" | "judge" | "both", concurrency, function (a user's reward function by import
-               path, in the verifier's place); [reward.judge] the LM judge (rubric, backend …)
+    [reward]   kind = "verifier" | "judge" | "both" | a user's scorer (rlbus.rewards.scorers), scorers (several),
+               concurrency, function (a user's reward function by import path, in the verifier's place);
+               [reward.judge] the LM judge (rubric, backend …); [reward.<name>] a user scorer's own table
     [run]      run_dir (the run log), namespace (prefix of topics, groups and Redis keys), metrics_port,
                heartbeat_s, claim_threshold_bytes
 
@@ -54,6 +55,8 @@ from rlbus.engines.kinds import ENGINES
 from rlbus.errors import ConfigError
 from rlbus.models.config import DEMO_SHAPE
 from rlbus.models.kinds import model_kind
+from rlbus.rewards.judge.scorer import JudgeConfig
+from rlbus.rewards.scorers import ALIASES, SCORERS, expand, scorer_config
 from rlbus.training.config import DPOConfig, FSDPConfig, GRPOConfig, OnlineConfig
 
 ENV_BOOTSTRAP = "RLBUS_KAFKA_BOOTSTRAP"
@@ -338,63 +341,27 @@ class RolloutSection(msgspec.Struct, **_STRUCT):
         ENGINES.require(self.engine)
 
 
-class JudgeSection(msgspec.Struct, **_STRUCT):
-    """The LM judge of a reward worker with ``kind = "judge"`` or ``"both"`` (`rlbus.rewards.judge`)."""
-
-    #: The rubric: a TOML file of weighted dimensions (``infra/rlbus/rubrics/*.toml``).
-    rubric: str = ""
-    #: ``engine`` (a local model in the torch engine) or ``openai`` (any OpenAI-compatible endpoint).
-    backend: Literal["engine", "openai"] = "engine"
-    #: engine: a shipped model, model directory or .gguf (like ``rlbus generate --model``); openai: the
-    #: model name sent in each request.
-    model: str = "smollm2-135m-instruct"
-    #: engine: where the judge model runs (``cpu``, ``cuda``, ``auto``).
-    device: str = "cpu"
-    #: openai: the endpoint's root (``http://host:8000``) or its ``/v1`` path.
-    base_url: str | None = None
-    #: openai: a file holding the API key (a mounted secret); else ``$<api_key_env>``; neither: no key.
-    api_key_file: str | None = None
-    #: openai: the environment variable holding the API key when no file is given.
-    api_key_env: str = "RLBUS_JUDGE_API_KEY"
-    #: Tokens the judge may write per dimension.
-    max_tokens: int = 128
-    #: Text the judge's reply starts with, e.g. ``"SCORE: "`` so a small model writes the number at once (then
-    #: keep max_tokens small, 4); "" lets the judge explain first. openai: sent as a final assistant message
-    #: to continue (vLLM's ``continue_final_message``; the endpoint must support it).
-    prefill: str = ""
-    #: Sampling temperature of a first judgement (0: greedy).
-    temperature: float = 0.0
-    #: Times an unreadable or out-of-range score is asked again before the judgement is published invalid.
-    parse_retries: int = 2
-    #: Temperature of those retries (a greedy judge would repeat itself).
-    retry_temperature: float = 0.7
-    #: openai: limit of one request, and further attempts after a connection error, timeout, 429 or 5xx.
-    timeout_s: float = 60.0
-    retries: int = 4
-    #: The reward source the judgements are published as.
-    source: str = "judge"
-
-    def __post_init__(self) -> None:
-        if self.max_tokens < 1 or self.parse_retries < 0 or self.retries < 0:
-            raise ValueError("max_tokens must be ≥ 1, parse_retries and retries ≥ 0")
-        if self.temperature < 0 or self.retry_temperature < 0 or self.timeout_s <= 0:
-            raise ValueError("temperature and retry_temperature must be ≥ 0, timeout_s > 0")
-        if self.backend == "openai" and not self.base_url:
-            raise ValueError("base_url is needed for backend = \"openai\"")
-        if not self.source or self.source == "verifier":
-            raise ValueError(f"source {self.source!r} must be a name other than \"verifier\"")
+#: ``[reward.judge]``: the judge scorer's own table (`rlbus.rewards.judge.scorer.JudgeConfig`).
+JudgeSection = JudgeConfig
 
 
 class RewardSection(msgspec.Struct, **_STRUCT):
-    """Reward workers."""
+    """Reward workers: which scorers (`rlbus.rewards.scorers`) score each rollout, and how."""
 
-    #: ``verifier`` (the prompt's environment scores it), ``judge`` (the LM judge of ``[reward.judge]``)
-    #: or ``both`` (each rollout gets both rewards; the trainer's ``reward_sources`` say which it waits for).
-    kind: Literal["verifier", "judge", "both"] = "verifier"
+    #: What the reward workers score with, and their consumer group (``reward-<kind>``): ``verifier`` (the
+    #: prompt's environment scores it), ``judge`` (the LM judge of ``[reward.judge]``), ``both`` (each rollout
+    #: gets both rewards; the trainer's ``reward_sources`` say which it waits for), or a user's scorer — an
+    #: installed package's ``rlbus.scorers`` entry point, or ``"mypkg.rewards:MyScorer"``. With ``scorers``,
+    #: only the group's name.
+    kind: str = "verifier"
+    #: Several scorers for one worker, each rollout scored by all of them concurrently (``["verifier",
+    #: "length"]``); [] scores with what ``kind`` names. With scorers, give ``kind`` a name of its own (the
+    #: group ``reward-<kind>``), unless it names the same scorers.
+    scorers: list[str] = msgspec.field(default_factory=list)
     #: Rollouts scored at once.
     concurrency: int = 8
-    #: The LM judge (kind = "judge" or "both").
-    judge: JudgeSection = msgspec.field(default_factory=JudgeSection)
+    #: The LM judge (when ``judge`` scores: kind = "judge" or "both").
+    judge: JudgeConfig = msgspec.field(default_factory=JudgeConfig)
     #: A user's reward function by import path, ``"mypkg.rewards:score"``: ``score(prompt, completion,
     #: reference) -> float`` (or async), scoring in the environment's place (kind = "verifier" or "both"; the
     #: reward's source stays ``verifier``). Imported when the config is loaded, so every process needs the
@@ -405,18 +372,44 @@ class RewardSection(msgspec.Struct, **_STRUCT):
     #: ``hack_penalty``, not below 0) or ``flag`` (unchanged; only counted and reported).
     hack_policy: Literal["zero", "penalty", "flag"] = "zero"
     hack_penalty: float = 0.5
+    #: A user scorer's own table, written ``[reward.<name>]`` (parsed into its ``config_type`` when the config
+    #: loads; errors name ``reward.<name>.<field>``).
+    options: dict[str, dict[str, Any]] = msgspec.field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.hack_penalty <= 1.0:
             raise ConfigError("reward.hack_penalty", "must be in [0, 1] (rewards are in [0, 1])")
-        if self.kind != "verifier" and not self.judge.rubric:
-            raise ConfigError("reward.judge.rubric", f'kind = "{self.kind}" needs a rubric file')
+        field = "reward.scorers" if self.scorers else "reward.kind"
+        names = self.scorer_names()
+        if len(set(names)) < len(names):
+            raise ConfigError(field, f"names a scorer twice: {names}")
+        for name in names:
+            SCORERS.require(name, field=field)
+        if self.scorers and (SCORERS.knows(self.kind) or self.kind in ALIASES) and expand([self.kind]) != names:
+            raise ConfigError("reward.kind", f"names the scorers {expand([self.kind])}, not {names}: give the worker "
+                              f"a kind of its own (its consumer group is reward-<kind>), e.g. kind = "
+                              f"\"{'-'.join(names)}\"")
+        for name in self.options:
+            if name not in names:
+                raise ConfigError(f"reward.{name}", f"a table of the scorer {name!r}, which does not score here "
+                                  f"(scorers: {', '.join(names)})")
+        for name in names:
+            scorer_config(name, self.table(name), field=field)
         if self.function is not None:
-            if self.kind == "judge":
+            if "verifier" not in names:
                 raise ConfigError("reward.function", 'replaces the verifier: only with kind = "verifier" or "both"')
             from rlbus.rewards.function import RewardFunction
 
             RewardFunction.load(self.function)
+
+    def scorer_names(self) -> list[str]:
+        """The scorers each rollout is scored with: ``scorers``, else what ``kind`` names."""
+        return expand(self.scorers or [self.kind])
+
+    def table(self, name: str) -> Any:
+        """Scorer ``name``'s table: a built-in scorer's declared struct (``judge``), else ``[reward.<name>]``."""
+        declared = getattr(self, name) if name in self.__struct_fields__ else None
+        return declared if isinstance(declared, msgspec.Struct) else self.options.get(name, {})
 
 
 class ServeSection(msgspec.Struct, **_STRUCT):
@@ -599,6 +592,7 @@ def config_from_dict(raw: Mapping[str, Any], environ: Mapping[str, str]) -> RunC
         if _given(tables, name):
             raise ConfigError(name, f"not a setting: {why}")
     model = tables.pop("model")
+    tables["reward"] = _scorer_tables(tables["reward"])
     sections = {name: parse(SECTIONS[name], data, prefix=name) for name, data in tables.items()}
     return RunConfig(model=_model_section(model), **sections)
 
@@ -625,6 +619,19 @@ def _model_section(table: dict[str, Any]) -> ModelSection:
     return msgspec.structs.replace(section, options=options)
 
 
+def _scorer_tables(table: dict[str, Any]) -> dict[str, Any]:
+    """``[reward]`` with the ``[reward.<name>]`` tables of the scorers it names moved into ``options``."""
+    kind, scorers = table.get("kind", "verifier"), table.get("scorers") or []
+    if not (isinstance(kind, str) and isinstance(scorers, list)):
+        return table  # the struct names the field
+    names = set(expand([str(name) for name in scorers] or [kind]))
+    own = {name: table.pop(name) for name in list(table)
+           if name in names and name not in RewardSection.__struct_fields__ and isinstance(table[name], dict)}
+    if own:
+        table["options"] = {**table.get("options", {}), **own}
+    return table
+
+
 def to_tables(config: RunConfig) -> dict[str, Any]:
     """The TOML tables of ``config`` (the inverse of `config_from_dict`; ``[model]`` flat)."""
     tables: dict[str, Any] = msgspec.to_builtins(config)
@@ -635,6 +642,7 @@ def to_tables(config: RunConfig) -> dict[str, Any]:
         for part in parents:
             table = table[part]
         table.pop(name)
+    tables["reward"].update(tables["reward"].pop("options"))  # back to [reward.<name>]
     tables.pop("model")
     model = config.model
     tables["model"] = {"kind": model.kind, **({"checkpoint": model.checkpoint} if model.checkpoint else {}),

@@ -147,3 +147,16 @@ class HFKind(ModelKind):
         from rlbus.models.sources import SHIPPED
 
         return [*SHIPPED, "a model directory", "a .gguf file"]
+
+    def checked_name(self, text: str) -> str | None:
+        from rlbus.models.sources import SHIPPED, model_dir, shipped_gguf
+
+        if text in SHIPPED:
+            return f"{text} (shipped, installed at {shipped_gguf(text)})"
+        if text.endswith(".gguf"):
+            if not Path(text).expanduser().is_file():
+                raise ConfigError("model", f"no such file: {text}")
+            return f"{text} (a GGUF file)"
+        if Path(text).expanduser().is_dir():
+            return f"{model_dir(path=text)} (a model directory)"
+        return None

@@ -140,6 +140,11 @@ class ModelKind(abc.ABC):
         """The names `named` knows (for the error that lists them)."""
         return []
 
+    def checked_name(self, text: str) -> str | None:
+        """What `named` would make of ``text``, checked without loading or converting anything (``rlbus config
+        check``'s words for it); None if ``text`` is not one of this kind's names."""
+        return None
+
     def known_context(self, options: Any) -> tuple[ChatFormat, int] | None:
         """The chat format and context length (tokens) when both are known without loading the model (the
         byte-level policy), so ``rlbus config check`` can tell whether prompts fit; None otherwise."""

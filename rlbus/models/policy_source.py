@@ -116,6 +116,9 @@ class PolicyKind(ModelKind):
     def names(self) -> list[str]:
         return list(PRESETS)
 
+    def checked_name(self, text: str) -> str | None:
+        return f"{text} (an in-house policy preset)" if text in PRESETS else None
+
     def known_context(self, options: PolicyConfig | None) -> tuple[ChatFormat, int] | None:
         if options is None:
             return None

@@ -45,8 +45,9 @@ from typing import TYPE_CHECKING, Any
 import torch
 import xxhash
 
+from rlbus.config import did_you_mean
 from rlbus.errors import ConfigError
-from rlbus.models.kinds import MODELS, ModelSource, model_kind
+from rlbus.models.kinds import MODELS, ModelKind, ModelSource, model_kind
 
 if TYPE_CHECKING:
     from rlbus.models.base import TrainableLM
@@ -217,10 +218,27 @@ def parse_model(text: str, *, device: str = "cpu", progress: Callable[[str], Non
     ``demo`` (in-house policy presets), a shipped HF model's name (``smollm2-135m-instruct``), a model
     directory, a ``.gguf`` file, or a name a user's kind knows."""
     names: list[str] = []
-    for name in [*MODELS.builtin, *sorted(MODELS.entry_points().keys() - MODELS.builtin.keys())]:
-        kind = model_kind(name)
+    for kind in _kinds():
         source = kind.named(text, device=device, progress=progress)
         if source is not None:
             return source
         names += kind.names()
     raise ConfigError("model", f"{text!r} is none of: {', '.join(names)}")
+
+
+def check_model_name(text: str) -> str:
+    """What `parse_model` would make of ``text``, checked without loading or converting anything
+    (`ModelKind.checked_name`); ConfigError naming ``model`` when no kind knows it."""
+    names: list[str] = []
+    for kind in _kinds():
+        said = kind.checked_name(text)
+        if said is not None:
+            return said
+        names += kind.names()
+    raise ConfigError("model", f"{text!r}{did_you_mean(text, names)} is none of: {', '.join(names)}")
+
+
+def _kinds() -> list[ModelKind]:
+    """The model kinds, built-in ones first in the order they registered, then installed packages'."""
+    names = [*MODELS.builtin, *sorted(MODELS.entry_points().keys() - MODELS.builtin.keys())]
+    return [model_kind(name) for name in names]

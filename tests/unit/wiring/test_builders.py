@@ -112,7 +112,8 @@ async def test_a_reward_worker_scores_with_the_run_configs_settings() -> None:
         "verifier", "reward-verifier", "reward-a", 3)
     prompt = generate_prompts("arith", seed=0, n=1, config={"digits": 1})[0]
     episode = await reference_episode(env_for(prompt), prompt, chat=ChatFormat.for_byte_tokenizer())  # type: ignore[arg-type]
-    assert (await worker.score(episode_to_rollout(episode, prompt=prompt, group_index=0))).value == 1.0
+    [reward] = await worker.score(episode_to_rollout(episode, prompt=prompt, group_index=0))
+    assert reward.value == 1.0
 
 
 #: Classes only the builders construct: an entry point that builds one by hand is a second wiring.
