@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from rlbus.errors import RlbusError
+from rlbus.errors import ConfigError, RlbusError
 
 if TYPE_CHECKING:
     from rlbus.launch.config import RunConfig
@@ -112,8 +112,8 @@ def _in_engine_env(engine: str) -> None:
 
     try:
         kind = engine_kind(engine, field="--engine")
-    except RlbusError as exc:
-        raise typer.BadParameter(str(exc), param_hint="--engine") from None
+    except ConfigError as exc:
+        raise typer.BadParameter(exc.problem, param_hint="--engine") from None
     if kind.available():
         return
     try:
