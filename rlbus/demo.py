@@ -308,7 +308,7 @@ class Demo:
         torch.manual_seed(c.seed)
         # One job at a time: the warm start and the evaluations of a real model use every core. The in-house
         # policy's matmuls are too small to gain from threads (and its warm start's bits would change).
-        cores = (os.cpu_count() or 1) if self.source.kind == "hf" else 1
+        cores = (os.cpu_count() or 1) if self.source.threaded else 1
         torch.set_num_threads(cores)
         episode_threads(run.rollout.episode_threads)
         eval_prompts = self.eval_prompts()

@@ -11,12 +11,13 @@ from typer.testing import CliRunner
 
 from rlbus.errors import ConfigError
 from rlbus.models.config import DEMO_SHAPE, PolicyConfig
-from rlbus.models.sources import ModelSource, parse_model
+from rlbus.models.policy_source import PolicySource
+from rlbus.models.sources import parse_model
 
 
 def test_a_policy_source_builds_the_byte_model() -> None:
     source = parse_model("demo")
-    assert source == ModelSource.policy(DEMO_SHAPE) and source.label == "policy"
+    assert source == PolicySource(DEMO_SHAPE) and source.label == "policy"
     model = source.build(torch.bfloat16, seed=3)
     assert next(model.parameters()).dtype == torch.bfloat16
     again = source.build(torch.bfloat16, seed=3)

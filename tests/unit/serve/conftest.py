@@ -32,10 +32,10 @@ class Running:
 
 @pytest.fixture
 async def gateway(tiny_hf_dir: Path) -> AsyncIterator[Running]:
-    from rlbus.models.sources import ModelSource
+    from rlbus.models.hf_source import HFSource
 
     async with MemoryBus(topic_specs()) as bus:
-        stack = serve_stack(bus=bus, source=ModelSource.hf(tiny_hf_dir), tenants=Tenants(TOKENS),
+        stack = serve_stack(bus=bus, source=HFSource(tiny_hf_dir), tenants=Tenants(TOKENS),
                             model_name="tiny", max_staleness=2, max_open_sessions=4, default_max_tokens=16)
         stop = asyncio.Event()
         task = asyncio.create_task(stack.gateway.run(stop, "127.0.0.1", 0))
