@@ -74,8 +74,22 @@ def json_constraint(schema: Mapping[str, Any] | None = None) -> Constraint:
 def tool_call_constraint(tools: Sequence[Mapping[str, Any]], *, name: str | None = None,
                          parallel: bool = True) -> Constraint:
     """One (``parallel`` False) or more Hermes tool calls and nothing else, each
-    ``<tool_call>\\n{"name": …, "arguments": {…}}\\n</tool_call>`` with the arguments following the named
+    ``<tool_call>\n{"name": …, "arguments": {…}}\n</tool_call>`` with the arguments following the named
     tool's parameter schema; ``name`` restricts them to that tool. ``tools`` are OpenAI function tools."""
+    return Constraint("lark", f"start: calls\n{_calls_rules(tools, name, parallel)}")
+
+
+def json_or_calls(schema: Mapping[str, Any] | None, tools: Sequence[Mapping[str, Any]], *,
+                  parallel: bool = True) -> Constraint:
+    """A JSON value following ``schema`` (None: any object) or tool calls as `tool_call_constraint` makes
+    them: ``response_format`` json with tools the model may still call."""
+    answer = {"x-guidance": JSON_OPTIONS, **(dict(schema) if schema is not None else {"type": "object"})}
+    return Constraint("lark", f"start: answer | calls\nanswer: %json {json.dumps(answer)}\n"
+                              f"{_calls_rules(tools, None, parallel)}")
+
+
+def _calls_rules(tools: Sequence[Mapping[str, Any]], name: str | None, parallel: bool) -> str:
+    """Lark rules ``calls`` / ``call`` / ``body`` for Hermes tool calls (`tool_call_constraint`)."""
     functions = [t.get("function", t) for t in tools]
     if name is not None:
         functions = [f for f in functions if f.get("name") == name]
@@ -87,8 +101,8 @@ def tool_call_constraint(tools: Sequence[Mapping[str, Any]], *, name: str | None
     } for f in functions]
     schema = {"x-guidance": JSON_OPTIONS, **(calls[0] if len(calls) == 1 else {"anyOf": calls})}
     repeat = ' ("\\n" call)*' if parallel else ""
-    return Constraint("lark", f'start: call{repeat}\ncall: "<tool_call>\\n" body "\\n</tool_call>"\n'
-                              f"body: %json {json.dumps(schema)}\n")
+    return (f'calls: call{repeat}\ncall: "<tool_call>\\n" body "\\n</tool_call>"\n'
+            f"body: %json {json.dumps(schema)}\n")
 
 
 def words(n_vocab: int) -> int:

@@ -83,8 +83,10 @@ from typing import Any
 from aiohttp import web
 
 from rlbus.bus.base import Bus
+from rlbus.bus.namespace import NamespacedBus
 from rlbus.bus.topics import REWARDS, ROLLOUTS
 from rlbus.engines.base import Engine, GenerationRequest, GenerationResult
+from rlbus.engines.constraints import Constraint, Grammars
 from rlbus.envs.chat import ChatFormat
 from rlbus.errors import ApiError, BusError
 from rlbus.exposure import BearerAuth, check_bind, is_loopback, load_token
@@ -116,6 +118,18 @@ MAX_BODY_BYTES = 1024 * 1024
 _SESSION_ID = re.compile(r"^[A-Za-z0-9_.:\-]{1,128}$")
 
 
+def cluster_topic(bus: Bus, name: str) -> str:
+    """The name a topic has on the cluster: ``name`` under every namespace ``bus`` wraps it in (a receipt
+    names where the record really is)."""
+    while True:
+        if isinstance(bus, NamespacedBus):
+            name = bus.outer(name)
+        inner = getattr(bus, "inner", None)
+        if not isinstance(inner, Bus):
+            return name
+        bus = inner
+
+
 class Gateway:
     def __init__(
         self,
@@ -142,12 +156,15 @@ class Gateway:
         connect: Callable[[], Awaitable[None]] | None = None,
         clock: Callable[[], float] = time.time,
         metrics_token: str | None = None,
+        grammars: Grammars | None = None,
     ) -> None:
         """``recorder`` writes ``rl.served.v1``, ``rollouts`` the rollouts of completions recorded as rollouts
         (both buffered), ``bus`` takes session rollouts and rewards (acknowledged before the 202). Without a
         ``bus`` sessions cannot be closed; without a recorder nothing is recorded. ``connect`` starts a bus
         that was not started (it may be down), before a session is published. ``metrics_token`` (else the
-        configured metrics token, read by `run`) opens the operator routes (module docstring, Access)."""
+        configured metrics token, read by `run`) opens the operator routes (module docstring, Access).
+        ``grammars``: the engine's constrained decoding (`rlbus.engines.constraints`); None refuses requests
+        that need it (``tool_choice`` required or named, ``response_format`` json)."""
         self.engine = engine
         self.chat = chat
         self.tenants = tenants
@@ -181,6 +198,7 @@ class Gateway:
         self.address: tuple[str, int] | None = None
         self.listening = asyncio.Event()
         self.metrics_token = metrics_token
+        self.grammars = grammars
         self._operator_auth: BearerAuth | None = None
         self._operator_open = False  # set by run: no metrics token and a loopback bind
 
@@ -331,10 +349,11 @@ class Gateway:
     async def _session_info(self, request: web.Request) -> web.Response:
         tenant = self.tenants.tenant_of(request.headers.get("Authorization"))
         session = self.sessions.owned(request.match_info["session_id"], tenant)
-        seq = session.sequence
+        parts = session.segments()
         return json_response(200, {
-            "session_id": session.session_id, "task": session.task, "turns": len(session.request_ids),
-            "tokens": 0 if seq is None else len(seq.ids), "sampled_tokens": 0 if seq is None else sum(seq.mask),
+            "session_id": session.session_id, "task": session.task, "turns": len(session.sampled),
+            "segments": len(parts), "tokens": sum(len(p.ids) for p in parts),
+            "sampled_tokens": sum(sum(p.mask) for p in parts),
             "history_edits": session.edits, "oldest_version": session.oldest_version,
             "request_ids": session.request_ids,
         })
@@ -370,18 +389,21 @@ class Gateway:
             raise ApiError(503, f"bus unavailable: {exc or 'no acknowledgement in time'}", type="server_error",
                            code="bus_unavailable", retry_after_s=5) from None
         self.sessions.close(session.session_id)
-        log.info("session %s closed: rollout at %s[%d]@%d (%d tokens, %d sampled), reward %.3f (%s)",
-                 session.session_id, at_rollout.topic, at_rollout.partition, at_rollout.offset,
-                 rollout.token_ids.numel, int(sum(session.sequence.mask)) if session.sequence else 0,
-                 reward.value, reward.source,
-                 extra={"rollout_id": rollout.rollout_id, "topic": at_rollout.topic,
-                        "partition": at_rollout.partition, "offset": at_rollout.offset})
+        rollout_topic = cluster_topic(self._bus, at_rollout.topic)
+        reward_topic = cluster_topic(self._bus, at_reward.topic)
+        sampled = int(rollout.loss_mask.to_numpy().sum())
+        log.info("session %s closed: rollout at %s[%d]@%d (%d tokens, %d sampled, %d turns in %d segments), "
+                 "reward %.3f (%s)", session.session_id, rollout_topic, at_rollout.partition, at_rollout.offset,
+                 rollout.token_ids.numel, sampled, len(session.sampled), len(session.segments()), reward.value,
+                 reward.source, extra={"rollout_id": rollout.rollout_id, "topic": rollout_topic,
+                                       "partition": at_rollout.partition, "offset": at_rollout.offset})
         return json_response(202, {
             "rollout_id": rollout.rollout_id, "prompt_id": rollout.prompt_id,
-            "tokens": rollout.token_ids.numel, "sampled_tokens": int(rollout.loss_mask.to_numpy().sum()),
-            "rollout": {"topic": at_rollout.topic, "partition": at_rollout.partition, "offset": at_rollout.offset},
+            "tokens": rollout.token_ids.numel, "sampled_tokens": sampled,
+            "turns": int(rollout.metadata["turns"]), "segments": int(rollout.metadata["segments"]),
+            "rollout": {"topic": rollout_topic, "partition": at_rollout.partition, "offset": at_rollout.offset},
             "reward": {"reward_id": reward.reward_id, "value": reward.value, "source": reward.source,
-                       "topic": at_reward.topic, "partition": at_reward.partition, "offset": at_reward.offset},
+                       "topic": reward_topic, "partition": at_reward.partition, "offset": at_reward.offset},
         })
 
     # -- a completion ------------------------------------------------------------------------------------
@@ -407,40 +429,60 @@ class Gateway:
             self.admission.check(served_version=self.engine.policy_version,
                                  oldest=None if session is None else session.oldest_version,
                                  opening=session_id is not None and session is None, open_sessions=len(self.sessions))
-        if session_id is not None and session is None:
-            session = self.sessions.open(session_id, tenant=tenant, task=metadata.get("task"))
         tools = api.tool_schemas(req)
-        try:
-            context = render(self.chat, api.internal_messages(req), tools=tools,
-                             recorded=None if session is None else session.turns)
+        messages = api.internal_messages(req)
+        try:  # a new session maps nothing yet: its assistant messages are reported as edits
+            context = render(self.chat, messages, tools=tools,
+                             recorded=None if session_id is None else {} if session is None else session.turns)
         except ValueError as exc:
             raise api.bad(f"this model's chat format cannot take tools: {exc}", "tools", "unsupported_value") from None
         context.add(self.chat.model_header)
-        if context.edits and session is not None:
-            session.edits += 1
-            self.history_edits += 1
-            SERVE_HISTORY_EDITS.inc()
-            log.info("session %s: history edited (%s)", session.session_id, "; ".join(context.edits))
         room = self.max_context - len(context.ids)
         asked = req.max_completion_tokens or req.max_tokens
         if room < 1 or (asked is not None and asked > room):
             raise api.bad(f"the prompt is {len(context.ids)} tokens and max_tokens {asked or 1}; this model's "
                           f"context is {self.max_context}", "messages", "context_length_exceeded")
         max_tokens = min(asked or self.default_max_tokens, room)
-        stops = tuple(api.stops_of(req))
+        constraint = self._constraint(req)
+        first_call_only = api.ends_at_first_call(req)
+        stops = (*api.stops_of(req), *([api.CALL_END] if first_call_only else []))
         engine_requests = [
             GenerationRequest(
                 prompt_ids=tuple(context.ids), max_new_tokens=max_tokens,
                 temperature=1.0 if req.temperature is None else req.temperature,
-                top_p=1.0 if req.top_p is None else req.top_p, stop=stops, stop_token_ids=self.chat.stop_ids,
-                seed=None if req.seed is None else req.seed + i, request_id=f"{served_id}/{i}",
-                top_logprobs=(req.top_logprobs or 0) if req.logprobs else 0,
+                top_p=1.0 if req.top_p is None else req.top_p, top_k=req.top_k or 0, stop=stops,
+                stop_token_ids=self.chat.stop_ids, seed=None if req.seed is None else req.seed + i,
+                request_id=f"{served_id}/{i}", top_logprobs=(req.top_logprobs or 0) if req.logprobs else 0,
+                constraint=constraint,
             )
             for i in range(req.n)
         ]
+        if session_id is not None and session is None:  # opened only once nothing can refuse the request
+            session = self.sessions.open(session_id, tenant=tenant, task=metadata.get("task"))
+        if context.edits and session is not None:
+            session.edits += 1
+            self.history_edits += 1
+            SERVE_HISTORY_EDITS.inc()
+            log.info("session %s: history edited (%s)", session.session_id, "; ".join(context.edits))
         return Call(served_id=served_id, request_id=request_id, tenant=tenant, request=req, context=context,
-                     engine_requests=engine_requests, tools=tools is not None, session=session,
-                     record_rollout=record_rollout, edits=context.edits, started=started)
+                    engine_requests=engine_requests, tools=tools is not None, session=session,
+                    record_rollout=record_rollout, edits=context.edits, started=started, position=len(messages),
+                    first_call_only=first_call_only)
+
+    def _constraint(self, req: api.ChatRequest) -> Constraint | None:
+        """The grammar the request asks for (`rlbus.serve.api.constraint_of`), checked against this engine."""
+        constraint = api.constraint_of(req)
+        if constraint is None:
+            return None
+        param = "response_format" if req.response_format is not None and req.response_format.type != "text" and (
+            req.tool_choice in (None, "auto", "none")) else "tool_choice"
+        if self.grammars is None:
+            raise api.bad(f"{param}: this engine does not do constrained decoding", param, "unsupported_value")
+        try:
+            self.grammars.check(constraint)
+        except ValueError as exc:
+            raise api.bad(f"{param}: the schema does not compile: {exc}"[:500], param) from None
+        return constraint
 
     async def _generate(self, requests: Sequence[GenerationRequest]) -> list[GenerationResult]:
         loop = asyncio.get_running_loop()
@@ -484,7 +526,7 @@ class Gateway:
     def _add_to_session(self, call: Call, result: GenerationResult, content: str | None, calls: list[Any],
                         finish: str) -> None:
         assert call.session is not None
-        turn = sampled_turn(result, content, calls, finish)
+        turn = sampled_turn(result, content, calls, finish, position=call.position)
         call.session.add_turn(call.context, turn, header_len=len(self.chat.model_header),
                               closing=list(self.chat.turn_closing(result.token_ids)), sampling=sampling(result),
                               request_id=call.served_id, now=self._clock())
