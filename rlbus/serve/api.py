@@ -206,9 +206,14 @@ def parse_request(body: bytes, *, max_n: int = MAX_N) -> ChatRequest:
     try:
         request = msgspec.json.decode(body, type=ChatRequest)
     except msgspec.ValidationError as exc:
-        raise _validation_error(str(exc)) from None
+        raise validation_error(str(exc)) from None
     except msgspec.DecodeError as exc:
         raise bad(f"the body is not valid JSON: {exc}", code="invalid_json") from None
+    return check_request(request, max_n=max_n)
+
+
+def check_request(request: ChatRequest, *, max_n: int = MAX_N) -> ChatRequest:
+    """What decoding cannot check: limits, what the engine cannot honour (module docstring), message rules."""
     if request.n > max_n:
         raise bad(f"n must be at most {max_n}, got {request.n}", "n")
     stops = stops_of(request)
@@ -281,7 +286,7 @@ def ends_at_first_call(request: ChatRequest) -> bool:
     return bool(tool_schemas(request)) and request.parallel_tool_calls is False and constraint_of(request) is None
 
 
-def _validation_error(text: str) -> ApiError:
+def validation_error(text: str) -> ApiError:
     """msgspec's ``Expected `int`, got `str` - at `$.n``` → a message and the parameter it names."""
     match = re.search(r"\s*- at `\$(\S*)`$", text)
     path = match.group(1).lstrip(".") if match else ""
@@ -343,8 +348,8 @@ def error_body(exc: ApiError) -> dict[str, Any]:
     return {"error": {"message": exc.message, "type": exc.type, "param": exc.param, "code": exc.code}}
 
 
-def new_id(prefix: str = "chatcmpl") -> str:
-    return f"{prefix}-{uuid.uuid4().hex[:24]}"
+def new_id(prefix: str = "chatcmpl", sep: str = "-") -> str:
+    return f"{prefix}{sep}{uuid.uuid4().hex[:24]}"
 
 
 def split_tool_calls(text: str, *, enabled: bool) -> tuple[str | None, list[dict[str, Any]]]:

@@ -6,7 +6,11 @@ Routes (JSON; every route but ``/healthz`` and ``/metrics`` needs ``Authorizatio
 =================================  =====================================================================
 ``POST /v1/chat/completions``      OpenAI chat completions: messages, tools / tool_choice, n, temperature,
                                    top_p, max_tokens, stop, seed, logprobs / top_logprobs, stream (SSE,
-                                   ending ``data: [DONE]``), user, metadata (`rlbus.serve.api`)
+                                   ending ``data: [DONE]``), user, metadata, response_format (the field
+                                   policy: `rlbus.serve.api`)
+``POST /v1/responses``             OpenAI's Responses API, played as the chat request its items map to
+                                   (`rlbus.serve.openai_responses`), streamed as its events
+``GET|DELETE /v1/responses/{id}``  a stored response (``store``, this gateway's memory)
 ``GET /v1/models``                 the one model this gateway serves
 ``POST /rl/sessions/{id}/reward``  close an agent session with a reward (below) → 202 with where the
                                    rollout and the reward landed
@@ -101,16 +105,17 @@ from rlbus.metrics import (
     exposition,
 )
 from rlbus.observe.stats import percentile
-from rlbus.serve import api, responses
+from rlbus.serve import api, openai_responses, responses
 from rlbus.serve.admission import Admission
 from rlbus.serve.auth import Tenants
 from rlbus.serve.call import RECORD_HEADER, SESSION_HEADER, Call
+from rlbus.serve.openai_responses import ResponseStore
 from rlbus.serve.prompt import render
 from rlbus.serve.recorder import ServedRecorder
 from rlbus.serve.records import completion_rollout, sampled_turn, sampling, served_record
 from rlbus.serve.responses import error_response, json_response
 from rlbus.serve.sessions import Sessions, session_reward
-from rlbus.serve.streaming import stream_completion
+from rlbus.serve.streaming import Sink, stream_completion, stream_text
 
 log = logging.getLogger("rlbus.serve.gateway")
 
@@ -199,6 +204,7 @@ class Gateway:
         self.listening = asyncio.Event()
         self.metrics_token = metrics_token
         self.grammars = grammars
+        self.responses_store = ResponseStore()
         self._operator_auth: BearerAuth | None = None
         self._operator_open = False  # set by run: no metrics token and a loopback bind
 
@@ -227,6 +233,9 @@ class Gateway:
         app.router.add_get("/metrics", self._metrics)
         app.router.add_get("/v1/models", self._models)
         app.router.add_post("/v1/chat/completions", self._chat_completions)
+        app.router.add_post("/v1/responses", self._responses)
+        app.router.add_get("/v1/responses/{response_id}", self._stored_response)
+        app.router.add_delete("/v1/responses/{response_id}", self._stored_response)
         app.router.add_post("/rl/sessions/{session_id}/reward", self._session_reward)
         app.router.add_get("/rl/sessions/{session_id}", self._session_info)
         app.on_cleanup.append(self._shutdown_executor)
@@ -346,6 +355,71 @@ class Gateway:
         self.own_seconds.append(time.perf_counter() - started - engine_s)
         return response
 
+    async def _responses(self, request: web.Request) -> web.StreamResponse:
+        """``POST /v1/responses``: played as the chat request it maps to (`rlbus.serve.openai_responses`)."""
+        started = time.perf_counter()
+        tenant = self.tenants.tenant_of(request.headers.get("Authorization"))
+        if request.content_length is not None and request.content_length > self.max_body_bytes:
+            raise ApiError(413, f"request body exceeds {self.max_body_bytes} bytes", code="request_too_large")
+        req = openai_responses.parse(await request.read())
+        store = self.responses_store
+        history = store.previous(req.previous_response_id, tenant) if req.previous_response_id else []
+        chat_req = openai_responses.to_chat(req, history, lambda item_id: store.item(item_id, tenant))
+        call = self._prepare(chat_req, request, tenant, started, id_prefix="resp")
+        created = self._clock()
+        if req.stream:
+            return await self._stream_response(request, call, req, created)
+        results = await self._generate(call.engine_requests)
+        body = openai_responses.response_body(req, self._finish(call, results), response_id=call.served_id,
+                                              created=created)
+        self._keep(req, call, body)
+        return json_response(200, body, headers=responses.headers(call, results, self.engine.policy_version))
+
+    async def _stream_response(self, http: web.Request, call: Call, req: openai_responses.ResponsesRequest,
+                               created: float) -> web.StreamResponse:
+        response = web.StreamResponse(status=200, headers={
+            "Content-Type": "text/event-stream", "Cache-Control": "no-cache",
+            **responses.headers(call, None, self.engine.policy_version)})
+        await response.prepare(http)
+        sink = Sink(response)
+        events = openai_responses.EventStream(
+            openai_responses.response_body(req, None, response_id=call.served_id, created=created))
+        for event in events.start():
+            await sink.send(event)
+
+        async def text(i: int, piece: str) -> None:
+            for event in events.delta(piece):
+                await sink.send(event)
+
+        try:
+            results, _ = await stream_text(call, self.chat, self._generate, text)
+        except Exception as exc:  # headers are out: the failure becomes the stream's last event
+            await sink.fail(call, exc, events.error)
+            return response
+        body = openai_responses.response_body(req, self._finish(call, results), response_id=call.served_id,
+                                              created=created)
+        self._keep(req, call, body)
+        for event in events.finish(body):
+            await sink.send(event)
+        await sink.close()
+        return response
+
+    def _keep(self, req: openai_responses.ResponsesRequest, call: Call, body: dict[str, Any]) -> None:
+        if req.store is not False:
+            self.responses_store.put(call.tenant, body, openai_responses.conversation(call.request, body["output"]))
+
+    async def _stored_response(self, request: web.Request) -> web.Response:
+        """``GET`` a stored response, or ``DELETE`` it (a 404 when it is not stored for this tenant)."""
+        tenant = self.tenants.tenant_of(request.headers.get("Authorization"))
+        response_id = request.match_info["response_id"]
+        stored = self.responses_store.get(response_id, tenant)
+        if stored is None:
+            raise ApiError(404, f"no stored response {response_id!r}", param="response_id", code="not_found")
+        if request.method == "DELETE":
+            self.responses_store.delete(response_id, tenant)
+            return json_response(200, {"id": response_id, "object": "response.deleted", "deleted": True})
+        return json_response(200, stored.body)
+
     async def _session_info(self, request: web.Request) -> web.Response:
         tenant = self.tenants.tenant_of(request.headers.get("Authorization"))
         session = self.sessions.owned(request.match_info["session_id"], tenant)
@@ -408,11 +482,12 @@ class Gateway:
 
     # -- a completion ------------------------------------------------------------------------------------
 
-    def _prepare(self, req: api.ChatRequest, http: web.Request, tenant: str, started: float) -> Call:
+    def _prepare(self, req: api.ChatRequest, http: web.Request, tenant: str, started: float,
+                 id_prefix: str = "") -> Call:
         if req.model not in (self.model_name, self.model_id):
             raise ApiError(404, f"the model {req.model!r} does not exist; this gateway serves {self.model_name!r}",
                            param="model", code="model_not_found")
-        served_id = api.new_id()
+        served_id = api.new_id(id_prefix, "_") if id_prefix else api.new_id()
         request_id = http.headers.get("X-Request-Id", served_id)[:128]
         metadata = req.metadata or {}
         session_id = http.headers.get(SESSION_HEADER) or (req.user if self.user_sessions else None)
