@@ -100,7 +100,7 @@ async def test_a_tool_round_trip_with_items_echoed_back_maps_to_the_sampled_ids(
 
 
 async def test_previous_response_id_continues_a_stored_response_in_its_session() -> None:
-    async with serving([CALL, "Rain.", "x"]) as (gateway, engine, client, _):
+    async with serving([CALL, "Rain.", "x"]) as (_, engine, client, _):
         session = {"X-RL-Session": "agent-r2"}
         first = await client.responses.create(model="scripted", input="Oslo?", tools=TOOLS, extra_headers=session)
         call = first.output[-1]
