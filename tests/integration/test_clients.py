@@ -136,7 +136,7 @@ def check_sessions(gateway: Served, report: dict[str, Any]) -> None:
         assert int(rollout.metadata["turns"]) == len(turns) == session["receipt"]["turns"]
         assert rollout.metadata["request_ids"].split(",") == [s.served_id for s in sorted(turns, key=_order)]
         trained = rollout.token_ids.to_numpy()[rollout.loss_mask.to_numpy().astype(bool)].tolist()
-        sampled = sum((s.token_ids.to_numpy().tolist() for s in sorted(turns, key=_order)), [])
+        sampled = [t for s in sorted(turns, key=_order) for t in s.token_ids.to_numpy().tolist()]
         assert sorted(trained) == sorted(sampled) and len(trained) == len(sampled)  # every sampled token, once
         assert session["receipt"]["rollout"]["topic"] == f"{gateway.prefix}rl.rollouts.v1"
 

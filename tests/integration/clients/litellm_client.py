@@ -24,8 +24,8 @@ def main() -> None:
         first = litellm.completion(messages=messages, tools=TOOLS, tool_choice="required", **common)
         message = first.choices[0].message
         [call] = message.tool_calls
-        messages += [message.model_dump(),
-                     {"role": "tool", "tool_call_id": call.id, "content": f"rain in {json.loads(call.function.arguments)}"}]
+        city = json.loads(call.function.arguments).get("city")
+        messages += [message.model_dump(), {"role": "tool", "tool_call_id": call.id, "content": f"rain in {city}"}]
         second = litellm.completion(messages=messages, tools=TOOLS, **common)
         outputs.append(second.choices[0].message.content)
         sessions.append({"id": session, "receipt": close(session, 0.5)})
