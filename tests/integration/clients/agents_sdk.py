@@ -32,13 +32,14 @@ async def main() -> None:
     set_tracing_disabled(True)
     set_default_openai_client(AsyncOpenAI(base_url=BASE_URL, api_key=API_KEY, max_retries=0))
     session = f"{PREFIX}-agents-0"
-    settings = {"temperature": 0, "max_tokens": 48, "extra_headers": {"X-RL-Session": session}}
+    settings = {"temperature": 0, "extra_headers": {"X-RL-Session": session}}
     counts = {"events": 0, "tools_called": 0}
     caller = Agent(name="weather", instructions="Use the tool.", model=MODEL, tools=[get_weather],
                    tool_use_behavior="stop_on_first_tool",
-                   model_settings=ModelSettings(tool_choice="required", **settings))
+                   model_settings=ModelSettings(tool_choice="required", max_tokens=40, **settings))
     first = await run(caller, "What is the weather in Oslo?", counts)
-    answerer = caller.clone(tools=[], tool_use_behavior="run_llm_again", model_settings=ModelSettings(**settings))
+    answerer = caller.clone(tools=[], tool_use_behavior="run_llm_again",
+                            model_settings=ModelSettings(max_tokens=16, **settings))
     second = await run(answerer, [*first.to_input_list(), {"role": "user", "content": "Say it in a sentence."}],
                        counts)
     report(client="openai-agents", sessions=[{"id": session, "receipt": close(session, 1.0)}],

@@ -19,14 +19,14 @@ def main() -> None:
     for n in range(1):
         session = f"{PREFIX}-litellm-{n}"
         common = {"model": f"openai/{MODEL}", "api_base": BASE_URL, "api_key": API_KEY, "temperature": 0,
-                  "max_tokens": 48, "extra_headers": {"X-RL-Session": session}, "num_retries": 0}
+                  "extra_headers": {"X-RL-Session": session}, "num_retries": 0}
         messages: list = [{"role": "user", "content": f"What is the weather in {['Oslo', 'Paris'][n]}?"}]
-        first = litellm.completion(messages=messages, tools=TOOLS, tool_choice="required", **common)
+        first = litellm.completion(messages=messages, tools=TOOLS, tool_choice="required", max_tokens=40, **common)
         message = first.choices[0].message
         [call] = message.tool_calls
         city = json.loads(call.function.arguments).get("city")
         messages += [message.model_dump(), {"role": "tool", "tool_call_id": call.id, "content": f"rain in {city}"}]
-        second = litellm.completion(messages=messages, tools=TOOLS, **common)
+        second = litellm.completion(messages=messages, tools=TOOLS, max_tokens=16, **common)
         outputs.append(second.choices[0].message.content)
         sessions.append({"id": session, "receipt": close(session, 0.5)})
     report(client="litellm", sessions=sessions, outputs=outputs)
