@@ -46,9 +46,11 @@ Contract with the trainer side (online learning: the trainer worker's online lan
 * **A closed agent session becomes ONE `Rollout`** on ``rl.rollouts.v1`` with ``group_size=1``,
   ``group_index=0``, ``prompt_id`` = the session's task key (the client's ``metadata.task``, else the
   session id), ``rollout_id`` = the session id, ``token_ids`` / ``loss_mask`` / ``logprobs`` /
-  ``token_versions`` laid out as the agent loop lays them out (loss mask 1 exactly on sampled ids;
-  `rlbus.serve.sessions`), its sampling info, and ``metadata`` {``origin: "served"``, ``tenant``,
-  ``session_id``, ``request_ids`` (comma-joined), ``history_edits``}.
+  ``token_versions`` laid out as the agent loop lays them out (loss mask 1 exactly on sampled ids; every
+  turn the session sampled, a turn the client dropped or edited as a context segment of its own, marked
+  by ``turns[].segment``: `rlbus.serve.sessions`), ``allowed`` (the masks of constrained tokens), its
+  sampling info, and ``metadata`` {``origin: "served"``, ``tenant``, ``session_id``, ``request_ids``
+  (comma-joined), ``history_edits``, ``turns``, ``segments``}.
 * **A single completion recorded as a rollout** (header ``X-RL-Record-Rollout: 1`` or
   ``metadata.rl_record_rollout = "1"``) becomes such a Rollout too, ``rollout_id`` = the completion
   ``id``, ``prompt_id`` = ``metadata.task`` or the id — so feedback on the response id

@@ -2,7 +2,9 @@
 gateway. Two knobs only: the client (base URL and token) and the session header; tracing, which uploads to
 OpenAI's platform, is off. The episode is two runs in one session: the first must call the tool
 (``tool_choice="required"``: constrained decoding) and stops on it; the second continues from the first's
-items (``to_input_list()``: the SDK's own echo of the response items) and answers without tools."""
+items (``to_input_list()``: the SDK's own echo of the response items) and answers without tools. A reply cut
+by ``max_tokens`` is ``status: incomplete``, which the SDK raises on (as it does against OpenAI): the
+budgets leave room for the model to end its turn."""
 
 from __future__ import annotations
 
@@ -39,7 +41,7 @@ async def main() -> None:
                    model_settings=ModelSettings(tool_choice="required", max_tokens=40, **settings))
     first = await run(caller, "What is the weather in Oslo?", counts)
     answerer = caller.clone(tools=[], tool_use_behavior="run_llm_again",
-                            model_settings=ModelSettings(max_tokens=16, **settings))
+                            model_settings=ModelSettings(max_tokens=48, **settings))
     second = await run(answerer, [*first.to_input_list(), {"role": "user", "content": "Say it in a sentence."}],
                        counts)
     report(client="openai-agents", sessions=[{"id": session, "receipt": close(session, 1.0)}],
