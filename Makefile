@@ -116,3 +116,11 @@ bench-codec: venv
 .PHONY: vllm-env
 vllm-env:
 	PYTHON=$(PYTHON) infra/vllm-env.sh
+
+# The client-matrix environment (.venv-clients, or RLBUS_CLIENTS_VENV): the OpenAI Agents SDK, litellm and
+# inspect-ai from the package index, in a venv of their own (infra/clients-env.sh says why);
+# tests/integration/test_clients.py runs each as a program under its python (skipped without it, failed
+# without it when RLBUS_REQUIRE_CLIENTS=1, as CI sets).
+.PHONY: clients-env
+clients-env:
+	PYTHON=$(PYTHON) infra/clients-env.sh

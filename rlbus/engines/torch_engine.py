@@ -34,9 +34,11 @@ Driving. There is no engine thread: every thread waiting in `generate` (or `driv
 at a time drives; it runs steps until its own requests are done, then hands over to a waiter whose
 requests are still pending, so a short request joining a long one returns as soon as it finishes.
 
-Per step: forward → `sampling.processed_logprobs` → sample → record (token, log π'(token), policy
-version, experts). The log-prob is of the distribution actually sampled from (after temperature and
-top-k/top-p truncation, renormalised); `GenerationResult.logprob_spec` says so. The policy version of a
+Per step: forward → the constraint hook (`rlbus.engines.constraints.mask_logits`: −inf outside a constrained
+row's allowed tokens; rows without a constraint untouched) → `sampling.processed_logprobs` → sample → the
+grammar states consume their tokens → record (token, log π'(token), policy version, experts). The log-prob
+is of the distribution actually sampled from (after the grammar's mask, temperature and top-k/top-p
+truncation, renormalised); `GenerationResult.logprob_spec` says so. The policy version of a
 token is the engine's ``policy_version`` when its distribution was computed.
 
 Weight swaps. Between decode steps (never before a batch's first prefill, never after its last step) the
@@ -71,6 +73,7 @@ from rlbus.engines.base import (
     SwapPoint,
     TokenDecoder,
 )
+from rlbus.engines.constraints import Grammars, RowConstraint, advance, mask_logits
 from rlbus.engines.prefix import Prefix, PrefixCache
 from rlbus.engines.sampling import processed_logprobs, sample
 from rlbus.models.base import CausalLM
@@ -93,6 +96,7 @@ class _Row:
     finish: FinishReason | None = None
     text: str = ""
     cached: int = 0  # prompt tokens whose keys/values came from the prefix cache
+    constraint: RowConstraint | None = None  # the grammar state of a constrained request
 
     @property
     def remaining(self) -> int:
@@ -127,12 +131,14 @@ class TorchEngine:
         max_batch: int = 32,
         continuous: bool = True,
         prefix_cache_tokens: int = 0,
+        grammars: Grammars | None = None,
     ) -> None:
         """``pad_id`` is fed at padding slots (any valid id: those slots are masked);
         ``between_steps`` runs between decode steps, before pending swaps; ``max_batch`` bounds the rows
         in flight; ``continuous=False`` refills only once the whole batch is done (static batching);
         ``prefix_cache_tokens`` > 0 keeps finished rows' keys/values, that many tokens in all, for prompts
-        that extend them (0: off)."""
+        that extend them (0: off); ``grammars`` compiles requests' constraints (None: constrained requests
+        are refused)."""
         if max_batch < 1:
             raise ValueError("max_batch must be >= 1")
         if prefix_cache_tokens < 0:
@@ -152,6 +158,7 @@ class TorchEngine:
         self._batch: _Batch | None = None  # touched only by the driving thread
         self._admitting: list[_Row] = []  # rows being prefilled (failed with the batch on an error)
         self.prefix_cache = PrefixCache(prefix_cache_tokens) if prefix_cache_tokens else None
+        self.grammars = grammars
 
     @property
     def prefix_stats(self) -> dict[str, int]:
@@ -201,8 +208,11 @@ class TorchEngine:
                 )
             if r.stop and self.tokenizer is None:
                 raise ValueError(f"request {r.request_id!r} has stop strings but the engine has no tokenizer")
+            if r.constraint is not None and self.grammars is None:
+                raise ValueError(f"request {r.request_id!r} is constrained but the engine has no grammars")
         now = time.perf_counter()
-        rows = [_Row(request=r, generator=self._row_generator(r), future=Future(), submitted=now) for r in requests]
+        rows = [_Row(request=r, generator=self._row_generator(r), future=Future(), submitted=now,
+                     constraint=self._grammar_state(r)) for r in requests]
         with self._cond:
             self._waiting.extend(rows)
         return [row.future for row in rows]
@@ -335,12 +345,16 @@ class TorchEngine:
     def _sample(self, rows: list[_Row], logits: torch.Tensor, version: int) -> torch.Tensor:
         """Sample one token per row from logits [B, V] and record it; returns the tokens [B]."""
         device = logits.device
+        constraints = [row.constraint for row in rows]
+        logits = mask_logits(constraints, logits)  # [B, V]: −inf outside constrained rows' masks (no-op without)
         temperature = torch.tensor([row.request.temperature for row in rows], device=device)  # [B]
         top_k = torch.tensor([row.request.top_k for row in rows], dtype=torch.long, device=device)  # [B]
         top_p = torch.tensor([row.request.top_p for row in rows], device=device)  # [B]
         logp = processed_logprobs(logits, temperature, top_k, top_p)  # [B, V]
         tokens = sample(logp, [row.generator for row in rows])  # [B]
         token_logp = logp.gather(1, tokens[:, None]).squeeze(1)  # [B]
+        if any(c is not None for c in constraints):
+            advance(constraints, tokens.tolist())
         k = max(row.request.top_logprobs for row in rows)
         if k:
             top_lp, top_ids = logp.topk(min(k, logp.shape[-1]), dim=-1)  # [B, k] each
@@ -410,6 +424,11 @@ class TorchEngine:
 
     # -- per row --------------------------------------------------------------------------------------
 
+    def _grammar_state(self, request: GenerationRequest) -> RowConstraint | None:
+        if request.constraint is None or self.grammars is None:
+            return None
+        return self.grammars.start(request.constraint)
+
     def _row_generator(self, request: GenerationRequest) -> torch.Generator:
         if request.seed is None:
             return self._generator
@@ -466,9 +485,11 @@ class TorchEngine:
             policy_versions=tuple(row.versions),
             text=row.text,
             finish_reason=row.finish,
-            logprob_spec=LogprobSpec(temperature=req.temperature, top_p=req.top_p, top_k=req.top_k),
+            logprob_spec=LogprobSpec(temperature=req.temperature, top_p=req.top_p, top_k=req.top_k,
+                                     constrained=row.constraint is not None),
             routed_experts=routed,
             extra=extra,
+            allowed=None if row.constraint is None else row.constraint.bits(),
         )
 
 

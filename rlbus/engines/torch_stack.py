@@ -25,6 +25,7 @@ import torch
 
 from rlbus.engines.base import TokenDecoder
 from rlbus.engines.batching import BatchingEngine
+from rlbus.engines.constraints import grammars_for
 from rlbus.engines.kinds import OnSwap, Served
 from rlbus.engines.torch_engine import TorchEngine
 
@@ -112,7 +113,8 @@ def torch_stack(
     ``max_batch`` rows in flight and a prefix cache of ``prefix_cache_tokens`` (0: none), behind a batching
     engine that gathers calls for ``batch_window_s`` and hands at most ``batch_calls`` (default
     ``max_batch``) over at once. ``tokenizer`` and ``pad_id`` default to a source's chat format and pad id;
-    a model in memory has no tokenizer unless given one, and pads with 0."""
+    a model in memory has no tokenizer unless given one, and pads with 0. A chat-format tokenizer also gives
+    the engine its grammars (constrained decoding, `rlbus.engines.constraints`)."""
     from rlbus.models.sources import ModelSource
 
     weights = inference_copy(model, dtype=dtype, initial=initial)
@@ -120,7 +122,8 @@ def torch_stack(
         tokenizer = model.chat if tokenizer is None else tokenizer
         pad_id = model.pad_id if pad_id is None else pad_id
     engine = TorchEngine(weights, tokenizer=tokenizer, seed=seed, pad_id=0 if pad_id is None else pad_id,
-                         max_batch=max_batch, prefix_cache_tokens=prefix_cache_tokens)
+                         max_batch=max_batch, prefix_cache_tokens=prefix_cache_tokens,
+                         grammars=grammars_for(tokenizer))
     batching = BatchingEngine(engine, max_batch=max_batch if batch_calls is None else batch_calls,
                               window_s=batch_window_s)
     return TorchStack(weights=weights, engine=engine, batching=batching)

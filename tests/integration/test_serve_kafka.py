@@ -112,7 +112,8 @@ async def test_smollm2_chat_stream_tools_and_a_session_land_on_kafka(smollm2_dir
 
         [rollout] = await read_all(bus, ROLLOUTS, 1)
         [reward] = await read_all(bus, REWARDS, 1)
-        assert receipt["rollout"]["topic"] == ROLLOUTS.name  # the namespace is the bus's business
+        assert receipt["rollout"]["topic"] == prefix + ROLLOUTS.name  # where it is on the cluster, namespace and all
+        assert receipt["turns"] == 2 and receipt["segments"] == 1
         assert (rollout.rollout_id, rollout.prompt_id, rollout.group_size) == (session["X-RL-Session"], "colours", 1)
         mask = rollout.loss_mask.to_numpy().astype(bool)
         sampled = [*served[first.id].token_ids.to_numpy().tolist(), *served[second.id].token_ids.to_numpy().tolist()]
