@@ -1,5 +1,6 @@
 # Fresh-machine entry points. Both create and use .venv in the checkout.
 #   make demo  — the main job: async RL end to end in one process (embedded bus, CPU, a few minutes)
+#   make check — the edit loop: lint, types and the unit tier (tests/unit without the `slow` ones), minutes
 #   make test  — install the missing system packages (infra/install-deps.sh; a non-root user is told the command),
 #                start Kafka unless one answers at RLBUS_KAFKA_BOOTSTRAP, then run the whole test suite
 #                (Kafka + Redis tests fail, never skip)
@@ -10,6 +11,8 @@
 #                 (infra/images/build.sh; as root, it installs Docker and starts dockerd where none runs)
 #   make compose-test — the whole loop in containers, built, run, scaled, a broker killed, checked
 #                 (`rlbus bench compose --quick`; CI runs it)
+#   make docs  — the documentation site: the reference pages generated from the code, then a strict mkdocs build
+#                 into site/ (broken links, missing anchors and pages left out of the nav fail it)
 #   make gpu-check — every GPU-facing part on one GPU in ≤ 8 minutes, nothing downloaded, one JSON
 #                 (tools/rlbus_tools/gpu_check.py); DRY=1: the same stages on the CPU at toy sizes
 PYTHON ?= python3.11
@@ -21,7 +24,7 @@ KAFKA_FIRST := $(firstword $(subst $(comma), ,$(RLBUS_KAFKA_BOOTSTRAP)))
 KAFKA_HOST := $(firstword $(subst :, ,$(KAFKA_FIRST)))
 KAFKA_PORT := $(lastword $(subst :, ,$(KAFKA_FIRST)))
 
-.PHONY: deps venv demo up distributed test lint bench-bus bench-codec images-deps images compose-test kustomize toxiproxy \
+.PHONY: deps venv demo up distributed test check kafka lint docs bench-bus bench-codec images-deps images compose-test kustomize toxiproxy \
 	gpu-check
 
 $(BIN)/rlbus: pyproject.toml tools/pyproject.toml
@@ -66,9 +69,12 @@ kustomize:
 toxiproxy:
 	bash infra/toxiproxy/install.sh
 
-test: deps venv kustomize toxiproxy
+# A Kafka for the tests: the one that answers at RLBUS_KAFKA_BOOTSTRAP, else a local broker started there.
+kafka: venv
 	$(BIN)/python -c 'import socket; socket.create_connection(("$(KAFKA_HOST)", $(KAFKA_PORT)), 2).close()' \
 	  2>/dev/null && echo "Kafka answers at $(KAFKA_FIRST)" || $(BIN)/rlbus kafka start --port $(KAFKA_PORT)
+
+test: deps venv kustomize toxiproxy kafka
 	$(BIN)/python -m pytest -q --durations=15 $(if $(VLLM_TESTS),-m 'not vllm')
 ifneq ($(VLLM_TESTS),)
 	RLBUS_REQUIRE_VLLM=1 $(VLLM_PY) -m pytest -q -p no:cacheprovider -m vllm $(VLLM_TEST_FILES)
@@ -86,9 +92,21 @@ compose-test: images-deps venv
 	mkdir -p $(or $(RLBUS_ARTIFACTS),artifacts)
 	$(BIN)/rlbus bench compose --quick --json $(or $(RLBUS_ARTIFACTS),artifacts)/compose.json
 
+# The reference pages under docs/reference/ are generated (tools/rlbus_tools/docs) and committed; a test fails
+# when one differs from what the code renders, so run this after changing a config field, a command or a schema.
+# NO_MKDOCS_2_WARNING silences the theme's banner about its successor (a notice, not a build warning).
+docs: venv
+	$(BIN)/python -m rlbus_tools.docs docs
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict
+
 lint: venv
-	$(BIN)/ruff check rlbus tests
-	$(BIN)/mypy rlbus
+	$(BIN)/ruff check rlbus tools tests
+	$(BIN)/mypy rlbus tools/rlbus_tools
+
+# The edit loop (target: under 3 minutes on 2 cores): lint, types, and the unit tier without the tests marked
+# `slow` (those run in `make test`). The unit tier's bus and state contracts run on real Kafka too.
+check: lint kafka
+	$(BIN)/python -m pytest -q -p no:cacheprovider -m 'not slow and not vllm' --durations=10 tests/unit
 
 bench-bus: venv
 	$(BIN)/rlbus bench bus --json bench/bus.json
@@ -101,6 +119,14 @@ bench-codec: venv
 .PHONY: vllm-env
 vllm-env:
 	PYTHON=$(PYTHON) infra/vllm-env.sh
+
+# The client-matrix environment (.venv-clients, or RLBUS_CLIENTS_VENV): the OpenAI Agents SDK, litellm and
+# inspect-ai from the package index, in a venv of their own (infra/clients-env.sh says why);
+# tests/integration/test_clients.py runs each as a program under its python (skipped without it, failed
+# without it when RLBUS_REQUIRE_CLIENTS=1, as CI sets).
+.PHONY: clients-env
+clients-env:
+	PYTHON=$(PYTHON) infra/clients-env.sh
 
 # One GPU check (tools/rlbus_tools/gpu_check.py): the CUDA tests, the engine against transformers.generate,
 # `bench train --size 1.5b`, the codec on CUDA and short demos, within eight minutes; the figures go to

@@ -1,9 +1,10 @@
 #!/usr/bin/env python3
 """A user's agent harness against the model being trained: the official ``openai`` client talks to the
 rlbus gateway (``rlbus serve``), each episode is one RL session, and the harness's own check of the answers
-closes the session with a reward. Needs only ``openai`` (and ``httpx``, which ``openai`` depends on).
+closes the session with a reward. Needs only ``openai`` (any release from 1.x on); the reward call uses the
+standard library, so it does not depend on the HTTP package ``openai`` happens to ship with.
 
-The contract (README, "Your harness: the OpenAI client against the model being trained"):
+The contract (docs/harness.md, "The contract"):
 
     base URL  http://HOST:PORT/v1                        the OpenAI client's base_url
     token     Authorization: Bearer <tenant token>       the OpenAI client's api_key; the gateway's tokens
@@ -20,18 +21,24 @@ Run it (the token in the environment, not on the command line, where `ps` shows 
 
 One line per session: its id, how many answers were right, the reward sent, the HTTP status of the reward
 call, and the answers. The exit status is 1 if any call failed (a wrong token, a gateway that is down …).
+
+``--temperature 0`` samples greedily: the gateway records every log-prob as exactly 0.0 (the point mass on
+the argmax), and a greedy session has no stochastic policy for the trainer to correct — train on sessions
+sampled at a temperature above 0.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import random
 import re
 import sys
+import urllib.error
+import urllib.request
 import uuid
 
-import httpx
 import openai
 from openai.types.chat import ChatCompletionMessageParam
 
@@ -65,9 +72,18 @@ def play(client: openai.OpenAI, *, model: str, session_id: str, problems: list[t
     return answers, right
 
 
-def send_reward(http: httpx.Client, session_id: str, reward: float, reason: str) -> httpx.Response:
-    """Close the session with its reward (0 = bad … 1 = good): one rollout and one reward on the bus."""
-    return http.post(f"/rl/sessions/{session_id}/reward", json={"reward": reward, "reason": reason})
+def send_reward(root: str, api_key: str, session_id: str, reward: float, reason: str) -> tuple[int, str]:
+    """Close the session with its reward (0 = bad … 1 = good): one rollout and one reward on the bus.
+    Returns the HTTP status and body (an error status is returned, not raised)."""
+    request = urllib.request.Request(
+        f"{root}/rl/sessions/{session_id}/reward", method="POST",
+        data=json.dumps({"reward": reward, "reason": reason}).encode(),
+        headers={"Authorization": f"Bearer {api_key}", "Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(request, timeout=30) as response:
+            return response.status, response.read().decode()
+    except urllib.error.HTTPError as exc:  # 4xx/5xx: the body is OpenAI's {"error": {...}}
+        return exc.code, exc.read().decode()
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -92,21 +108,18 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--sessions and --turns must be at least 1")
 
     root = args.base_url.rstrip("/").removesuffix("/v1")  # the reward route is on the gateway's root
-    with (
-        openai.OpenAI(base_url=f"{root}/v1", api_key=args.api_key, max_retries=0, timeout=120) as client,
-        httpx.Client(base_url=root, headers={"Authorization": f"Bearer {args.api_key}"}, timeout=30) as http,
-    ):
+    with openai.OpenAI(base_url=f"{root}/v1", api_key=args.api_key, max_retries=0, timeout=120) as client:
         try:
             model = args.model or client.models.list().data[0].id
         except openai.APIError as exc:  # a wrong token is a 401 here already
             print(f"cannot list the models at {root}/v1: {exc}", file=sys.stderr)
             return 1
-        failed = sum(not episode(client, http, args, model, n) for n in range(args.sessions))
+        failed = sum(not episode(client, root, args, model, n) for n in range(args.sessions))
     print(f"{args.sessions - failed}/{args.sessions} sessions closed with a reward", file=sys.stderr)
     return 1 if failed else 0
 
 
-def episode(client: openai.OpenAI, http: httpx.Client, args: argparse.Namespace, model: str, n: int) -> bool:
+def episode(client: openai.OpenAI, root: str, args: argparse.Namespace, model: str, n: int) -> bool:
     """Session ``n``: play it, reward it, print one line; False if a call failed."""
     session_id = f"{args.session_prefix}-{n}"
     rng = random.Random(f"{args.seed}-{n}")
@@ -119,14 +132,14 @@ def episode(client: openai.OpenAI, http: httpx.Client, args: argparse.Namespace,
         return False
     reward = right / len(problems)
     try:
-        response = send_reward(http, session_id, reward, f"{right}/{len(problems)} right")
-    except httpx.HTTPError as exc:
+        status, body = send_reward(root, args.api_key, session_id, reward, f"{right}/{len(problems)} right")
+    except (urllib.error.URLError, OSError) as exc:  # the gateway is down or unreachable
         print(f"session={session_id} reward call failed: {exc!r}", file=sys.stderr)
         return False
-    print(f"session={session_id} right={right}/{len(problems)} reward={reward:.2f} status={response.status_code} "
+    print(f"session={session_id} right={right}/{len(problems)} reward={reward:.2f} status={status} "
           f"answers={[a[:40] for a in answers]}", flush=True)
-    if response.status_code != 202:  # the body is OpenAI's {"error": {message, type, param, code}}
-        print(f"session={session_id} reward refused: {response.text}", file=sys.stderr)
+    if status != 202:  # the body is OpenAI's {"error": {message, type, param, code}}
+        print(f"session={session_id} reward refused: {body}", file=sys.stderr)
         return False
     return True
 

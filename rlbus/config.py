@@ -46,9 +46,11 @@ class KafkaBusConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw
     sasl_password: str | None = None
     #: A file holding the SASL password (e.g. a mounted secret); trailing newline ignored.
     sasl_password_file: str | None = None
-    #: CA bundle and client certificate for TLS.
+    #: CA bundle (PEM) the brokers' certificates are checked against, for TLS.
     ssl_cafile: str | None = None
+    #: Client certificate (PEM), when the brokers require one (mutual TLS).
     ssl_certfile: str | None = None
+    #: Private key of ``ssl_certfile``.
     ssl_keyfile: str | None = None
 
     def __post_init__(self) -> None:

@@ -24,7 +24,7 @@ task, model, trainer, rollout and reward; always the embedded bus, in-memory sta
 
 A live view shows reward, versions per worker, staleness, delta bytes and swap pauses; at the end the demo
 evaluates the policy again, prints a summary, writes ``summary.json`` and ``demo.png`` into the run
-directory, and (with ``--json``) the figures the README quotes.
+directory, and (with ``--json``) the figures the README and docs/getting-started.md quote.
 
 Accuracy is greedy exact-match on a fixed evaluation set drawn from the task generator with a seed the
 training stream never uses; for single-digit addition the problem space is small (100 problems), so the
@@ -312,7 +312,7 @@ class Demo:
         torch.manual_seed(c.seed)
         # One job at a time: the warm start and the evaluations of a real model use every core. The in-house
         # policy's matmuls are too small to gain from threads (and its warm start's bits would change).
-        cores = (os.cpu_count() or 1) if self.source.kind == "hf" else 1
+        cores = (os.cpu_count() or 1) if self.source.threaded else 1
         torch.set_num_threads(cores)
         episode_threads(run.rollout.episode_threads)
         eval_prompts = self.eval_prompts()

@@ -4,7 +4,7 @@ The metrics live in one registry of their own (:data:`REGISTRY`, plus the proces
 rather than prometheus-client's global default, so nothing a library registers leaks into rlbus's
 exposition and tests can read exact values. Call sites stay one line: the workers count and time through
 the small ``record_*`` helpers and metric objects below, never through prometheus-client directly.
-The README's "Metrics" table is generated from these definitions (:func:`metrics_table`).
+The metrics reference page (docs/reference/metrics.md) is generated from these definitions (:func:`metrics_table`).
 
 Two pieces run as part of a process: :func:`serve_metrics` (an aiohttp app serving the text exposition,
 as an async context manager) and :class:`LoopLagMonitor` (measures how late the event loop runs a timer —
@@ -193,7 +193,7 @@ TRAINER_GAUGES: dict[str, Gauge] = {
         "hacked": "Share of the latest step's rollouts whose rewards report reward hacking (Reward.hack_kinds).",
         "loss": "Objective of the latest step.",
         "grad_norm": "Gradient norm before clipping of the latest step.",
-        "online_samples": "Served rollouts trained in the latest online step (README: learning from served traffic).",
+        "online_samples": "Served rollouts trained in the latest online step (docs/online.md).",
         "online_baseline": "The global online baseline after the latest online step.",
         "online_releases_total": "Online releases (steps on served traffic) so far.",
         "online_dropped_age_total": "Served rollouts dropped for max_age_s at training time so far.",
@@ -264,12 +264,12 @@ JUDGE_INVALID = Counter(
 
 
 def rlbus_metrics() -> list[MetricWrapperBase]:
-    """Every metric defined above, in definition order (the README table's rows)."""
+    """Every metric defined above, in definition order (the reference table's rows)."""
     return [m for m in REGISTRY._collector_to_names if isinstance(m, MetricWrapperBase)]
 
 
 def metrics_table() -> str:
-    """The README's metrics table: exposed name, kind, labels, meaning."""
+    """The metrics reference table (docs/reference/metrics.md): exposed name, kind, labels, meaning."""
     rows = ["| metric | type | labels | meaning |", "| --- | --- | --- | --- |"]
     for metric in rlbus_metrics():
         kind = metric._type

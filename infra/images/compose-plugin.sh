@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Make `docker compose …` work where the docker client has no compose plugin but Debian's docker-compose
 # (Compose v1, the Python one) is installed: Debian bookworm packages the engine and docker-compose, not the
-# compose plugin, so the README's `docker compose` commands would otherwise fail there.
+# compose plugin, so the docs' `docker compose` commands would otherwise fail there.
 #
 #   infra/images/compose-plugin.sh      (as root; make images-deps runs it)
 #

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from rlbus.errors import RlbusError
+from rlbus.errors import ConfigError, RlbusError
 
 if TYPE_CHECKING:
     from rlbus.launch.config import RunConfig
@@ -44,8 +44,9 @@ def demo(
                                       "shipped run, ~15 min on 2 cores), or an HF model directory or .gguf file.")
     ] = None,
     engine: Annotated[
-        str, typer.Option(help="Rollout engine: torch, or vllm (an HF --model; the demo then runs under the vLLM "
-                               "environment's python, `make vllm-env`, with one rollout worker by default).")
+        str, typer.Option(help="Rollout engine: torch, vllm (an HF --model; the demo then runs under the vLLM "
+                               "environment's python, `make vllm-env`, with one rollout worker by default), or a "
+                               "registered engine of an installed package (`rlbus.engines` entry points).")
     ] = "torch",
     device: Annotated[
         str | None, typer.Option(help="Where the model runs: auto (CUDA when there is one), cuda, cuda:N or cpu "
@@ -70,12 +71,11 @@ def demo(
     from rlbus.demo import Demo, demo_config, embedded_note, headline
     from rlbus.demo_view import plot, summary_table, watch
 
-    if engine not in ("torch", "vllm"):
-        raise typer.BadParameter("--engine is torch or vllm")
-    if engine == "vllm":
-        _in_vllm_env()
+    _in_engine_env(engine)
     try:
         run = _user_run(config_file) if config_file is not None else None
+        if run is not None and engine == "torch":  # no --engine: the file's [rollout] engine
+            _in_engine_env(run.rollout.engine)
         config = demo_config(quick=quick, model=model, run=run, engine=engine, steps=steps, time_budget_s=time_budget,
                              workers=workers, seed=seed, teacher_error=teacher_error, device=device)
     except ValueError as exc:
@@ -110,19 +110,26 @@ def _user_run(config_file: Path) -> RunConfig:
     return run
 
 
-def _in_vllm_env() -> None:
-    """Re-run this command under the vLLM environment's ``rlbus`` unless vLLM imports here (the demo is one
-    process, so its trainer runs there too)."""
-    import importlib.util
-
-    if importlib.util.find_spec("vllm") is not None:
-        return
-    from rlbus.launch.processes import vllm_rlbus_command
+def _in_engine_env(engine: str) -> None:
+    """Re-run this command under the ``rlbus`` of the environment ``engine`` runs in (vLLM's) unless the engine
+    runs here (the demo is one process, so its trainer runs there too). An unknown engine is a bad --engine."""
+    from rlbus.engines.kinds import engine_kind
+    from rlbus.launch.processes import rlbus_command_in
 
     try:
-        command = vllm_rlbus_command()
+        kind = engine_kind(engine, field="--engine")
+    except ConfigError as exc:
+        raise typer.BadParameter(exc.problem, param_hint="--engine") from None
+    if kind.available():
+        return
+    try:
+        python = kind.python()
     except RlbusError as exc:
         print_error(exc)
         raise typer.Exit(1) from None
-    console.print(f"vLLM is not in this environment: running under {command[0]}")
+    if python is None:
+        err.print(f"[red]engine {engine!r} does not run in this environment[/red]")
+        raise typer.Exit(1)
+    command = rlbus_command_in(python)
+    console.print(f"{engine} does not run in this environment: running under {command[0]}")
     os.execv(command[0], [*command, *sys.argv[1:]])

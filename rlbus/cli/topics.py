@@ -70,7 +70,7 @@ def _grant_roles(context: typer.Context, namespace: str, credentials: Path | Non
     if grant is None:
         print_error(ConfigError("acls", "--acls needs `rlbus kafka grant` from rlbus-tools (pip install -e tools)"))
         raise typer.Exit(1)
-    context.invoke(grant, namespace=namespace, credentials=credentials, home=home)
+    grant.callback(namespace=namespace, credentials=credentials, home=home)
 
 
 @app.command("list")

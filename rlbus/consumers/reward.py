@@ -1,15 +1,15 @@
-"""The reward worker: scores rollouts and publishes rewards (verifiers, sandboxed tests, LM judges).
+"""The reward worker: scores rollouts with its scorers and publishes rewards (verifiers, sandboxed tests, LM judges).
 
 It joins the consumer group ``reward-<kind>`` on ``rl.rollouts.v1`` — any number of workers per kind,
 each kind its own group, so the environment's verifier and an LM judge both see every rollout. A rollout carries
-its prompt (environment, config, reference), so scoring needs nothing else: the verifier source asks the
-prompt's environment (exact match, hidden unit tests in the sandbox, tool-task answers), the judge
-kind asks an LM judge with a rubric, and ``both`` publishes both rewards of each rollout (one group,
-``reward-both``; the trainer's ``reward_sources`` say which it waits for). The reward's ``source`` is
-what the environment or judge says (``verifier`` for exact answers, ``sandbox`` for hidden unit tests,
-``judge``). A user's reward function (``[reward] function``, `rlbus.rewards.function.RewardFunction`) takes the
-environment's place as the verifier (source ``verifier``); when it raises or returns no finite number the
-rollout is dead-lettered with that reason. Rewards go to
+its prompt (environment, config, reference), so scoring needs nothing else. The worker holds a list of scorers
+(`rlbus.rewards.scorers`: the ``verifier`` asks the prompt's environment or the user's reward function, the
+``judge`` an LM judge with a rubric, a user's scorer whatever it does) and scores each rollout with all of them
+concurrently, publishing every reward (``kind = "both"`` is the verifier and the judge in one group,
+``reward-both``; the trainer's ``reward_sources`` say which it waits for). The reward's ``source`` is what the
+scorer says (``verifier`` for exact answers, ``sandbox`` for hidden unit tests, ``judge``). When a scorer raises
+(a reward function that fails, a judge that keeps failing) the rollout is dead-lettered with that reason and none
+of its rewards is published. Rewards go to
 ``rl.rewards.v1`` keyed by rollout id, with the id ``<rollout>:<source>``, so a redelivered rollout
 scored twice changes nothing downstream. Served traffic (``rlbus serve``: ``metadata.origin = "served"``,
 no prompt) is skipped and counted, not dead-lettered: its rewards come from its users (the feedback API,
@@ -28,7 +28,7 @@ import logging
 import math
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import msgspec
@@ -37,16 +37,15 @@ from rlbus.bus.base import Bus
 from rlbus.bus.dlq import DeadLetters, handle_batch
 from rlbus.bus.topics import REWARDS, ROLLOUTS
 from rlbus.bus.types import Record
-from rlbus.envs.base import env_for
-from rlbus.envs.episode import Episode, rollout_to_episode
+from rlbus.envs.episode import rollout_to_episode
 from rlbus.errors import MalformedMessage
 from rlbus.metrics import HACKS, REWARD, observe_processing
 from rlbus.observe.lag import LagProbe
 from rlbus.observe.logs import record_fields
-from rlbus.rewards.function import RewardFunction
 from rlbus.rewards.hacks import HackPolicy, apply_hack_policy
-from rlbus.rewards.judge import Judge
-from rlbus.schemas import Prompt, Reward, Rollout
+from rlbus.rewards.scorers import Scorer
+from rlbus.rewards.verifier import VerifierScorer
+from rlbus.schemas import Reward, Rollout
 from rlbus.training.join import is_served
 
 log = logging.getLogger("rlbus.consumers.reward")
@@ -58,21 +57,20 @@ class RewardWorker:
         *,
         bus: Bus,
         kind: str = "verifier",
-        judge: Judge | None = None,
+        scorers: Sequence[Scorer] | None = None,
         worker_id: str = "reward-0",
         concurrency: int = 4,
         max_batch: int = 64,
         on_reward: Callable[[Reward, Rollout], None] | None = None,
-        function: RewardFunction | None = None,
         hack_policy: HackPolicy = "zero",
         hack_penalty: float = 0.5,
     ) -> None:
-        if kind in ("judge", "both") and judge is None:
-            raise ValueError(f"a {kind} reward worker needs a Judge")
+        """A worker of group ``reward-<kind>`` scoring with ``scorers`` (default: the environments' verifier)."""
         self._bus = bus
         self.kind = kind
-        self._judge = judge
-        self._function = function
+        self.scorers: list[Scorer] = list(scorers) if scorers is not None else [VerifierScorer()]
+        if not self.scorers:
+            raise ValueError("a reward worker needs at least one scorer")
         self.worker_id = worker_id
         self._concurrency = concurrency
         self._max_batch = max_batch
@@ -94,38 +92,21 @@ class RewardWorker:
             "scored": self.scored, "skipped_served": self.skipped_served,
             "dead_letters": sum(self.dead_letters.counts.values()),
             "lag": self.lag_probe.total, "hacks": dict(self.hacks), "hack_policy": self.hack_policy,
-            **(self._judge.stats.as_dict() if self._judge is not None else {}),
+            **{k: v for scorer in self.scorers for k, v in scorer.stats().items()},
         }
 
     @property
     def group(self) -> str:
         return f"reward-{self.kind}"
 
-    async def score(self, rollout: Rollout) -> Reward:
+    async def score(self, rollout: Rollout) -> list[Reward]:
+        """The rewards of every scorer for ``rollout``, scored concurrently, in the scorers' order."""
         prompt = rollout.prompt
         if prompt is None:
             raise MalformedMessage(f"rollout {rollout.rollout_id} carries no prompt; it cannot be scored")
         episode = rollout_to_episode(rollout)
-        if self._judge is not None:
-            reward = await self._judge.score(episode, prompt)
-        else:
-            reward = await self._verify(episode, prompt)
-        return msgspec.structs.replace(reward, rollout_created_at=rollout.created_at)
-
-    async def score_both(self, rollout: Rollout) -> list[Reward]:
-        """``kind = "both"``: the environment's verifier reward and the judge's, scored concurrently."""
-        prompt = rollout.prompt
-        if prompt is None or self._judge is None:
-            raise MalformedMessage(f"rollout {rollout.rollout_id} carries no prompt; it cannot be scored")
-        episode = rollout_to_episode(rollout)
-        rewards = await asyncio.gather(self._verify(episode, prompt), self._judge.score(episode, prompt))
+        rewards = await asyncio.gather(*(scorer.score(episode, prompt) for scorer in self.scorers))
         return [msgspec.structs.replace(r, rollout_created_at=rollout.created_at) for r in rewards]
-
-    async def _verify(self, episode: Episode, prompt: Prompt) -> Reward:
-        """The verifier reward: the user's reward function when there is one, else the prompt's environment."""
-        if self._function is not None:
-            return await self._function.score(episode, prompt)
-        return await env_for(prompt).score(episode, prompt)
 
     async def _handle(self, record: Record[Any]) -> None:
         rollout: Rollout = record.value
@@ -135,8 +116,7 @@ class RewardWorker:
                       extra=record_fields(record, rollout_id=rollout.rollout_id, worker=self.worker_id))  # fmt: skip
             return
         t0 = time.perf_counter()
-        rewards = await self.score_both(rollout) if self.kind == "both" else [await self.score(rollout)]
-        rewards = [self._police(r, record) for r in rewards]
+        rewards = [self._police(r, record) for r in await self.score(rollout)]
         for reward in rewards:
             if not math.isfinite(reward.value):  # a NaN reward would poison the whole batch's advantages
                 raise MalformedMessage(f"rollout {rollout.rollout_id}: {reward.source} scored {reward.value}")
@@ -180,5 +160,5 @@ class RewardWorker:
                                        concurrency=self._concurrency)  # fmt: skip
                     await consumer.commit_or_defer()
         finally:
-            if self._judge is not None:
-                await self._judge.close()
+            for scorer in self.scorers:
+                await scorer.close()

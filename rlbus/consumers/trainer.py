@@ -92,6 +92,8 @@ class TrainerWorker:
         self.steps: list[dict[str, Any]] = []
         self.lag_probe = LagProbe()
         self.online = online
+        #: The trainer version VERSION_COUNTER has counted up to (versions may land between steps).
+        self._counted: int | None = None
 
     def stats(self) -> dict[str, Any]:
         """What the trainer's heartbeat carries (``processed`` = rollouts trained) and its latest step."""
@@ -180,6 +182,9 @@ class TrainerWorker:
                 while len(self._ready) >= self.groups_per_step and not stop.is_set() and not self.finished:
                     take, self._ready = self._ready[: self.groups_per_step], self._ready[self.groups_per_step :]
                     await self.train(take)
+                await self._count_versions()
+        await self.trainer.drain()  # the version published in the background, if any, is announced
+        await self._count_versions()
 
     async def _queue(self, groups: list[ScoredGroup]) -> None:
         """Queue released groups for training, minus rollouts already queued or with an outcome: a
@@ -241,9 +246,10 @@ class TrainerWorker:
             metrics["dropped_stale"], self._stale_unreported = self._stale_unreported, 0
             self._report(metrics, kept)
             log.info(
-                "step %d: %d groups, %d rollouts, reward %.3f, hacked %.3f, kl %.2e → v%d",
+                "step %d: %d groups, %d rollouts, reward %.3f, hacked %.3f, kl %.2e → v%d; step %.2fs, publish %.2fs",
                 metrics["step"], len(groups), len(trained), metrics["reward_mean"], metrics["hacked"],
-                metrics["kl_k3"], self.trainer.version, extra={"version": self.trainer.version},
+                metrics["kl_k3"], self.trainer.version, metrics["step_s"], metrics["publish_s"],
+                extra={"version": self.trainer.version},
             )
         await self._state.incr(GROUPS_DONE_COUNTER, len(scored))
         if self.trainer.step == step_before:  # no step: these groups did not move the trainer towards a version
@@ -260,7 +266,8 @@ class TrainerWorker:
     async def _ledgered(self, trained: list[str], step: Callable[[], Awaitable[dict[str, Any]]]) -> dict[str, Any]:
         """Run one step on the rollouts ``trained`` and enter them in the ledger: at once, or held until a
         checkpoint holds the step (see the class docstring); count the versions it published."""
-        before = self.trainer.version
+        if self._counted is None:
+            self._counted = self.trainer.version
         at = self.trainer.step + 1
         if self.holds:  # trained in the ledger once a checkpoint holds the step (join.settle)
             await self.join.hold(at, trained)
@@ -272,9 +279,17 @@ class TrainerWorker:
             await self.join.settle(at, only=set(trained))
         elif metrics["checkpointed"]:
             await self.join.settle(self.trainer.step)
-        if self.trainer.version > before:
-            await self._state.incr(VERSION_COUNTER, self.trainer.version - before)
+        await self._count_versions()
         return metrics
+
+    async def _count_versions(self) -> None:
+        """Count the versions announced since the last count: a step's own, or one published in the
+        background while the next step trained (`Trainer` overlaps publishing)."""
+        if self._counted is None:
+            self._counted = self.trainer.version
+        if self.trainer.version > self._counted:
+            await self._state.incr(VERSION_COUNTER, self.trainer.version - self._counted)
+            self._counted = self.trainer.version
 
     def _report(self, metrics: dict[str, Any], kept: list[ScoredGroup]) -> None:
         """Publish a step's metrics (heartbeat, Prometheus, callbacks), with ``hacked``: the share of the
@@ -357,4 +372,5 @@ class TrainerWorker:
         current = await self._state.get_counter(VERSION_COUNTER)
         if self.trainer.version > current:
             await self._state.incr(VERSION_COUNTER, self.trainer.version - current)
+        self._counted = self.trainer.version
 

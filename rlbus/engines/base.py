@@ -20,9 +20,12 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import Future
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any, Literal, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, Literal, Protocol, TypeVar
 
 import torch
+
+if TYPE_CHECKING:
+    from rlbus.engines.constraints import Constraint
 
 T = TypeVar("T")
 
@@ -44,7 +47,8 @@ class GenerationRequest:
     max_new_tokens: int
     """Upper bound on generated tokens (finish reason "length" when reached)."""
     temperature: float = 1.0
-    """Logits are divided by it; 0 means greedy (a point mass: every log-prob is 0)."""
+    """Logits are divided by it; 0 means greedy: the distribution is the point mass on the argmax, so every
+    recorded log-prob is exactly 0.0 (log 1) and a trainer has no stochastic policy to correct."""
     top_p: float = 1.0
     """Keep the smallest set of most likely tokens whose probability reaches top_p; 1 = off."""
     top_k: int = 0
@@ -60,6 +64,9 @@ class GenerationRequest:
     top_logprobs: int = 0
     """Also report the ``top_logprobs`` most likely ids of each step's sampled distribution (log π', the
     processed one) in ``GenerationResult.extra["top_logprobs"]``; 0 = off. The gateway's OpenAI field."""
+    constraint: Constraint | None = None
+    """A grammar every sampled token must follow (`rlbus.engines.constraints`): its allowed-token mask is
+    applied to the logits before temperature, top-k and top-p; None: unconstrained."""
     on_token: Callable[[int], None] | None = field(default=None, compare=False, repr=False)
     """Called with each sampled id as soon as it is sampled, on the generating thread (must not block):
     how the gateway streams tokens while the row is still in the running batch."""
@@ -89,12 +96,17 @@ class LogprobSpec:
     top-p nucleus, and renormalised — the distribution the token was drawn from. Temperature 0 is greedy:
     π' is a point mass on the argmax and every log-prob is 0. A trainer comparing its own log-probs with
     these must either apply the same processing or count the difference as off-policy-ness.
+
+    ``constrained=True``: a grammar's allowed-token mask was applied to the logits first (π' is zero outside
+    it, before temperature and truncation); the masks are in `GenerationResult.allowed`, and a trainer
+    applies the same masks (`rlbus.rl.logprobs.chunked_token_logprobs`).
     """
 
     temperature: float
     top_p: float
     top_k: int
     processed: bool = True
+    constrained: bool = False
 
 
 @dataclass(frozen=True)
@@ -119,6 +131,9 @@ class GenerationResult:
     replay input for a trainer forward over ``(prompt + tokens)[:-1]``. None for dense models."""
     extra: dict[str, Any] = field(default_factory=dict)
     """Engine-specific details (timings, engine name)."""
+    allowed: torch.Tensor | None = None
+    """[N, W] int32: the allowed-token mask each generated token was sampled under, for a constrained
+    request (layout in `rlbus.engines.constraints`); None when unconstrained."""
 
 
 class Engine(Protocol):

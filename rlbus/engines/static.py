@@ -251,12 +251,13 @@ class StaticBatch:
 
     def prefill(
         self, ids: torch.Tensor, valid: torch.Tensor, lens: list[int], params: SamplingParams, *,
-        cached: list[Any] | None = None, cached_len: int = 0,
+        cached: list[Any] | None = None, cached_len: int = 0, allowed: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Newcomers into slots [n, n + g): ids [g, T] (left padded, ``valid`` [g, W] over the window of
         their columns, ``lens`` their real column counts) end at ``pos``; a cached row (g = 1) starts from
         ``cached`` (per layer [1, H, m, D] keys and values of its first ``cached_len`` tokens). Samples each
-        row's first token: (tokens [g], log π'(token) [g], log π' [g, V]). Call `make_room` first."""
+        row's first token (``allowed`` [g, V]: the constrained-decoding mask, `rlbus.engines.sampling`):
+        (tokens [g], log π'(token) [g], log π' [g, V]). Call `make_room` first."""
         g, T = ids.shape
         W = T + cached_len
         slots, window = slice(self.n, self.n + g), slice(self.pos - W, self.pos)
@@ -271,10 +272,10 @@ class StaticBatch:
         positions = (valid.long().cumsum(dim=1) - 1).clamp(min=0)[:, cached_len:]  # [g, T]
         q_col = torch.arange(cached_len, W, device=ids.device)[:, None]  # [T, 1]
         k_col = torch.arange(W, device=ids.device)[None, :]  # [1, W]
-        allowed = ((k_col <= q_col) & valid[:, None, :]) | (k_col == q_col)  # [g, T, W] causal, own slot always
+        visible = ((k_col <= q_col) & valid[:, None, :]) | (k_col == q_col)  # [g, T, W] causal, own slot always
         logits = self.fwd.forward(self.arena, ids, positions, slots, window, slice(self.pos - T, self.pos),
-                                  allowed[:, None])  # fmt: skip
-        tokens, token_logp, logp = draw(logits, params)
+                                  visible[:, None])  # fmt: skip
+        tokens, token_logp, logp = draw(logits, params, allowed=allowed)
         self.last[slots] = tokens
         self.next_pos[slots] = positions[:, -1] + 1
         for name, t in params.tensors().items():

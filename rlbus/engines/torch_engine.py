@@ -34,8 +34,9 @@ Driving. There is no engine thread: every thread waiting in `generate` (or `driv
 at a time drives; it runs steps until its own requests are done, then hands over to a waiter whose
 requests are still pending, so a short request joining a long one returns as soon as it finishes.
 
-Per step: forward → `sampling.draw` (processed log-probs, then a counter-based draw) → record (token,
-log π'(token), policy version, experts). The log-prob is of the distribution actually sampled from (after
+Per step: forward → the constraint hook (below) → `sampling.draw` (processed log-probs, then a
+counter-based draw) → the grammar states consume their tokens → record (token, log π'(token), policy
+version, experts). The log-prob is of the distribution actually sampled from (after
 temperature and top-k/top-p truncation, renormalised); `GenerationResult.logprob_spec` says so. The policy
 version of a token is the engine's ``policy_version`` when its distribution was computed. Each row samples
 with its own seed (the request's, or one drawn from the engine's seed at `submit`) and its own token
@@ -50,9 +51,11 @@ cache object, re-aligned by `rlbus.engines.kv` between steps. Both share admissi
 retirement, swaps and sampling, and give the same tokens for the same weights (up to float rounding).
 
 Constrained decoding hook. `TorchEngine._allowed` returns a [B, V] bool mask of the tokens each row in
-flight may sample next, or None when no row is constrained (then nothing is paid); it is applied to the
-logits before temperature, top-k and top-p (`rlbus.engines.sampling.processed_logprobs`), so recorded
-log-probs stay exact for the constrained distribution. A batch with a mask decodes eagerly (no graph).
+flight may sample next — a constrained row's grammar mask (`rlbus.engines.constraints`), all True for the
+others — or None when no row is constrained (then nothing is paid); it is applied to the logits before
+temperature, top-k and top-p (`rlbus.engines.sampling.processed_logprobs`), so recorded log-probs stay
+exact for the constrained distribution (after the grammar's mask, temperature and top-k/top-p truncation,
+renormalised). A batch with a mask decodes eagerly (no graph).
 
 Weight swaps. Between decode steps (never before a batch's first prefill, never after its last step) the
 engine runs its ``between_steps`` hook, then every swap pending on its `SwapPoint`; a swap submitted
@@ -87,6 +90,7 @@ from rlbus.engines.base import (
     SwapPoint,
     TokenDecoder,
 )
+from rlbus.engines.constraints import Grammars, RowConstraint, advance, mask_logits
 from rlbus.engines.graphs import StepGraphs
 from rlbus.engines.prefix import Prefix, PrefixCache
 from rlbus.engines.sampling import SamplingParams, draw, row_key
@@ -111,6 +115,7 @@ class _Row:
     finish: FinishReason | None = None
     text: str = ""
     cached: int = 0  # prompt tokens whose keys/values came from the prefix cache
+    constraint: RowConstraint | None = None  # the grammar state of a constrained request
 
     @property
     def remaining(self) -> int:
@@ -159,6 +164,7 @@ class TorchEngine:
         prefix_cache_tokens: int = 0,
         static: bool | None = None,
         cuda_graphs: bool | None = None,
+        grammars: Grammars | None = None,
     ) -> None:
         """``pad_id`` is fed at padding slots (any valid id: those slots are masked);
         ``between_steps`` runs between decode steps, before pending swaps; ``max_batch`` bounds the rows
@@ -166,7 +172,8 @@ class TorchEngine:
         ``prefix_cache_tokens`` > 0 keeps finished rows' keys/values, that many tokens in all, for prompts
         that extend them (0: off). ``static``: the static path (None: whenever the model qualifies, see
         `rlbus.engines.static.static_support`); ``cuda_graphs``: capture its decode step per batch-size
-        bucket (None: on CUDA; on a CPU, True runs the capturable form uncaptured)."""
+        bucket (None: on CUDA; on a CPU, True runs the capturable form uncaptured); ``grammars`` compiles
+        requests' constraints (None: constrained requests are refused)."""
         if max_batch < 1:
             raise ValueError("max_batch must be >= 1")
         if prefix_cache_tokens < 0:
@@ -198,6 +205,7 @@ class TorchEngine:
         self._batch: _Batch | None = None  # touched only by the driving thread
         self._admitting: list[_Row] = []  # rows being prefilled (failed with the batch on an error)
         self.prefix_cache = PrefixCache(prefix_cache_tokens) if prefix_cache_tokens else None
+        self.grammars = grammars
 
     @property
     def prefix_stats(self) -> dict[str, int]:
@@ -247,8 +255,11 @@ class TorchEngine:
                 )
             if r.stop and self.tokenizer is None:
                 raise ValueError(f"request {r.request_id!r} has stop strings but the engine has no tokenizer")
+            if r.constraint is not None and self.grammars is None:
+                raise ValueError(f"request {r.request_id!r} is constrained but the engine has no grammars")
         now = time.perf_counter()
-        rows = [_Row(request=r, seed=self._row_seed(r), future=Future(), submitted=now) for r in requests]
+        rows = [_Row(request=r, seed=self._row_seed(r), future=Future(), submitted=now,
+                     constraint=self._grammar_state(r)) for r in requests]
         with self._cond:
             self._waiting.extend(rows)
         return [row.future for row in rows]
@@ -341,7 +352,8 @@ class TorchEngine:
                 ids[i, P - lengths[i] :] = torch.tensor(row.request.prompt_ids, dtype=torch.long)
                 valid[i, P - lengths[i] :] = True
             params = SamplingParams.of([row.sampling for row in misses], device)
-            out = arena.prefill(ids.to(device), valid.to(device), lengths, params)
+            allowed = self._allowed(misses, arena.fwd.vocab, device)
+            out = arena.prefill(ids.to(device), valid.to(device), lengths, params, allowed=allowed)
             if self.prefix_cache is not None:
                 self.prefix_cache.stats.prefilled_tokens += sum(lengths)
             self._rows += misses
@@ -355,7 +367,8 @@ class TorchEngine:
             suffix = torch.tensor(prompt[n:], dtype=torch.long, device=device)[None]  # [1, s]
             valid = torch.ones(1, len(prompt), dtype=torch.bool, device=device)  # [1, n + s]
             params = SamplingParams.of([row.sampling], device)
-            out = arena.prefill(suffix, valid, [len(prompt)], params, cached=prefix.slots, cached_len=n)
+            out = arena.prefill(suffix, valid, [len(prompt)], params, cached=prefix.slots, cached_len=n,
+                                allowed=self._allowed([row], arena.fwd.vocab, device))
             assert self.prefix_cache is not None
             self.prefix_cache.stats.prefilled_tokens += len(prompt) - n
             self._rows.append(row)
@@ -372,7 +385,7 @@ class TorchEngine:
         assert arena is not None
         version = self.policy_version
         truncate = any(row.truncates for row in self._rows)
-        allowed = self._allowed(self._rows)
+        allowed = self._allowed(self._rows, arena.fwd.vocab, self.model.device)
         if self.graphs is not None and self.graphs.enabled and allowed is None:
             self.graphs.run(arena, truncate=truncate)
         else:
@@ -486,14 +499,19 @@ class TorchEngine:
     def _sample(self, rows: list[_Row], logits: torch.Tensor, version: int, params: SamplingParams) -> torch.Tensor:
         """Sample one token per row from logits [B, V] and record it; returns the tokens [B]."""
         params.truncate = any(row.truncates for row in rows)
-        tokens, token_logp, logp = draw(logits, params, allowed=self._allowed(rows))  # [B], [B], [B, V]
+        allowed = self._allowed(rows, logits.shape[-1], logits.device)
+        tokens, token_logp, logp = draw(logits, params, allowed=allowed)  # [B], [B], [B, V]
         host_tokens, host_logps = torch.stack([tokens.double(), token_logp.double()]).tolist()  # the one copy
         self._record(rows, host_tokens, host_logps, logp, version)
         return tokens
 
     def _record(self, rows: list[_Row], tokens: Sequence[float], logps: Sequence[float], logp: torch.Tensor,
                 version: int) -> None:
-        """Append each row's sampled token (and its top log-probs when asked: one more copy, then)."""
+        """Append each row's sampled token (and its top log-probs when asked: one more copy, then); a
+        constrained row's grammar consumes it."""
+        states = [row.constraint for row in rows]
+        if any(state is not None for state in states):
+            advance(states, [int(t) for t in tokens])
         k = max(row.request.top_logprobs for row in rows)
         if k:
             top_lp, top_ids = logp[: len(rows)].topk(min(k, logp.shape[-1]), dim=-1)  # [B, k] each
@@ -505,10 +523,13 @@ class TorchEngine:
         for row, token, lp in zip(rows, tokens, logps, strict=True):
             self._append(row, int(token), lp, version)
 
-    def _allowed(self, rows: list[_Row]) -> torch.Tensor | None:
-        """The constrained-decoding hook: [B, V] bool, True where row i may sample next (all True for an
-        unconstrained row), or None when no row is constrained. None until constrained decoding lands."""
-        return None
+    def _allowed(self, rows: list[_Row], vocab: int, device: torch.device) -> torch.Tensor | None:
+        """The constrained-decoding hook: [B, V] bool, True where row i may sample next (its grammar's mask;
+        all True for an unconstrained row), or None when no row is constrained."""
+        states = [row.constraint for row in rows]
+        if all(state is None for state in states):
+            return None
+        return mask_logits(states, torch.zeros(len(rows), vocab, device=device)) == 0  # [B, V]
 
     def _retire(self, batch: _Batch) -> _Batch | None:
         """Deliver finished rows and drop them, with the leading slots no remaining row uses."""
@@ -575,6 +596,11 @@ class TorchEngine:
     def _row_seed(self, request: GenerationRequest) -> int:
         return row_key(self._seeds.getrandbits(63) if request.seed is None else request.seed)
 
+    def _grammar_state(self, request: GenerationRequest) -> RowConstraint | None:
+        if request.constraint is None or self.grammars is None:
+            return None
+        return self.grammars.start(request.constraint)
+
     def _boundary(self) -> None:
         if self.between_steps is not None:
             self.between_steps()
@@ -626,9 +652,11 @@ class TorchEngine:
             policy_versions=tuple(row.versions),
             text=row.text,
             finish_reason=row.finish,
-            logprob_spec=LogprobSpec(temperature=req.temperature, top_p=req.top_p, top_k=req.top_k),
+            logprob_spec=LogprobSpec(temperature=req.temperature, top_p=req.top_p, top_k=req.top_k,
+                                     constrained=row.constraint is not None),
             routed_experts=routed,
             extra=extra,
+            allowed=None if row.constraint is None else row.constraint.bits(),
         )
 
 

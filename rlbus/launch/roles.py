@@ -522,7 +522,7 @@ async def serve_main(
                 lambda: parse_model(model, progress=log.info) if model else model_source(config, progress=log.info))
             parts = serve_stack(
                 bus=bus, source=source, tenants=tenants, store=store, worker_id=worker_id, region=region or "",
-                model_name=s.model_name or (Path(model).name if model else config.model.name),
+                model_name=s.model_name or (Path(model).name if model else None),
                 seed=config.task.seed + 7 + zlib.crc32(worker_id.encode()) % 10_000,
                 max_batch=s.max_batch, batch_window_s=config.rollout.batch_window_s,
                 max_staleness=config.trainer.grpo.max_staleness, max_open_sessions=s.max_open_sessions,

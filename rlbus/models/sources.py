@@ -1,10 +1,10 @@
-"""Where a run's model comes from: the in-house policy of a shape, or a Hugging Face model directory.
+"""Where a run's model comes from: the model directory of an HF model, and the names a model goes by.
 
-A `ModelSource` is resolved once from ``[model]`` (`rlbus.launch.arguments.model_source`) or a name on the
-command line (`parse_model`). Trainer and rollout workers build from the same source — the trainer an fp32
-master, each worker a bf16 copy — so their tensors have the same names and shapes and weight sync applies
-deltas between them. The chat format comes with the model: the byte tokenizer's tags for the policy, the
-model's own tokenizer and chat template for an HF model.
+A run's model is a `ModelSource` (`rlbus.models.kinds`), resolved once from ``[model]`` through its kind
+(`rlbus.launch.arguments.model_source`) or from a name on the command line (`parse_model`, which asks each
+kind); `model_from_description` rebuilds a described model through its kind. The kinds themselves live in a
+module each: the in-house policy (`rlbus.models.policy_source`), a Hugging Face model
+(`rlbus.models.hf_source`).
 
 An HF model comes from a local directory, a GGUF file, or a model rlbus ships by name.
 
@@ -37,25 +37,22 @@ import importlib.metadata
 import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from functools import cached_property
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any
 
 import torch
 
+from rlbus.config import did_you_mean
 from rlbus.errors import ConfigError
 from rlbus.models.gguf import converted_dir as converted_dir  # the GGUF conversion lives in rlbus.models.gguf
 from rlbus.models.gguf import converted_gguf
 from rlbus.models.gguf import file_hash as file_hash
+from rlbus.models.kinds import MODELS, ModelKind, ModelSource, model_kind
 
 if TYPE_CHECKING:
-    from rlbus.envs.chat import ChatFormat
     from rlbus.models.base import TrainableLM
-    from rlbus.models.config import PolicyConfig
     from rlbus.models.hf import HFCausalLM
-    from rlbus.models.policy import Policy
-
-    Model = Policy | HFCausalLM
+    from rlbus.models.kinds import Model as Model
 
 
 @dataclass(frozen=True)
@@ -148,125 +145,45 @@ def load_tokenizer(directory: Path) -> Any:
 def model_from_description(
     desc: Mapping[str, Any], *, dtype: torch.dtype = torch.float32, device: str = "cpu"
 ) -> TrainableLM:
-    """Rebuild a model's architecture from `TrainableLM.describe()` (weights: the directory's, or random).
-
-    ``{"kind": "policy", "shape": {...}}`` → a fresh `Policy`; ``{"kind": "hf", "path": DIR}`` → the directory's
-    model; ``{"kind": "hf", "config": {...}}`` → a random HF model of that config (tests, benches).
-    """
-    kind = desc.get("kind")
-    if kind == "policy":
-        from rlbus.models.config import PolicyConfig
-        from rlbus.models.policy import Policy
-
-        return Policy(PolicyConfig(**desc["shape"])).to(dtype=dtype, device=resolve_device(device))
-    if kind == "hf" and "path" in desc:
-        return load_hf(Path(desc["path"]), dtype=dtype, device=device)
-    if kind == "hf" and "config" in desc:
-        from transformers import AutoConfig
-
-        from rlbus.models.hf import HFCausalLM
-
-        data = dict(desc["config"])
-        config = AutoConfig.for_model(data.pop("model_type"), **data)
-        return HFCausalLM.from_config(config, dtype=dtype).to(resolve_device(device))
-    raise ValueError(f"cannot rebuild a model from {dict(desc)!r}")
-
-
-@dataclass(frozen=True)
-class ModelSource:
-    """The one model of a run (see the module docstring). ``directory`` is set for ``kind = "hf"``."""
-
-    kind: Literal["policy", "hf"] = "policy"
-    shape: PolicyConfig | None = None
-    directory: Path | None = None
-    device: str = "auto"
-
-    def __post_init__(self) -> None:
-        if (self.kind == "policy") != (self.shape is not None) or (self.kind == "hf") != (self.directory is not None):
-            raise ValueError("a policy source needs a shape, an hf source a directory")
-
-    @classmethod
-    def policy(cls, shape: PolicyConfig, *, device: str = "auto") -> ModelSource:
-        return cls(kind="policy", shape=shape, device=device)
-
-    @classmethod
-    def hf(cls, directory: Path, *, device: str = "auto") -> ModelSource:
-        return cls(kind="hf", directory=directory, device=device)
-
-    @classmethod
-    def of(cls, model: Any, *, device: str = "auto") -> ModelSource:
-        """The source a built model came from (what its `describe()` says: a checkpoint's model)."""
-        from rlbus.models.config import PolicyConfig
-
-        desc = model.describe()
-        if desc["kind"] == "policy":
-            return cls.policy(PolicyConfig(**desc["shape"]), device=device)
-        if "path" in desc:
-            return cls.hf(Path(desc["path"]), device=device)
-        raise ConfigError("model.checkpoint", "the checkpoint's model has no directory to load a tokenizer from")
-
-    @property
-    def label(self) -> str:
-        """How logs name the model."""
-        return "policy" if self.directory is None else self.directory.name
-
-    def build(self, dtype: torch.dtype | None = None, *, seed: int = 0) -> Model:
-        """A fresh copy in ``dtype`` (float32 by default) on the source's device: the directory's weights for
-        an HF model, a policy initialised from ``seed`` otherwise."""
-        dtype = dtype or torch.float32
-        if self.directory is not None:
-            return load_hf(self.directory, dtype=dtype, device=self.device)
-        from rlbus.models.policy import Policy
-
-        assert self.shape is not None
-        torch.manual_seed(seed)
-        return Policy(self.shape).to(dtype=dtype, device=resolve_device(self.device))
-
-    @cached_property
-    def tokenizer(self) -> Any:
-        """The byte tokenizer, or the HF model's own (``AutoTokenizer`` from the directory)."""
-        if self.directory is None:
-            from rlbus.models.tokenizer import ByteTokenizer
-
-            return ByteTokenizer()
-        return load_tokenizer(self.directory)
-
-    @cached_property
-    def chat(self) -> ChatFormat:
-        """How messages become ids for this model (`rlbus.envs.chat`)."""
-        from rlbus.envs.chat import ChatFormat
-
-        if self.directory is None:
-            return ChatFormat.for_byte_tokenizer(self.tokenizer)
-        return ChatFormat.for_hf_tokenizer(self.tokenizer)
-
-    @property
-    def pad_id(self) -> int:
-        """An id fed at padding slots (masked, so any valid id works; the tokenizer's pad when it has one)."""
-        pad: Any = getattr(self.tokenizer, "pad_token_id", None)
-        if pad is None:
-            pad = getattr(self.tokenizer, "pad_id", 0)
-        return int(pad)
+    """Rebuild a model's architecture from `TrainableLM.describe()` through its kind (`ModelKind.rebuild`:
+    the directory's weights, or random ones). ValueError when no kind answers to the description."""
+    try:
+        kind = model_kind(str(desc.get("kind")))
+    except ConfigError as exc:
+        raise ValueError(f"cannot rebuild a model from {dict(desc)!r}: {exc.problem}") from None
+    return kind.rebuild(desc, dtype=dtype, device=device)
 
 
 def parse_model(text: str, *, device: str = "auto", progress: Callable[[str], None] | None = None) -> ModelSource:
-    """A model named on the command line: ``tiny`` / ``bench`` / ``demo`` (in-house policy presets), a shipped
-    HF model's name (``smollm2-135m-instruct``), a model directory, or a ``.gguf`` file; on ``device``,
-    resolved once and announced (`rlbus.models.device.announce`)."""
-    from rlbus.models.config import DEMO_SHAPE, PolicyConfig
+    """A model named on the command line, asking each kind in turn (`ModelKind.named`): ``tiny`` / ``bench`` /
+    ``demo`` (in-house policy presets), a shipped HF model's name (``smollm2-135m-instruct``), a model
+    directory, a ``.gguf`` file, or a name a user's kind knows; on ``device``, resolved once and announced
+    (`rlbus.models.device.announce`)."""
     from rlbus.models.device import announce
 
     device = announce(device, say=progress).device
+    names: list[str] = []
+    for kind in _kinds():
+        source = kind.named(text, device=device, progress=progress)
+        if source is not None:
+            return source
+        names += kind.names()
+    raise ConfigError("model", f"{text!r} is none of: {', '.join(names)}")
 
-    presets = {"tiny": PolicyConfig.tiny, "bench": PolicyConfig.bench, "demo": lambda: DEMO_SHAPE}
-    if text in presets:
-        return ModelSource.policy(presets[text](), device=device)
-    if text in SHIPPED:
-        return ModelSource.hf(model_dir(name=text, progress=progress), device=device)
-    if text.endswith(".gguf"):
-        return ModelSource.hf(model_dir(gguf=text, progress=progress), device=device)
-    path = Path(text).expanduser()
-    if path.is_dir():
-        return ModelSource.hf(model_dir(path=path), device=device)
-    names = ", ".join([*presets, *SHIPPED])
-    raise ConfigError("model", f"{text!r} is none of: {names}, a model directory, a .gguf file")
+
+def check_model_name(text: str) -> str:
+    """What `parse_model` would make of ``text``, checked without loading or converting anything
+    (`ModelKind.checked_name`); ConfigError naming ``model`` when no kind knows it."""
+    names: list[str] = []
+    for kind in _kinds():
+        said = kind.checked_name(text)
+        if said is not None:
+            return said
+        names += kind.names()
+    raise ConfigError("model", f"{text!r}{did_you_mean(text, names)} is none of: {', '.join(names)}")
+
+
+def _kinds() -> list[ModelKind]:
+    """The model kinds, built-in ones first in the order they registered, then installed packages'."""
+    names = [*MODELS.builtin, *sorted(MODELS.entry_points().keys() - MODELS.builtin.keys())]
+    return [model_kind(name) for name in names]

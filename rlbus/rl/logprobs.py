@@ -4,7 +4,14 @@ For logits z_t (the model's output at position t, which predicts token x_{t+1}) 
 
     log π(x_{t+1}) = log softmax(z_t / τ)[x_{t+1}]
 
-Use the rollout's temperature, so the trainer and the engine describe the same tempered policy. Top-k /
+Use the rollout's temperature, so the trainer and the engine describe the same tempered policy. Where the
+engine sampled under a grammar (constrained decoding), it masked the logits to the allowed tokens A_t before
+temperature, and so does the trainer, with the same recorded masks:
+
+    log π(x_{t+1}) = log softmax(z_t / τ  with  z_{t,y} = −inf for y ∉ A_t)[x_{t+1}]
+
+so on-policy the ratio is exactly 1 at constrained tokens too (the mask is part of the sampling policy,
+like the temperature; `rlbus.engines.constraints`). Top-k /
 top-p truncation is deliberately *not* re-applied: the trainer optimises the full distribution, and the
 engine's truncation (which only removes mass, so π'(x) ≥ π(x) on its support) shows up in the importance
 ratio π/π' that `rlbus.rl.correction` truncates or masks.
@@ -19,6 +26,8 @@ from __future__ import annotations
 
 import torch
 from torch.utils.checkpoint import checkpoint
+
+from rlbus.engines.constraints import apply_masks
 
 
 def sampled_token_logprobs(logits: torch.Tensor, tokens: torch.Tensor, *, temperature: float = 1.0) -> torch.Tensor:
@@ -43,6 +52,8 @@ def chunked_token_logprobs(
     *,
     mask: torch.Tensor | None = None,
     chunk_tokens: int = 1024,
+    allowed_index: torch.Tensor | None = None,
+    allowed_bits: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """log π(targets) [B, S] straight from final hidden states [B, S, D] and the LM head ``weight`` [V, D].
 
@@ -52,6 +63,9 @@ def chunked_token_logprobs(
     in forward and in backward (which recomputes it), and none is kept between them. The projection runs
     in the inputs' (or the ambient autocast's) precision, the log-softmax in float32, exactly as
     `sampled_token_logprobs` on ``(hidden @ weight.T)`` would. Differentiable in ``hidden`` and ``weight``.
+
+    ``allowed_index`` [B, S] (−1: unconstrained) names the row of ``allowed_bits`` [M, W] (int32 masks) that a
+    constrained position's logits are masked with before the log-softmax (module docstring).
     """
     B, S, D = hidden.shape
     if tuple(targets.shape) != (B, S) or tuple(temperature.shape) != (B,) or weight.shape[-1] != D:
@@ -68,18 +82,31 @@ def chunked_token_logprobs(
     h = hidden.reshape(B * S, D)[where]  # [M, D]
     t = targets.reshape(B * S)[where].long()  # [M]
     tau = temperature.float()[:, None].expand(B, S).reshape(B * S)[where]  # [M]
+    constrained = None if allowed_index is None or allowed_bits is None else allowed_index.reshape(-1)[where]  # [M]
     if where.numel() == 0:  # nothing to score: zeros that still hang off the graph, so backward works
         return 0.0 * hidden.sum(-1).float()  # [B, S]
     pieces = []  # each [≤ chunk_tokens]
     for a in range(0, where.numel(), chunk_tokens):
-        args = (h[a : a + chunk_tokens], weight, t[a : a + chunk_tokens], tau[a : a + chunk_tokens])
+        args: tuple[torch.Tensor, ...] = (h[a : a + chunk_tokens], weight, t[a : a + chunk_tokens],
+                                          tau[a : a + chunk_tokens])
+        index = None if constrained is None else constrained[a : a + chunk_tokens]  # [c]
+        if index is not None and allowed_bits is not None and bool((index >= 0).any()):
+            args = (*args, index, allowed_bits)
         grad = torch.is_grad_enabled() and (h.requires_grad or weight.requires_grad)
         pieces.append(checkpoint(_chunk_logprobs, *args, use_reentrant=False) if grad else _chunk_logprobs(*args))
     flat = torch.zeros(B * S, device=hidden.device)  # [B*S]
     return flat.index_copy(0, where, torch.cat(pieces)).view(B, S)  # [B, S]
 
 
-def _chunk_logprobs(h: torch.Tensor, weight: torch.Tensor, t: torch.Tensor, tau: torch.Tensor) -> torch.Tensor:
-    """log softmax((h @ weight.T) / τ)[t] for one chunk: h [c, D], t [c], τ [c] → [c] (float32)."""
-    z = (h @ weight.T).float() / tau[:, None]  # [c, V]
+def _chunk_logprobs(
+    h: torch.Tensor, weight: torch.Tensor, t: torch.Tensor, tau: torch.Tensor,
+    index: torch.Tensor | None = None, bits: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """log softmax((h @ weight.T) / τ)[t] for one chunk: h [c, D], t [c], τ [c] → [c] (float32); positions
+    whose ``index`` [c] is ≥ 0 have their logits masked with ``bits[index]`` first."""
+    z = (h @ weight.T).float()  # [c, V]
+    if index is not None and bits is not None:
+        rows = (index >= 0).nonzero().squeeze(-1)  # [C]
+        z = apply_masks(z, rows, bits[index[rows]])  # [c, V], −inf outside the allowed tokens
+    z = z / tau[:, None]  # [c, V]
     return z.gather(-1, t[:, None]).squeeze(-1) - torch.logsumexp(z, dim=-1)  # [c]

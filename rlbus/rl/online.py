@@ -24,7 +24,7 @@ name the estimator.
 
 What it cannot fix: the baseline removes the reward level of a key, not the difference between prompts
 of one key (a hard question rated down looks like a bad answer), and a thumb is one scalar per whole
-session (no credit assignment to turns). README "Learning from served traffic" lists the rest.
+session (no credit assignment to turns). docs/online.md lists the rest.
 """
 
 from __future__ import annotations

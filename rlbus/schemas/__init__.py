@@ -4,12 +4,13 @@ from rlbus.schemas.base import Codec, Message, decode, encode
 from rlbus.schemas.common import BlobRef
 from rlbus.schemas.prompt import Prompt
 from rlbus.schemas.reward import Reward
-from rlbus.schemas.rollout import Rollout, SamplingInfo, Turn
+from rlbus.schemas.rollout import AllowedTokens, Rollout, SamplingInfo, Turn
 from rlbus.schemas.served import Served, ServedParams
 from rlbus.schemas.tensor import TensorData
 from rlbus.schemas.weights import ChunkRef, TensorMeta, TensorSpan, WeightVersion
 
 __all__ = [
+    "AllowedTokens",
     "BlobRef",
     "ChunkRef",
     "Codec",

@@ -8,9 +8,11 @@ model produced and are trained.
 
 from __future__ import annotations
 
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import msgspec
+import numpy as np
+import zstandard
 
 from rlbus.schemas.base import Message
 from rlbus.schemas.common import BlobRef
@@ -27,6 +29,38 @@ class SamplingInfo(msgspec.Struct, kw_only=True, forbid_unknown_fields=False):
     #: ``"sampled"``: log-prob after temperature and truncation, renormalised; ``"raw"``: of the
     #: untempered, untruncated model distribution.
     logprob_kind: str = "sampled"
+
+
+class AllowedTokens(msgspec.Struct, kw_only=True, forbid_unknown_fields=False):
+    """The allowed-token masks of tokens sampled under a grammar (constrained decoding,
+    `rlbus.engines.constraints`): the behaviour log-probs are of the masked, renormalised distribution,
+    and the trainer masks its logits the same way at these positions so the importance ratio stays exact.
+
+    ``masks`` is zstd-compressed int32 [M, words], little-endian, llguidance's layout (bit ``i % 32`` of
+    word ``i // 32`` allows token ``i``): a constrained turn's masks are mostly long runs, a few hundred
+    bytes per token compressed where raw they are ``vocab / 8`` bytes."""
+
+    #: int32 [M]: the positions in the token arrays whose token was sampled under a mask, ascending.
+    positions: TensorData
+    #: int32 words per mask: ceil(vocabulary / 32).
+    words: int
+    masks: bytes
+
+    @classmethod
+    def pack(cls, positions: np.ndarray[Any, Any], bits: np.ndarray[Any, Any]) -> AllowedTokens:
+        """From positions [M] and masks [M, words] int32."""
+        if bits.ndim != 2 or bits.shape[0] != positions.shape[0]:
+            raise ValueError(f"masks {bits.shape} do not match positions {positions.shape}")
+        raw = np.ascontiguousarray(bits, dtype="<i4").tobytes()
+        return cls(positions=TensorData.from_numpy(np.asarray(positions, dtype=np.int32)), words=int(bits.shape[1]),
+                   masks=zstandard.ZstdCompressor(level=3).compress(raw))
+
+    def unpack(self) -> tuple[np.ndarray[Any, Any], np.ndarray[Any, Any]]:
+        """(positions [M] int64, masks [M, words] int32)."""
+        positions = self.positions.to_numpy().astype(np.int64)
+        raw = zstandard.ZstdDecompressor().decompress(self.masks, max_output_size=4 * self.words * len(positions))
+        bits = np.frombuffer(raw, dtype="<i4").reshape(len(positions), self.words).astype(np.int32)
+        return positions, bits
 
 
 class Turn(msgspec.Struct, kw_only=True, forbid_unknown_fields=False):
@@ -75,3 +109,5 @@ class Rollout(Message, kw_only=True):
     #: the rollout on its own without joining the prompts topic.
     prompt: Prompt | None = None
     metadata: dict[str, str] = msgspec.field(default_factory=dict)
+    #: The masks of the tokens sampled under a grammar (constrained decoding); None: none were.
+    allowed: AllowedTokens | None = None

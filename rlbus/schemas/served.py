@@ -20,7 +20,7 @@ from typing import ClassVar
 import msgspec
 
 from rlbus.schemas.base import Message
-from rlbus.schemas.rollout import SamplingInfo
+from rlbus.schemas.rollout import AllowedTokens, SamplingInfo
 from rlbus.schemas.tensor import TensorData
 
 
@@ -80,3 +80,6 @@ class Served(Message, kw_only=True):
     #: Seconds from the request's arrival to its last token.
     latency_s: float = 0.0
     metadata: dict[str, str] = msgspec.field(default_factory=dict)
+    #: The masks the sampled ids were drawn under when the request was constrained (``tool_choice``
+    #: required or named, ``response_format`` json), positions into ``token_ids``; None: unconstrained.
+    allowed: AllowedTokens | None = None

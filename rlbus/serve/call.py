@@ -34,6 +34,10 @@ class Call:
     record_rollout: bool
     edits: list[str]
     started: float
+    position: int = 0
+    """The index the reply takes in the conversation (the number of messages sent): a session's key for it."""
+    first_call_only: bool = False
+    """``parallel_tool_calls: false`` under ``auto``: the engine stopped at the first ``</tool_call>``."""
 
     def rollout_ids(self) -> list[str]:
         """The ids of the rollouts a recorded completion becomes: the completion id, or ``<id>/<i>`` per choice."""

@@ -6,7 +6,11 @@ Routes (JSON; every route but ``/healthz`` and ``/metrics`` needs ``Authorizatio
 =================================  =====================================================================
 ``POST /v1/chat/completions``      OpenAI chat completions: messages, tools / tool_choice, n, temperature,
                                    top_p, max_tokens, stop, seed, logprobs / top_logprobs, stream (SSE,
-                                   ending ``data: [DONE]``), user, metadata (`rlbus.serve.api`)
+                                   ending ``data: [DONE]``), user, metadata, response_format (the field
+                                   policy: `rlbus.serve.api`)
+``POST /v1/responses``             OpenAI's Responses API, played as the chat request its items map to
+                                   (`rlbus.serve.openai_responses`), streamed as its events
+``GET|DELETE /v1/responses/{id}``  a stored response (``store``, this gateway's memory)
 ``GET /v1/models``                 the one model this gateway serves
 ``POST /rl/sessions/{id}/reward``  close an agent session with a reward (below) → 202 with where the
                                    rollout and the reward landed
@@ -42,9 +46,11 @@ Contract with the trainer side (online learning: the trainer worker's online lan
 * **A closed agent session becomes ONE `Rollout`** on ``rl.rollouts.v1`` with ``group_size=1``,
   ``group_index=0``, ``prompt_id`` = the session's task key (the client's ``metadata.task``, else the
   session id), ``rollout_id`` = the session id, ``token_ids`` / ``loss_mask`` / ``logprobs`` /
-  ``token_versions`` laid out as the agent loop lays them out (loss mask 1 exactly on sampled ids;
-  `rlbus.serve.sessions`), its sampling info, and ``metadata`` {``origin: "served"``, ``tenant``,
-  ``session_id``, ``request_ids`` (comma-joined), ``history_edits``}.
+  ``token_versions`` laid out as the agent loop lays them out (loss mask 1 exactly on sampled ids; every
+  turn the session sampled, a turn the client dropped or edited as a context segment of its own, marked
+  by ``turns[].segment``: `rlbus.serve.sessions`), ``allowed`` (the masks of constrained tokens), its
+  sampling info, and ``metadata`` {``origin: "served"``, ``tenant``, ``session_id``, ``request_ids``
+  (comma-joined), ``history_edits``, ``turns``, ``segments``}.
 * **A single completion recorded as a rollout** (header ``X-RL-Record-Rollout: 1`` or
   ``metadata.rl_record_rollout = "1"``) becomes such a Rollout too, ``rollout_id`` = the completion
   ``id``, ``prompt_id`` = ``metadata.task`` or the id — so feedback on the response id
@@ -83,8 +89,10 @@ from typing import Any
 from aiohttp import web
 
 from rlbus.bus.base import Bus
+from rlbus.bus.namespace import NamespacedBus
 from rlbus.bus.topics import REWARDS, ROLLOUTS
 from rlbus.engines.base import Engine, GenerationRequest, GenerationResult
+from rlbus.engines.constraints import Constraint, Grammars
 from rlbus.envs.chat import ChatFormat
 from rlbus.errors import ApiError, BusError
 from rlbus.exposure import BearerAuth, check_bind, is_loopback, load_token
@@ -99,21 +107,34 @@ from rlbus.metrics import (
     exposition,
 )
 from rlbus.observe.stats import percentile
-from rlbus.serve import api, responses
+from rlbus.serve import api, openai_responses, responses
 from rlbus.serve.admission import Admission
 from rlbus.serve.auth import Tenants
 from rlbus.serve.call import RECORD_HEADER, SESSION_HEADER, Call
+from rlbus.serve.openai_responses import ResponseStore
 from rlbus.serve.prompt import render
 from rlbus.serve.recorder import ServedRecorder
 from rlbus.serve.records import completion_rollout, sampled_turn, sampling, served_record
 from rlbus.serve.responses import error_response, json_response
 from rlbus.serve.sessions import Sessions, session_reward
-from rlbus.serve.streaming import stream_completion
+from rlbus.serve.streaming import Sink, stream_completion, stream_text
 
 log = logging.getLogger("rlbus.serve.gateway")
 
 MAX_BODY_BYTES = 1024 * 1024
 _SESSION_ID = re.compile(r"^[A-Za-z0-9_.:\-]{1,128}$")
+
+
+def cluster_topic(bus: Bus, name: str) -> str:
+    """The name a topic has on the cluster: ``name`` under every namespace ``bus`` wraps it in (a receipt
+    names where the record really is)."""
+    while True:
+        if isinstance(bus, NamespacedBus):
+            name = bus.outer(name)
+        inner = getattr(bus, "inner", None)
+        if not isinstance(inner, Bus):
+            return name
+        bus = inner
 
 
 class Gateway:
@@ -142,12 +163,15 @@ class Gateway:
         connect: Callable[[], Awaitable[None]] | None = None,
         clock: Callable[[], float] = time.time,
         metrics_token: str | None = None,
+        grammars: Grammars | None = None,
     ) -> None:
         """``recorder`` writes ``rl.served.v1``, ``rollouts`` the rollouts of completions recorded as rollouts
         (both buffered), ``bus`` takes session rollouts and rewards (acknowledged before the 202). Without a
         ``bus`` sessions cannot be closed; without a recorder nothing is recorded. ``connect`` starts a bus
         that was not started (it may be down), before a session is published. ``metrics_token`` (else the
-        configured metrics token, read by `run`) opens the operator routes (module docstring, Access)."""
+        configured metrics token, read by `run`) opens the operator routes (module docstring, Access).
+        ``grammars``: the engine's constrained decoding (`rlbus.engines.constraints`); None refuses requests
+        that need it (``tool_choice`` required or named, ``response_format`` json)."""
         self.engine = engine
         self.chat = chat
         self.tenants = tenants
@@ -181,6 +205,8 @@ class Gateway:
         self.address: tuple[str, int] | None = None
         self.listening = asyncio.Event()
         self.metrics_token = metrics_token
+        self.grammars = grammars
+        self.responses_store = ResponseStore()
         self._operator_auth: BearerAuth | None = None
         self._operator_open = False  # set by run: no metrics token and a loopback bind
 
@@ -209,6 +235,9 @@ class Gateway:
         app.router.add_get("/metrics", self._metrics)
         app.router.add_get("/v1/models", self._models)
         app.router.add_post("/v1/chat/completions", self._chat_completions)
+        app.router.add_post("/v1/responses", self._responses)
+        app.router.add_get("/v1/responses/{response_id}", self._stored_response)
+        app.router.add_delete("/v1/responses/{response_id}", self._stored_response)
         app.router.add_post("/rl/sessions/{session_id}/reward", self._session_reward)
         app.router.add_get("/rl/sessions/{session_id}", self._session_info)
         app.on_cleanup.append(self._shutdown_executor)
@@ -328,13 +357,79 @@ class Gateway:
         self.own_seconds.append(time.perf_counter() - started - engine_s)
         return response
 
+    async def _responses(self, request: web.Request) -> web.StreamResponse:
+        """``POST /v1/responses``: played as the chat request it maps to (`rlbus.serve.openai_responses`)."""
+        started = time.perf_counter()
+        tenant = self.tenants.tenant_of(request.headers.get("Authorization"))
+        if request.content_length is not None and request.content_length > self.max_body_bytes:
+            raise ApiError(413, f"request body exceeds {self.max_body_bytes} bytes", code="request_too_large")
+        req = openai_responses.parse(await request.read())
+        store = self.responses_store
+        history = store.previous(req.previous_response_id, tenant) if req.previous_response_id else []
+        chat_req = openai_responses.to_chat(req, history, lambda item_id: store.item(item_id, tenant))
+        call = self._prepare(chat_req, request, tenant, started, id_prefix="resp")
+        created = self._clock()
+        if req.stream:
+            return await self._stream_response(request, call, req, created)
+        results = await self._generate(call.engine_requests)
+        body = openai_responses.response_body(req, self._finish(call, results), response_id=call.served_id,
+                                              created=created)
+        self._keep(req, call, body)
+        return json_response(200, body, headers=responses.headers(call, results, self.engine.policy_version))
+
+    async def _stream_response(self, http: web.Request, call: Call, req: openai_responses.ResponsesRequest,
+                               created: float) -> web.StreamResponse:
+        response = web.StreamResponse(status=200, headers={
+            "Content-Type": "text/event-stream", "Cache-Control": "no-cache",
+            **responses.headers(call, None, self.engine.policy_version)})
+        await response.prepare(http)
+        sink = Sink(response)
+        events = openai_responses.EventStream(
+            openai_responses.response_body(req, None, response_id=call.served_id, created=created))
+        for event in events.start():
+            await sink.send(event)
+
+        async def text(i: int, piece: str) -> None:
+            for event in events.delta(piece):
+                await sink.send(event)
+
+        try:
+            results, _ = await stream_text(call, self.chat, self._generate, text)
+        except Exception as exc:  # headers are out: the failure becomes the stream's last event
+            await sink.fail(call, exc, events.error)
+            return response
+        body = openai_responses.response_body(req, self._finish(call, results), response_id=call.served_id,
+                                              created=created)
+        self._keep(req, call, body)
+        for event in events.finish(body):
+            await sink.send(event)
+        await sink.close()
+        return response
+
+    def _keep(self, req: openai_responses.ResponsesRequest, call: Call, body: dict[str, Any]) -> None:
+        if req.store is not False:
+            self.responses_store.put(call.tenant, body, openai_responses.conversation(call.request, body["output"]))
+
+    async def _stored_response(self, request: web.Request) -> web.Response:
+        """``GET`` a stored response, or ``DELETE`` it (a 404 when it is not stored for this tenant)."""
+        tenant = self.tenants.tenant_of(request.headers.get("Authorization"))
+        response_id = request.match_info["response_id"]
+        stored = self.responses_store.get(response_id, tenant)
+        if stored is None:
+            raise ApiError(404, f"no stored response {response_id!r}", param="response_id", code="not_found")
+        if request.method == "DELETE":
+            self.responses_store.delete(response_id, tenant)
+            return json_response(200, {"id": response_id, "object": "response.deleted", "deleted": True})
+        return json_response(200, stored.body)
+
     async def _session_info(self, request: web.Request) -> web.Response:
         tenant = self.tenants.tenant_of(request.headers.get("Authorization"))
         session = self.sessions.owned(request.match_info["session_id"], tenant)
-        seq = session.sequence
+        parts = session.segments()
         return json_response(200, {
-            "session_id": session.session_id, "task": session.task, "turns": len(session.request_ids),
-            "tokens": 0 if seq is None else len(seq.ids), "sampled_tokens": 0 if seq is None else sum(seq.mask),
+            "session_id": session.session_id, "task": session.task, "turns": len(session.sampled),
+            "segments": len(parts), "tokens": sum(len(p.ids) for p in parts),
+            "sampled_tokens": sum(sum(p.mask) for p in parts),
             "history_edits": session.edits, "oldest_version": session.oldest_version,
             "request_ids": session.request_ids,
         })
@@ -370,27 +465,31 @@ class Gateway:
             raise ApiError(503, f"bus unavailable: {exc or 'no acknowledgement in time'}", type="server_error",
                            code="bus_unavailable", retry_after_s=5) from None
         self.sessions.close(session.session_id)
-        log.info("session %s closed: rollout at %s[%d]@%d (%d tokens, %d sampled), reward %.3f (%s)",
-                 session.session_id, at_rollout.topic, at_rollout.partition, at_rollout.offset,
-                 rollout.token_ids.numel, int(sum(session.sequence.mask)) if session.sequence else 0,
-                 reward.value, reward.source,
-                 extra={"rollout_id": rollout.rollout_id, "topic": at_rollout.topic,
-                        "partition": at_rollout.partition, "offset": at_rollout.offset})
+        rollout_topic = cluster_topic(self._bus, at_rollout.topic)
+        reward_topic = cluster_topic(self._bus, at_reward.topic)
+        sampled = int(rollout.loss_mask.to_numpy().sum())
+        log.info("session %s closed: rollout at %s[%d]@%d (%d tokens, %d sampled, %d turns in %d segments), "
+                 "reward %.3f (%s)", session.session_id, rollout_topic, at_rollout.partition, at_rollout.offset,
+                 rollout.token_ids.numel, sampled, len(session.sampled), len(session.segments()), reward.value,
+                 reward.source, extra={"rollout_id": rollout.rollout_id, "topic": rollout_topic,
+                                       "partition": at_rollout.partition, "offset": at_rollout.offset})
         return json_response(202, {
             "rollout_id": rollout.rollout_id, "prompt_id": rollout.prompt_id,
-            "tokens": rollout.token_ids.numel, "sampled_tokens": int(rollout.loss_mask.to_numpy().sum()),
-            "rollout": {"topic": at_rollout.topic, "partition": at_rollout.partition, "offset": at_rollout.offset},
+            "tokens": rollout.token_ids.numel, "sampled_tokens": sampled,
+            "turns": int(rollout.metadata["turns"]), "segments": int(rollout.metadata["segments"]),
+            "rollout": {"topic": rollout_topic, "partition": at_rollout.partition, "offset": at_rollout.offset},
             "reward": {"reward_id": reward.reward_id, "value": reward.value, "source": reward.source,
-                       "topic": at_reward.topic, "partition": at_reward.partition, "offset": at_reward.offset},
+                       "topic": reward_topic, "partition": at_reward.partition, "offset": at_reward.offset},
         })
 
     # -- a completion ------------------------------------------------------------------------------------
 
-    def _prepare(self, req: api.ChatRequest, http: web.Request, tenant: str, started: float) -> Call:
+    def _prepare(self, req: api.ChatRequest, http: web.Request, tenant: str, started: float,
+                 id_prefix: str = "") -> Call:
         if req.model not in (self.model_name, self.model_id):
             raise ApiError(404, f"the model {req.model!r} does not exist; this gateway serves {self.model_name!r}",
                            param="model", code="model_not_found")
-        served_id = api.new_id()
+        served_id = api.new_id(id_prefix, "_") if id_prefix else api.new_id()
         request_id = http.headers.get("X-Request-Id", served_id)[:128]
         metadata = req.metadata or {}
         session_id = http.headers.get(SESSION_HEADER) or (req.user if self.user_sessions else None)
@@ -407,40 +506,60 @@ class Gateway:
             self.admission.check(served_version=self.engine.policy_version,
                                  oldest=None if session is None else session.oldest_version,
                                  opening=session_id is not None and session is None, open_sessions=len(self.sessions))
-        if session_id is not None and session is None:
-            session = self.sessions.open(session_id, tenant=tenant, task=metadata.get("task"))
         tools = api.tool_schemas(req)
-        try:
-            context = render(self.chat, api.internal_messages(req), tools=tools,
-                             recorded=None if session is None else session.turns)
+        messages = api.internal_messages(req)
+        try:  # a new session maps nothing yet: its assistant messages are reported as edits
+            context = render(self.chat, messages, tools=tools,
+                             recorded=None if session_id is None else {} if session is None else session.turns)
         except ValueError as exc:
             raise api.bad(f"this model's chat format cannot take tools: {exc}", "tools", "unsupported_value") from None
         context.add(self.chat.model_header)
-        if context.edits and session is not None:
-            session.edits += 1
-            self.history_edits += 1
-            SERVE_HISTORY_EDITS.inc()
-            log.info("session %s: history edited (%s)", session.session_id, "; ".join(context.edits))
         room = self.max_context - len(context.ids)
         asked = req.max_completion_tokens or req.max_tokens
         if room < 1 or (asked is not None and asked > room):
             raise api.bad(f"the prompt is {len(context.ids)} tokens and max_tokens {asked or 1}; this model's "
                           f"context is {self.max_context}", "messages", "context_length_exceeded")
         max_tokens = min(asked or self.default_max_tokens, room)
-        stops = tuple(api.stops_of(req))
+        constraint = self._constraint(req)
+        first_call_only = api.ends_at_first_call(req)
+        stops = (*api.stops_of(req), *([api.CALL_END] if first_call_only else []))
         engine_requests = [
             GenerationRequest(
                 prompt_ids=tuple(context.ids), max_new_tokens=max_tokens,
                 temperature=1.0 if req.temperature is None else req.temperature,
-                top_p=1.0 if req.top_p is None else req.top_p, stop=stops, stop_token_ids=self.chat.stop_ids,
-                seed=None if req.seed is None else req.seed + i, request_id=f"{served_id}/{i}",
-                top_logprobs=(req.top_logprobs or 0) if req.logprobs else 0,
+                top_p=1.0 if req.top_p is None else req.top_p, top_k=req.top_k or 0, stop=stops,
+                stop_token_ids=self.chat.stop_ids, seed=None if req.seed is None else req.seed + i,
+                request_id=f"{served_id}/{i}", top_logprobs=(req.top_logprobs or 0) if req.logprobs else 0,
+                constraint=constraint,
             )
             for i in range(req.n)
         ]
+        if session_id is not None and session is None:  # opened only once nothing can refuse the request
+            session = self.sessions.open(session_id, tenant=tenant, task=metadata.get("task"))
+        if context.edits and session is not None:
+            session.edits += 1
+            self.history_edits += 1
+            SERVE_HISTORY_EDITS.inc()
+            log.info("session %s: history edited (%s)", session.session_id, "; ".join(context.edits))
         return Call(served_id=served_id, request_id=request_id, tenant=tenant, request=req, context=context,
-                     engine_requests=engine_requests, tools=tools is not None, session=session,
-                     record_rollout=record_rollout, edits=context.edits, started=started)
+                    engine_requests=engine_requests, tools=tools is not None, session=session,
+                    record_rollout=record_rollout, edits=context.edits, started=started, position=len(messages),
+                    first_call_only=first_call_only)
+
+    def _constraint(self, req: api.ChatRequest) -> Constraint | None:
+        """The grammar the request asks for (`rlbus.serve.api.constraint_of`), checked against this engine."""
+        constraint = api.constraint_of(req)
+        if constraint is None:
+            return None
+        param = "response_format" if req.response_format is not None and req.response_format.type != "text" and (
+            req.tool_choice in (None, "auto", "none")) else "tool_choice"
+        if self.grammars is None:
+            raise api.bad(f"{param}: this engine does not do constrained decoding", param, "unsupported_value")
+        try:
+            self.grammars.check(constraint)
+        except ValueError as exc:
+            raise api.bad(f"{param}: the schema does not compile: {exc}"[:500], param) from None
+        return constraint
 
     async def _generate(self, requests: Sequence[GenerationRequest]) -> list[GenerationResult]:
         loop = asyncio.get_running_loop()
@@ -484,7 +603,7 @@ class Gateway:
     def _add_to_session(self, call: Call, result: GenerationResult, content: str | None, calls: list[Any],
                         finish: str) -> None:
         assert call.session is not None
-        turn = sampled_turn(result, content, calls, finish)
+        turn = sampled_turn(result, content, calls, finish, position=call.position)
         call.session.add_turn(call.context, turn, header_len=len(self.chat.model_header),
                               closing=list(self.chat.turn_closing(result.token_ids)), sampling=sampling(result),
                               request_id=call.served_id, now=self._clock())

@@ -16,7 +16,7 @@ import numpy as np
 
 from rlbus.engines.base import GenerationResult
 from rlbus.envs.chat import ChatFormat
-from rlbus.schemas import Rollout, SamplingInfo, Served, ServedParams, TensorData, Turn
+from rlbus.schemas import AllowedTokens, Rollout, SamplingInfo, Served, ServedParams, TensorData, Turn
 from rlbus.serve import api
 from rlbus.serve.call import Call
 from rlbus.serve.prompt import SampledTurn
@@ -44,17 +44,22 @@ def served_record(
         finish_reason=finish, text=result.text, history_edited=bool(call.edits), created_at=clock(),
         latency_s=time.perf_counter() - call.started,
         metadata={k: v for k, v in (req.metadata or {}).items()},
+        allowed=None if result.allowed is None else AllowedTokens.pack(np.arange(len(result.token_ids)),
+                                                                       result.allowed.numpy()),
     )
 
 
-def sampled_turn(result: GenerationResult, content: str | None, calls: list[Any], finish: str) -> SampledTurn:
-    """A session's record of one turn as sampled (`rlbus.serve.sessions` maps later requests onto it)."""
+def sampled_turn(result: GenerationResult, content: str | None, calls: list[Any], finish: str, *,
+                 position: int) -> SampledTurn:
+    """A session's record of one turn as sampled at ``position`` (`rlbus.serve.sessions` maps later requests
+    onto it)."""
     routed = result.routed_experts
     return SampledTurn(
         key=api.turn_key(content, calls), prompt_ids=tuple(result.prompt_ids), token_ids=tuple(result.token_ids),
         logprobs=tuple(float(x) for x in result.logprobs.tolist()), versions=tuple(result.policy_versions),
         text=result.text, finish_reason=finish,
         routed_experts=None if routed is None else routed.to("cpu").numpy().astype(np.int16),
+        position=position, allowed=None if result.allowed is None else result.allowed.numpy(),
     )
 
 
@@ -67,7 +72,7 @@ def completion_rollout(
     seq = call.context.copy()
     start = len(seq.ids) - len(chat.model_header)
     seq.add_sampled(list(result.token_ids), [float(x) for x in result.logprobs.tolist()],
-                    list(result.policy_versions))
+                    list(result.policy_versions), None if result.allowed is None else result.allowed.numpy())
     seq.add(chat.turn_closing(result.token_ids))
     turns = [*seq.turns, Turn(role="assistant", text=result.text, start=start, end=len(seq.ids))]
     routed = result.routed_experts
@@ -82,6 +87,7 @@ def completion_rollout(
         sampling=sampling(result), turns=turns, finish_reason=finish, created_at=clock(),
         metadata={"origin": "served", "tenant": call.tenant, "session_id": "", "request_ids": call.served_id,
                   **({"task": task} if (task := (call.request.metadata or {}).get("task")) else {})},
+        allowed=seq.allowed_tokens(),
     )
 
 

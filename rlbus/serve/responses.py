@@ -25,7 +25,7 @@ def choice(
     call: Call, i: int, result: GenerationResult, chat: ChatFormat
 ) -> tuple[dict[str, Any], str | None, list[Any]]:
     """(choice body, content, tool_calls) of one result."""
-    content, calls = api.split_tool_calls(result.text, enabled=call.tools)
+    content, calls = api.split_tool_calls(reply_text(call, result, chat), enabled=call.tools)
     finish = "tool_calls" if calls else result.finish_reason
     message: dict[str, Any] = {"role": "assistant", "content": content}
     if calls:
@@ -41,6 +41,17 @@ def choice(
         logprobs = {"content": api.logprob_entries(ids, lps, None if top is None else top[: len(ids)],
                                                    piece), "refusal": None}
     return {"index": i, "message": message, "logprobs": logprobs, "finish_reason": finish}, content, calls
+
+
+def reply_text(call: Call, result: GenerationResult, chat: ChatFormat) -> str:
+    """The reply's text; a turn that ended at its first call (``parallel_tool_calls: false`` under ``auto``)
+    gets back the ``</tool_call>`` its stop string cut, so the call parses."""
+    text = result.text
+    if (call.first_call_only and result.finish_reason == "stop" and result.token_ids
+            and result.token_ids[-1] not in chat.stop_ids and chat.decode(result.token_ids).startswith(
+                text + api.CALL_END)):
+        return text + api.CALL_END
+    return text
 
 
 def visible(result: GenerationResult, chat: ChatFormat) -> tuple[list[int], list[float]]:

@@ -2,17 +2,32 @@
 
 A client marks a session with the ``X-RL-Session: <id>`` header (or, failing that, the ``user`` field
 when the gateway is configured to treat it as one). The gateway keeps every turn it sampled for the
-session (`rlbus.serve.prompt.SampledTurn`); when the client sends the conversation back, the earlier
-assistant messages are mapped to those ids (`rlbus.serve.prompt.render`) and the session's sequence is
-the last context plus the last turn: the prompt and observations masked, every sampled id with loss
-mask 1, its log-prob and its policy version. This is AReaL's "online proxy" mode (Fu et al., 2025) —
-an agent harness the trainer does not own, trained on exactly what was sampled.
+session (`rlbus.serve.prompt.SampledTurn`), by its **position** in the conversation; when the client sends
+the conversation back, the earlier assistant messages are mapped to those ids (`rlbus.serve.prompt.render`).
+This is AReaL's "online proxy" mode (Fu et al., 2025) — an agent harness the trainer does not own, trained
+on exactly what was sampled.
 
-``POST /rl/sessions/{id}/reward`` closes the session: the sequence becomes one `Rollout`
-(:meth:`Session.rollout`, group of one) and the body's value one `Reward`, both published for the
-trainer's join. A session is per gateway process and in memory (its turns are also on ``rl.served.v1``,
-keyed by session id): replicas behind a load balancer need session affinity on the header. Sessions
-idle for ``ttl_s`` are forgotten, counted as expired.
+``POST /rl/sessions/{id}/reward`` closes the session into one `Rollout` (:meth:`Session.rollout`, group of
+one) holding **every turn the session sampled**, each under the context it was sampled in: the newest
+turn's sequence (its context, with every earlier turn it maps to as sampled, and the turn), then, for each
+sampled turn that sequence does not contain, that turn's own sequence as a further context segment
+(`rlbus.schemas.Turn.segment`: the trainer runs each segment as its own row, as for a self-summarising
+episode). Prompts and observations are masked; every sampled id has loss mask 1, its log-prob, its policy
+version and, when it was constrained, its allowed-token mask. What that means for each way a client may
+treat its history:
+
+* **Sent back as returned**: one segment, every turn mapped (``X-RL-History: ok``).
+* **Identical replies** (an agent repeating a tool call): each is recorded at its own position, so each
+  maps to its own sample; nothing is overwritten.
+* **Dropped turns** (an agent that leaves a failed turn out of the history and asks again): the dropped
+  turn was sampled, so it is trained, as its own segment; the retry maps at the same position.
+* **Edited history** (an assistant message changed, or the context before it): the message is rendered
+  from its text and masked (``X-RL-History: edited``, counted in ``history_edits``); the original sample
+  is trained as its own segment, under the context it was really sampled in.
+
+The reward applies to every segment alike (one scalar per session). A session is per gateway process and
+in memory (its turns are also on ``rl.served.v1``, keyed by session id): replicas behind a load balancer
+need session affinity on the header. Sessions idle for ``ttl_s`` are forgotten, counted as expired.
 """
 
 from __future__ import annotations
@@ -27,7 +42,7 @@ import numpy as np
 
 from rlbus.errors import ApiError
 from rlbus.metrics import SERVE_SESSIONS_OPEN
-from rlbus.schemas import Reward, Rollout, SamplingInfo, TensorData
+from rlbus.schemas import Reward, Rollout, SamplingInfo, TensorData, Turn
 from rlbus.serve.prompt import Rendered, SampledTurn
 
 
@@ -39,9 +54,10 @@ class Session:
     """The rollout's prompt_id: the client's ``metadata.task``, else the session id."""
     created_at: float
     last_active: float
-    turns: dict[str, SampledTurn] = field(default_factory=dict)
-    sequence: Rendered | None = None
-    """The newest context plus the turn sampled after it."""
+    turns: dict[int, list[SampledTurn]] = field(default_factory=dict)
+    """Every sampled turn by its position in the conversation (`rlbus.serve.prompt.render` maps by it)."""
+    sampled: list[tuple[SampledTurn, Rendered]] = field(default_factory=list)
+    """Every sampled turn in order, with its sequence: the context it was sampled in, then the turn."""
     request_ids: list[str] = field(default_factory=list)
     sampling: SamplingInfo = field(default_factory=SamplingInfo)
     finish_reason: str = "stop"
@@ -49,12 +65,26 @@ class Session:
     closing: bool = False
 
     @property
+    def sequence(self) -> Rendered | None:
+        """The newest turn's sequence: its context plus the turn."""
+        return self.sampled[-1][1] if self.sampled else None
+
+    @property
     def oldest_version(self) -> int | None:
-        """Oldest policy version among the sampled tokens of the current sequence."""
-        if self.sequence is None:
-            return None
-        sampled = [v for v, m in zip(self.sequence.versions, self.sequence.mask, strict=True) if m]
-        return min(sampled) if sampled else None
+        """Oldest policy version among the tokens the session sampled."""
+        versions = [min(t.versions) for t, _ in self.sampled if t.versions]
+        return min(versions) if versions else None
+
+    def segments(self) -> list[Rendered]:
+        """The sequences that together hold every sampled turn once (module docstring), oldest first."""
+        kept: list[Rendered] = []
+        covered: set[int] = set()
+        for turn, sequence in reversed(self.sampled):
+            if id(turn) in covered:
+                continue
+            kept.append(sequence)
+            covered |= {id(t) for t in sequence.mapped}
+        return kept[::-1]
 
     def add_turn(self, context: Rendered, turn: SampledTurn, *, header_len: int, closing: list[int],
                  sampling: SamplingInfo, request_id: str, now: float) -> None:
@@ -62,23 +92,25 @@ class Session:
         generation prompt the turn opened with)."""
         sequence = context.copy()
         start = len(sequence.ids) - header_len
-        sequence.add_sampled(turn.token_ids, turn.logprobs, turn.versions)
+        sequence.add_sampled(turn.token_ids, turn.logprobs, turn.versions, turn.allowed)
         sequence.add(closing)
         sequence.mapped.append(turn)
         sequence.turn("assistant", turn.text, start)
-        self.sequence = sequence
-        self.turns[turn.key] = turn
+        self.sampled.append((turn, sequence))
+        self.turns.setdefault(turn.position, []).append(turn)
         self.sampling = sampling
         self.finish_reason = turn.finish_reason
         self.request_ids.append(request_id)
         self.last_active = now
 
     def rollout(self, *, model_id: str, worker_id: str, region: str, now: float) -> Rollout:
-        """The session as one rollout (group of one), per the gateway's contract."""
-        seq = self.sequence
-        if seq is None or not any(seq.mask):
+        """The session as one rollout (group of one), per the gateway's contract: its `segments` one after
+        the other, each a context segment of its own."""
+        parts = self.segments()
+        if not parts or not any(any(p.mask) for p in parts):
             raise ApiError(409, f"session {self.session_id!r} has no sampled turn to train on",
                            param="session_id", code="session_empty")
+        seq = _concatenate(parts)
         return Rollout(
             rollout_id=self.session_id,
             prompt_id=self.task,
@@ -91,7 +123,7 @@ class Session:
             loss_mask=TensorData.from_numpy(np.asarray(seq.mask, dtype=np.uint8)),
             logprobs=TensorData.from_numpy(np.asarray(seq.logprobs, dtype=np.float32)),
             token_versions=TensorData.from_numpy(np.asarray(seq.versions, dtype=np.int32)),
-            routed_experts=_routing(seq.mapped, len(seq.ids)),
+            routed_experts=_segments_routing(parts),
             sampling=self.sampling,
             turns=list(seq.turns),
             finish_reason=self.finish_reason,
@@ -100,8 +132,36 @@ class Session:
             metadata={
                 "origin": "served", "tenant": self.tenant, "session_id": self.session_id,
                 "request_ids": ",".join(self.request_ids), "history_edits": str(self.edits),
+                "turns": str(len(self.sampled)), "segments": str(len(parts)),
             },
+            allowed=seq.allowed_tokens(),
         )
+
+
+def _concatenate(parts: list[Rendered]) -> Rendered:
+    """Sequences one after the other, segment k's turns marked ``segment=k`` and covering all its ids."""
+    out = Rendered()
+    for k, part in enumerate(parts):
+        offset = len(out.ids)
+        for j, t in enumerate(part.turns):
+            start = 0 if j == 0 else t.start  # the first turn opens the segment (BOS included)
+            out.turns.append(Turn(role=t.role, text=t.text, start=offset + start, end=offset + t.end, segment=k))
+        out.ids += part.ids
+        out.mask += part.mask
+        out.logprobs += part.logprobs
+        out.versions += part.versions
+        out.mapped += part.mapped
+        out.allowed += [(offset + p, bits) for p, bits in part.allowed]
+    return out
+
+
+def _segments_routing(parts: list[Rendered]) -> TensorData | None:
+    """Each segment's routing (`_routing`) concatenated along the tokens; None unless all have one."""
+    pieces = [_routing(p.mapped, len(p.ids)) for p in parts]
+    if any(p is None for p in pieces):
+        return None
+    arrays = [p.to_numpy() for p in pieces if p is not None]
+    return TensorData.from_numpy(np.concatenate(arrays, axis=1))
 
 
 def _routing(turns: list[SampledTurn], total: int) -> TensorData | None:

@@ -80,6 +80,7 @@ def serve_stack(
         admission=admission, sessions=Sessions(max_open=max_open_sessions), model_id=model_id, worker_id=worker_id,
         region=region, user_sessions=user_sessions, threads=max(8, 2 * max_batch),
         default_max_tokens=default_max_tokens, connect=None if connector is None else connector.connect,
+        grammars=getattr(parts.engine, "grammars", None),
     )
     return ServeStack(gateway=gateway, rollout=parts, recorder=recorder)
 

@@ -36,30 +36,11 @@ async def stream_completion(
 
     A client that goes away mid-stream does not stop the generation or its recording: the tokens were
     sampled, so they are recorded (and join the session) like any completion."""
-    loop = asyncio.get_running_loop()
-    queue: asyncio.Queue[tuple[int, int]] = asyncio.Queue()
-
-    def pusher(i: int) -> Callable[[int], None]:
-        def push(token: int) -> None:  # on the generating thread
-            loop.call_soon_threadsafe(queue.put_nowait, (i, token))
-
-        return push
-
-    requests = [replace(r, on_token=pusher(i)) for i, r in enumerate(call.engine_requests)]
     response = web.StreamResponse(status=200, headers={
         "Content-Type": "text/event-stream", "Cache-Control": "no-cache", **headers(call, None, engine.policy_version)})
     await response.prepare(http)
     created = int(clock())
-    gone = False
-
-    async def send(data: bytes) -> None:
-        nonlocal gone
-        if gone:
-            return
-        try:
-            await response.write(data)
-        except (ConnectionError, RuntimeError):  # the client closed the connection
-            gone = True
+    sink = Sink(response)
 
     def chunk(choices: list[dict[str, Any]], **extra: Any) -> bytes:
         body = {"id": call.served_id, "object": "chat.completion.chunk", "created": created,
@@ -68,37 +49,18 @@ async def stream_completion(
         return b"data: " + msgspec.json.encode(body) + b"\n\n"
 
     version = [str(engine.policy_version)]
-    n = len(requests)
+    n = len(call.engine_requests)
     for i in range(n):
-        await send(chunk([{"index": i, "delta": {"role": "assistant", "content": ""},
-                           "logprobs": None, "finish_reason": None}]))
-    tokens: list[list[int]] = [[] for _ in range(n)]
-    sent = [""] * n
-    holds = [*call.engine_requests[0].stop, *(["<tool_call>"] if call.tools else [])]
-    generation = asyncio.ensure_future(generate(requests))
+        await sink.send(chunk([{"index": i, "delta": {"role": "assistant", "content": ""},
+                                "logprobs": None, "finish_reason": None}]))
+
+    async def text(i: int, piece: str) -> None:
+        await sink.send(chunk([{"index": i, "delta": {"content": piece}, "logprobs": None, "finish_reason": None}]))
+
     try:
-        while not (generation.done() and queue.empty()):
-            getter = asyncio.ensure_future(queue.get())
-            await asyncio.wait([getter, generation], return_when=asyncio.FIRST_COMPLETED)
-            if not getter.done():
-                getter.cancel()
-                continue
-            i, token = getter.result()
-            tokens[i].append(token)
-            visible = safe_prefix(chat.decode(tokens[i]), holds)
-            if len(visible) > len(sent[i]) and visible.startswith(sent[i]):
-                piece, sent[i] = visible[len(sent[i]):], visible
-                await send(chunk([{"index": i, "delta": {"content": piece}, "logprobs": None,
-                                   "finish_reason": None}]))
-        results = generation.result()
+        results, sent = await stream_text(call, chat, generate, text)
     except Exception as exc:  # headers are out: the failure becomes the stream's last event
-        log.exception("streamed completion %s failed", call.served_id)
-        error = exc if isinstance(exc, ApiError) else ApiError(
-            500, f"internal error: {type(exc).__name__}", type="server_error", code="internal_error")
-        await send(b"data: " + msgspec.json.encode(api.error_body(error)) + b"\n\n")
-        if not gone:
-            with contextlib.suppress(ConnectionError, RuntimeError):
-                await response.write_eof()
+        await sink.fail(call, exc, lambda body: b"data: " + msgspec.json.encode(body) + b"\n\n")
         return response
     version[0] = versions(results, "v")
     body = finish(call, results)
@@ -109,15 +71,78 @@ async def stream_completion(
             delta["content"] = content[len(sent[i]):]
         if "tool_calls" in choice["message"]:
             delta["tool_calls"] = [{"index": k, **c} for k, c in enumerate(choice["message"]["tool_calls"])]
-        await send(chunk([{"index": i, "delta": delta, "logprobs": choice["logprobs"],
-                           "finish_reason": choice["finish_reason"]}]))
+        await sink.send(chunk([{"index": i, "delta": delta, "logprobs": choice["logprobs"],
+                                "finish_reason": choice["finish_reason"]}]))
     if call.request.stream_options is not None and call.request.stream_options.include_usage:
-        await send(chunk([], usage=body["usage"]))
-    await send(b"data: [DONE]\n\n")
-    if not gone:
-        with contextlib.suppress(ConnectionError, RuntimeError):
-            await response.write_eof()
+        await sink.send(chunk([], usage=body["usage"]))
+    await sink.send(b"data: [DONE]\n\n")
+    await sink.close()
     return response
+
+
+class Sink:
+    """Writes a stream's events; a client that went away is noted, never an error (generation goes on)."""
+
+    def __init__(self, response: web.StreamResponse) -> None:
+        self.response = response
+        self.gone = False
+
+    async def send(self, data: bytes) -> None:
+        if self.gone:
+            return
+        try:
+            await self.response.write(data)
+        except (ConnectionError, RuntimeError):  # the client closed the connection
+            self.gone = True
+
+    async def close(self) -> None:
+        if not self.gone:
+            with contextlib.suppress(ConnectionError, RuntimeError):
+                await self.response.write_eof()
+
+    async def fail(self, call: Call, exc: Exception, event: Callable[[dict[str, Any]], bytes]) -> None:
+        """End the stream with the error as its last event (``event`` frames OpenAI's error body)."""
+        log.exception("streamed completion %s failed", call.served_id)
+        error = exc if isinstance(exc, ApiError) else ApiError(
+            500, f"internal error: {type(exc).__name__}", type="server_error", code="internal_error")
+        await self.send(event(api.error_body(error)))
+        await self.close()
+
+
+async def stream_text(
+    call: Call, chat: ChatFormat,
+    generate: Callable[[Sequence[GenerationRequest]], Awaitable[list[GenerationResult]]],
+    text: Callable[[int, str], Awaitable[None]],
+) -> tuple[list[GenerationResult], list[str]]:
+    """Generate ``call``'s requests, handing ``text(i, piece)`` each new piece of choice ``i``'s reply as soon
+    as it is safe to show (`safe_prefix`); returns the results and the text sent per choice."""
+    loop = asyncio.get_running_loop()
+    queue: asyncio.Queue[tuple[int, int]] = asyncio.Queue()
+
+    def pusher(i: int) -> Callable[[int], None]:
+        def push(token: int) -> None:  # on the generating thread
+            loop.call_soon_threadsafe(queue.put_nowait, (i, token))
+
+        return push
+
+    requests = [replace(r, on_token=pusher(i)) for i, r in enumerate(call.engine_requests)]
+    tokens: list[list[int]] = [[] for _ in requests]
+    sent = [""] * len(requests)
+    holds = [*call.engine_requests[0].stop, *(["<tool_call>"] if call.tools else [])]
+    generation = asyncio.ensure_future(generate(requests))
+    while not (generation.done() and queue.empty()):
+        getter = asyncio.ensure_future(queue.get())
+        await asyncio.wait([getter, generation], return_when=asyncio.FIRST_COMPLETED)
+        if not getter.done():
+            getter.cancel()
+            continue
+        i, token = getter.result()
+        tokens[i].append(token)
+        visible = safe_prefix(chat.decode(tokens[i]), holds)
+        if len(visible) > len(sent[i]) and visible.startswith(sent[i]):
+            piece, sent[i] = visible[len(sent[i]):], visible
+            await text(i, piece)
+    return generation.result(), sent
 
 
 def safe_prefix(text: str, holds: Sequence[str]) -> str:

@@ -9,6 +9,9 @@ sequence, exactly as in `rlbus.schemas.Rollout`:
     versions[t]           policy version that produced token t, −1 where not sampled
     routed_experts[:, t]  experts token t was routed to as an *input* position, [L, T, k]; −1 where
                           it was never fed (each segment's last token)
+    allowed               the tokens sampled under a grammar (constrained decoding): their positions [M]
+                          and the allowed-token masks [M, W] they were drawn under; the trainer masks its
+                          logits there the same way (`rlbus.engines.constraints`)
 
 A `Group` is the G samples of one prompt with their scalar rewards, each other's baseline in GRPO.
 
@@ -55,8 +58,23 @@ class Sample:
     """Temperature of the behaviour distribution; the trainer scores log softmax(z / temperature)."""
     segments: tuple[Span, ...] = ()
     """[start, end) of each context segment in order; () means one segment covering [0, T)."""
+    allowed_positions: torch.Tensor | None = None
+    """[M] long: positions whose token was sampled under an allowed-token mask (ascending); None: none."""
+    allowed_bits: torch.Tensor | None = None
+    """[M, W] int32: those masks (`rlbus.engines.constraints` layout)."""
 
     def __post_init__(self) -> None:
+        if (self.allowed_positions is None) != (self.allowed_bits is None):
+            raise ValueError("allowed_positions and allowed_bits come together")
+        if self.allowed_positions is not None and self.allowed_bits is not None:
+            positions = self.allowed_positions.long()
+            if self.allowed_bits.dim() != 2 or self.allowed_bits.shape[0] != positions.numel():
+                raise ValueError(f"allowed_bits {tuple(self.allowed_bits.shape)} do not match "
+                                 f"{positions.numel()} allowed positions")
+            T = self.token_ids.numel()
+            if positions.numel() and (int(positions.min()) < 0 or int(positions.max()) >= T
+                                      or not bool(self.loss_mask.bool()[positions].all())):
+                raise ValueError("allowed positions must be sampled (loss-mask) positions of the sequence")
         check_arrays(
             token_ids=tuple(self.token_ids.shape),
             arrays={name: tuple(getattr(self, name).shape) for name in ("loss_mask", "logprobs", "versions")},
@@ -164,6 +182,8 @@ def sample_from_generation(result: GenerationResult) -> Sample:
         versions=torch.tensor([-1] * P + list(result.policy_versions), dtype=torch.long),
         routed_experts=routed,
         temperature=result.logprob_spec.temperature,
+        allowed_positions=None if result.allowed is None else torch.arange(P, P + N),
+        allowed_bits=result.allowed,
     )
 
 
@@ -185,6 +205,14 @@ def check_rollout(rollout: Rollout) -> tuple[Span, ...]:
     if rollout.token_ids.numel == 0 and rollout.payload is not None:
         raise ValueError(f"rollout {rollout.rollout_id}: arrays are in the blob store; resolve the payload first")
     T = rollout.token_ids.numel
+    if rollout.allowed is not None:
+        try:
+            positions, _ = rollout.allowed.unpack()
+        except Exception as exc:  # a corrupt or truncated zstd frame, masks that do not fill [M, words]
+            raise ValueError(f"rollout {rollout.rollout_id}: unreadable allowed-token masks: {exc}") from None
+        mask = rollout.loss_mask.to_numpy()
+        if len(positions) and (positions.min() < 0 or positions.max() >= T or not mask[positions].all()):
+            raise ValueError(f"rollout {rollout.rollout_id}: allowed-token masks at positions that were not sampled")
     try:
         return check_arrays(
             token_ids=tuple(rollout.token_ids.shape),
@@ -216,6 +244,10 @@ def sample_from_rollout(rollout: Rollout) -> Sample:
     ids = rollout.token_ids.to_torch().long()
     routed = None if rollout.routed_experts is None else rollout.routed_experts.to_torch().long()
     temperature = _temperature(rollout)
+    positions = bits = None
+    if rollout.allowed is not None:
+        p, b = rollout.allowed.unpack()
+        positions, bits = torch.from_numpy(p), torch.from_numpy(b)
     try:
         return Sample(
             token_ids=ids,
@@ -225,6 +257,8 @@ def sample_from_rollout(rollout: Rollout) -> Sample:
             routed_experts=routed,
             temperature=temperature,
             segments=context_segments(rollout.turns, ids.numel()),
+            allowed_positions=positions,
+            allowed_bits=bits,
         )
     except ValueError as exc:
         raise ValueError(f"rollout {rollout.rollout_id}: {exc}") from None
@@ -289,6 +323,11 @@ class PackedBatch:
     """[B] long: index of the row's sample in the list given to `pack`."""
     routed_experts: torch.Tensor | None
     """[L, B, S, k] long: the engine's experts per input position; None without routing."""
+    allowed_index: torch.Tensor | None = None
+    """[B, S] long: the row of ``allowed_bits`` whose mask the target was sampled under, −1 where none;
+    None when no sample was constrained."""
+    allowed_bits: torch.Tensor | None = None
+    """[M, W] int32: the allowed-token masks ``allowed_index`` points into."""
 
     @property
     def rows(self) -> int:
@@ -312,6 +351,8 @@ class PackedBatch:
             advantages=self.advantages[rows],
             sample_index=self.sample_index[rows],
             routed_experts=None if self.routed_experts is None else self.routed_experts[:, rows, cols],
+            allowed_index=None if self.allowed_index is None else self.allowed_index[rows, cols],
+            allowed_bits=self.allowed_bits,
         )
 
     def to(self, device: torch.device) -> PackedBatch:
@@ -325,6 +366,8 @@ class PackedBatch:
             advantages=self.advantages.to(device),
             sample_index=self.sample_index.to(device),
             routed_experts=None if self.routed_experts is None else self.routed_experts.to(device),
+            allowed_index=None if self.allowed_index is None else self.allowed_index.to(device),
+            allowed_bits=None if self.allowed_bits is None else self.allowed_bits.to(device),
         )
 
 
@@ -369,6 +412,7 @@ def pack(samples: Sequence[Sample], advantages: torch.Tensor, *, pad_id: int = 0
             if bool((fed < 0).any()):
                 raise ValueError(f"sample {i}: routed experts missing at a position fed to the model")
             routed[:, b, :n] = fed
+    allowed_index, allowed_bits = _pack_allowed(samples, rows, S)
     index = torch.tensor([i for i, _, _ in rows], dtype=torch.long)  # [B]
     return PackedBatch(
         inputs=inputs,
@@ -380,4 +424,32 @@ def pack(samples: Sequence[Sample], advantages: torch.Tensor, *, pad_id: int = 0
         advantages=advantages.float()[index],
         sample_index=index,
         routed_experts=routed,
+        allowed_index=allowed_index,
+        allowed_bits=allowed_bits,
     )
+
+
+def _pack_allowed(
+    samples: Sequence[Sample], rows: Sequence[tuple[int, int, int]], S: int
+) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    """([B, S] index into the masks, −1 elsewhere; [M, W] the masks) for the rows of `pack`; (None, None)
+    when no sample was constrained. A row over [s, e) predicts token p at column p − s − 1."""
+    tables = [s.allowed_bits for s in samples if s.allowed_bits is not None]
+    if not tables:
+        return None, None
+    widths = {t.shape[1] for t in tables}
+    if len(widths) != 1:
+        raise ValueError(f"constrained samples disagree on the mask width: {sorted(widths)}")
+    index = torch.full((len(rows), S), -1, dtype=torch.long)  # [B, S]
+    offsets, total = {}, 0
+    for i, sample in enumerate(samples):
+        if sample.allowed_bits is not None:
+            offsets[i], total = total, total + sample.allowed_bits.shape[0]
+    for b, (i, s, e) in enumerate(rows):
+        positions = samples[i].allowed_positions
+        if positions is None:
+            continue
+        positions = positions.long()
+        inside = (positions > s) & (positions < e)  # [M_i] targets this row predicts
+        index[b, positions[inside] - s - 1] = offsets[i] + inside.nonzero().squeeze(-1)
+    return index, torch.cat([t.to(torch.int32) for t in tables])  # [B, S], [M, W]

@@ -33,7 +33,7 @@ from typing import Any, BinaryIO
 import torch
 
 from rlbus.models.base import TrainableLM
-from rlbus.models.policy import Policy, PolicyConfig
+from rlbus.models.policy import Policy
 
 LATEST = "latest"
 _NAME = re.compile(r"step-(\d{9})\.pt")
@@ -151,13 +151,9 @@ def model_from_state(state: TrainerState) -> TrainableLM:
     description = state.model_description
     if description is None:
         raise ValueError("this checkpoint does not describe its model")
-    model: TrainableLM
-    if description.get("kind") == "policy":
-        model = Policy(PolicyConfig(**description["shape"]))
-    else:
-        from rlbus.models.sources import model_from_description
+    from rlbus.models.sources import model_from_description
 
-        model = model_from_description(description, dtype=torch.float32)
+    model = model_from_description(description, dtype=torch.float32)
     model.load_state_dict(state.model)
     return model
 

@@ -415,7 +415,8 @@ def _score(
         routed = part.routed_experts if replay else None
         out = model.features(part.inputs, key_mask=part.key_mask, routed_experts=routed)
         logp = chunked_token_logprobs(
-            out.hidden, model.output_weight(), part.targets, part.temperature, mask=part.loss_mask, chunk_tokens=chunk
+            out.hidden, model.output_weight(), part.targets, part.temperature, mask=part.loss_mask, chunk_tokens=chunk,
+            allowed_index=part.allowed_index, allowed_bits=part.allowed_bits,
         )  # [B, S]
     return logp, out.routed_experts, out.aux_loss
 

@@ -26,6 +26,17 @@ the one manifest (`rlbus.training.shard_publish`). Versions, offsets and the che
 leader's. Checkpoints are DCP shards plus the gathered weights (`rlbus.training.sharded`); `restore` reads
 either kind on any number of ranks.
 
+Overlapped publishing (``overlap_publish``, one process). Publishing a version costs a cast and copy of
+the weights (the snapshot, taken right after the step: the next step changes them) and then encoding,
+uploading and announcing, which only read the snapshot. With overlap the trainer takes the snapshot and
+returns to training while a background task publishes it: version N is encoded and uploaded while step
+N+1 trains. There is at most one such task: the next publish, a checkpoint, `publish` and `drain` wait
+for it first (back-pressure when publishing is slower than training). ``version`` still moves only when
+a version is announced, so staleness is measured against what workers can hold, as before; a step's
+metrics say how long the loop spent on publishing (``publish_s``: the snapshot and any wait) and the
+publisher logs the encode and upload times of each version. A crash while a version is in flight loses
+no data: nothing was announced, the checkpoint (which waits for the publish) names the version before.
+
 Restart. `restore` loads the newest checkpoint — weights, optimizer, step, version, RNG state and the
 consumed offsets, which it returns so the caller can seek its consumers there. The next publish is then
 version + 1 — a keyframe, since a fresh publisher holds no base snapshot — and engines see no gap.
@@ -79,13 +90,15 @@ class Trainer:
         clock: Callable[[], float] = time.monotonic,
         ranks: Ranks | None = None,
         shards: ShardPublisher | None = None,
+        overlap_publish: bool = False,
     ) -> None:
         """``publish_every`` = K steps per weight version; ``checkpoint_every`` steps per checkpoint (0 = only
         when `save` is called); ``clock`` times the phases reported in the metrics. The model is switched to
         ``grpo.gradient_checkpointing`` here. ``ranks``: this trainer is one of several (the model already
         sharded over them, `rlbus.training.ranks.shard_model`). ``shards``: this rank's side of sharded
         publishing (default: the leader uploads its chunks to the publisher's store, a follower hands them
-        to the leader; `rlbus.training.shard_publish`)."""
+        to the leader; `rlbus.training.shard_publish`). ``overlap_publish``: a version is encoded, uploaded and
+        announced while the next step trains (one process; see "Overlapped publishing")."""
         if publish_every < 1 or checkpoint_every < 0:
             raise ValueError("publish_every must be >= 1 and checkpoint_every >= 0")
         if checkpoint_every and checkpoint_dir is None:
@@ -113,6 +126,9 @@ class Trainer:
         #: Rollouts in the updates the model holds (saved with checkpoints).
         self.rollouts_trained = 0
         self._lock = asyncio.Lock()
+        self.overlap_publish = overlap_publish and ranks is None
+        #: The version being encoded and uploaded from its snapshot while the next step trains (at most one).
+        self._publishing: asyncio.Task[bool] | None = None
 
     async def train_on(
         self, groups: Sequence[Group], *, offsets: Mapping[str, int] | None = None, rollouts: int | None = None
@@ -160,14 +176,19 @@ class Trainer:
             self.step += 1
             self.rollouts_trained += rollouts
         published = updated and (publish_now or self.step % self.publish_every == 0)
-        if published:
+        record: dict[str, Any] = {}
+        wait_s = 0.0
+        if published and self.overlap_publish and self.publisher is not None:
+            wait_s = await self.drain()
+            await self._start_publish(record)
+        elif published:
             published = await self._publish()
         t2 = self.clock()
         checkpointed = updated and self.checkpoint_every > 0 and self.step % self.checkpoint_every == 0
         if checkpointed:
             await self._save()
         t3 = self.clock()
-        return {
+        record.update({
             **metrics.as_dict(),
             "step": self.step,
             "version": self.version,
@@ -175,13 +196,46 @@ class Trainer:
             "checkpointed": checkpointed,
             "step_s": t1 - t0,
             "publish_s": t2 - t1,
+            "publish_wait_s": wait_s,
             "checkpoint_s": t3 - t2,
-        }
+        })
+        return record
+
+    async def _start_publish(self, record: dict[str, Any]) -> None:
+        """Snapshot the weights (before the next step changes them) and publish that snapshot as the next
+        version in the background; a failure flips ``record["published"]`` to False when it happens."""
+        assert self.publisher is not None
+        publisher = self.publisher
+        snapshot = await asyncio.to_thread(publisher.snapshot, weight_tensors(self.model))
+        version, step = self.version + 1, self.step
+
+        async def finish() -> bool:
+            try:
+                manifest = await publisher.publish_snapshot(snapshot, version=version, step=step)
+            except BlobStoreError as exc:  # the store is down past its retries: train on, publish next time
+                log.warning("publishing v%d (step %d) failed (%s); still on v%d", version, step, exc, self.version)
+                record["published"] = False
+                return False
+            self.version = manifest.version
+            return True
+
+        self._publishing = asyncio.create_task(finish(), name=f"publish-v{version}")
+
+    async def drain(self) -> float:
+        """Wait for the version being published in the background, if any (back-pressure: there is at most
+        one); returns the seconds waited. Raises what that publish raised, other than the store being down."""
+        task, self._publishing = self._publishing, None
+        if task is None:
+            return 0.0
+        t0 = self.clock()
+        await task
+        return self.clock() - t0
 
     async def publish(self) -> int:
         """Publish the current weights as the next version now; returns it. Raises BlobStoreError when
         the blob store cannot take it (a step's publish, by contrast, is retried at the next step)."""
         async with self._lock:
+            await self.drain()
             if not await self._publish():
                 raise BlobStoreError(f"could not publish v{self.version + 1}: the blob store is unavailable")
             return self.version
@@ -196,6 +250,7 @@ class Trainer:
         if self.checkpoint_dir is None:
             raise ValueError("restore needs a checkpoint_dir")
         async with self._lock:
+            await self.drain()
             file = latest_checkpoint(self.checkpoint_dir)
             state = None if file is None else await asyncio.to_thread(load_checkpoint, file)
             if file is None or state is None:
@@ -252,6 +307,7 @@ class Trainer:
     async def _save(self) -> Path:
         if self.checkpoint_dir is None:
             raise ValueError("saving a checkpoint needs a checkpoint_dir")
+        await self.drain()  # a checkpoint names the version its weights were published as
         sharded = None
         if self.ranks is None:
             model, optimizer = self.model.state_dict(), self.optimizer.state_dict()

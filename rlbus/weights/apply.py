@@ -3,7 +3,8 @@
 Decoding a version (:mod:`rlbus.weights.codec`) ends in :class:`SparseUpdate`\\ s — positions and new
 values, or a dense replacement — held while generation continues; :func:`apply_update_` is the swap, one
 scatter on the tensor's integer view, so it is bit-exact on any device and cheap enough to run between
-two decode steps. Nothing here knows the byte format.
+two decode steps (on the CPU a compiled loop, :mod:`rlbus.weights._scatter`). Nothing here knows the byte
+format.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from dataclasses import dataclass
 import torch
 
 from rlbus.errors import WeightSyncError
+from rlbus.weights._scatter import scatter
 from rlbus.weights.bitview import INT_VIEW
 
 
@@ -59,6 +61,11 @@ def apply_update_(t: torch.Tensor, update: SparseUpdate) -> None:
     if update.dense is not None:
         s = update.dense_start
         flat[s : s + len(update.dense)].copy_(update.dense.view(ivt), non_blocking=True)
-    if len(update.positions):
-        idx = update.positions.to(t.device, non_blocking=True)
-        flat.index_put_((idx,), update.values.view(ivt).to(t.device, non_blocking=True))
+    if not len(update.positions):
+        return
+    if t.device.type == "cpu" and update.positions.device.type == "cpu" and update.values.device.type == "cpu":
+        if not scatter(flat.detach().numpy(), update.positions.numpy(), update.values.view(ivt).numpy()):
+            raise WeightSyncError(f"update positions out of range for {t.dtype}[{t.numel()}]")
+        return
+    idx = update.positions.to(t.device, non_blocking=True)
+    flat.index_put_((idx,), update.values.view(ivt).to(t.device, non_blocking=True))

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -73,6 +74,7 @@ class WeightPublisher:
         store_url: str = "",
         upload_parallelism: int = 8,
         clock: Callable[[], float] = time.time,
+        encode_threads: int | None = None,
     ) -> None:
         if dtype not in DTYPE_NAMES:
             raise ValueError(f"inference dtype must be one of {list(DTYPE_NAMES.values())}, got {dtype}")
@@ -89,12 +91,28 @@ class WeightPublisher:
         self._uploads = asyncio.Semaphore(upload_parallelism)
         self._clock = clock
         self._last: dict[str, torch.Tensor] | None = None
+        self._spare: dict[str, torch.Tensor] | None = None
+        #: Threads encoding a version (records in parallel; the codec's kernels release the GIL).
+        self.encode_threads = encode_threads or os.cpu_count() or 1
         self.version = 0
         self.keyframe_version = 0
         self.history: list[PublishStats] = []
 
     def snapshot(self, master: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        """The inference-dtype CPU copy of the master weights (what workers become bit-identical to)."""
+        """The inference-dtype CPU copy of the master weights (what workers become bit-identical to).
+
+        Written into the buffers of the version before the last one published when they fit (a fresh
+        1.4 GB copy faults in every page, ~1 s here; a copy into the old buffers does not): a snapshot is
+        the publisher's once it is handed to `publish_snapshot`, and the one before the last is no
+        longer needed by then."""
+        spare, self._spare = self._spare, None
+        if spare is not None and spare.keys() == master.keys() and all(
+            spare[k].shape == t.shape for k, t in master.items()
+        ):
+            with torch.no_grad():
+                for name, t in master.items():
+                    spare[name].copy_(t.detach())
+            return spare
         return {name: t.detach().to("cpu", self.dtype, copy=True).contiguous() for name, t in master.items()}
 
     @property
@@ -114,19 +132,31 @@ class WeightPublisher:
         continuing a run's numbering) is fine — the delta's base is always the version published last.
         """
         self._check_version(version)
+        snapshot = await asyncio.to_thread(self.snapshot, master)
+        return await self.publish_snapshot(snapshot, version=version, step=step)
+
+    async def publish_snapshot(
+        self, snapshot: dict[str, torch.Tensor], *, version: int, step: int = 0
+    ) -> WeightVersion:
+        """Publish a `snapshot` taken earlier (the trainer takes it right after its step and publishes it
+        while the next step trains: `rlbus.training.trainer`). The snapshot is the publisher's from now on."""
+        self._check_version(version)
         if self._last is None:  # the first version: compile the codec now, not in the middle of the run
             await asyncio.to_thread(warm_kernels, [self.dtype])
         t0 = time.perf_counter()
-        snapshot = await asyncio.to_thread(self.snapshot, master)
         with_keyframe = self._last is None or version % self.keyframe_every == 0
-        part = await asyncio.to_thread(encode_part, self._last, snapshot, keyframe=with_keyframe,
-                                       chunk_bytes=self.chunk_bytes)
-        digest = await asyncio.to_thread(state_digest, snapshot)
-        t1 = time.perf_counter()
-        refs = {kind: await self._upload(version, kind, chunks) for kind, chunks in part.chunks().items()}
-        manifest = await self._announce(version, step, refs, part.tensors, digest, part.full_bytes,
-                                        encoded=part.encoded_bytes(), encode_s=t1 - t0, upload_from=t1)
-        self._last = snapshot
+        try:
+            part = await asyncio.to_thread(encode_part, self._last, snapshot, keyframe=with_keyframe,
+                                           chunk_bytes=self.chunk_bytes, threads=self.encode_threads)
+            digest = await asyncio.to_thread(state_digest, snapshot)
+            t1 = time.perf_counter()
+            refs = {kind: await self._upload(version, kind, chunks) for kind, chunks in part.chunks().items()}
+            manifest = await self._announce(version, step, refs, part.tensors, digest, part.full_bytes,
+                                            encoded=part.encoded_bytes(), encode_s=t1 - t0, upload_from=t1)
+        except BaseException:
+            self._spare = snapshot  # not published: its buffers serve the next snapshot
+            raise
+        self._last, self._spare = snapshot, self._last
         return manifest
 
     async def publish_sharded(
@@ -276,13 +306,13 @@ class PartRefs:
 
 def encode_part(
     last: Mapping[str, torch.Tensor] | None, snapshot: Mapping[str, torch.Tensor], *, keyframe: bool,
-    chunk_bytes: int = CHUNK_BYTES,
+    chunk_bytes: int = CHUNK_BYTES, threads: int = 1,
 ) -> EncodedPart:
     """Encode ``snapshot``: the delta from ``last`` when there is one, a keyframe when asked (or when
     there is no ``last``). The codec cuts a state into self-contained chunks in sorted-name order, so
     parts of disjoint tensors encoded apart apply like one state's chunks."""
-    delta = encode_state_delta(last, snapshot, chunk_bytes) if last is not None else None
-    frame = encode_state_keyframe(snapshot, chunk_bytes) if keyframe or last is None else None
+    delta = encode_state_delta(last, snapshot, chunk_bytes, threads=threads) if last is not None else None
+    frame = encode_state_keyframe(snapshot, chunk_bytes, threads=threads) if keyframe or last is None else None
     full = sum(t.numel() * t.element_size() for t in snapshot.values())
     return EncodedPart(delta, frame, _tensor_metas(snapshot), full)
 

@@ -69,12 +69,14 @@ def trainer_stack(
     online: OnlineConfig | None = None,
     ranks: Ranks | None = None,
     fsdp: FSDPConfig | None = None,
+    overlap_publish: bool = True,
 ) -> TrainerStack:
     """A trainer of ``model`` (fp32 master weights) on the bus. ``ordered`` releases complete groups in
     prompt order, ``groups_per_step`` at a time; ``join_class`` swaps in a subclass of the join (the chaos
     rig's counting join). ``online`` (when enabled) also trains served rollouts with late user rewards
     (`rlbus.training.online_lane.OnlineLane`). ``ranks``: this is rank 0 of a trainer on N ranks; the model
-    is sharded (``fsdp``) like the followers' (`follower_trainer`)."""
+    is sharded (``fsdp``) like the followers' (`follower_trainer`). ``overlap_publish``: each version is
+    encoded and uploaded while the next step trains (`rlbus.training.trainer`, one process only)."""
     from rlbus.consumers.trainer import TrainerWorker
     from rlbus.training.config import OptimConfig
     from rlbus.training.join import JoinBuffer, RewardPolicy, ServedJoin
@@ -92,7 +94,7 @@ def trainer_stack(
     trainer = Trainer(
         model=model, optim=OptimConfig(lr=lr), grpo=grpo, publisher=publisher, checkpoint_dir=checkpoint_dir,
         publish_every=publish_every, checkpoint_every=checkpoint_every if checkpoint_dir else 0,
-        keep_checkpoints=keep_checkpoints, ranks=ranks,
+        keep_checkpoints=keep_checkpoints, ranks=ranks, overlap_publish=overlap_publish,
     )
     policy = RewardPolicy(sources=tuple(reward_sources), weights=dict(reward_weights or {}), timeout_s=join_timeout_s,
                           invalid=invalid_judgements, invalid_weight=invalid_weight)  # type: ignore[arg-type]

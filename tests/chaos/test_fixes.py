@@ -24,6 +24,7 @@ from rlbus.consumers.reward import RewardWorker
 from rlbus.consumers.trainer import TrainerWorker
 from rlbus.errors import BlobStoreError, JudgeUnavailable, MalformedMessage, StateError
 from rlbus.models.policy import Policy, PolicyConfig
+from rlbus.rewards.scorers import NoConfig, Scorer, ScorerContext
 from rlbus.schemas import Reward, Rollout, TensorData
 from rlbus.state import MemoryStateStore, RedisStateStore
 from rlbus.training.join import TRAINED_AGAIN, JoinBuffer, Outcome, RewardPolicy
@@ -86,19 +87,14 @@ async def test_nan_rewards_are_refused_by_the_join() -> None:
     assert await join.add_reward(reward("p/0", 0.5)) is None  # a finite one is buffered
 
 
-class NanJudge:
-    """A broken judge backend that scores NaN (what the reward worker calls of a judge: score, stats, close)."""
+class NanJudge(Scorer):
+    """A broken judge that scores NaN (a reward scorer, as the reward worker calls it)."""
 
     def __init__(self) -> None:
-        from rlbus.rewards.judge import JudgeStats
-
-        self.stats = JudgeStats()
+        super().__init__(NoConfig(), ScorerContext())
 
     async def score(self, episode: Any, prompt: Any) -> Reward:
         return Reward(reward_id="r", rollout_id=episode.episode_id, prompt_id="p", source="judge", value=math.nan)
-
-    async def close(self) -> None:
-        pass
 
 
 async def test_the_reward_worker_never_publishes_a_nan() -> None:
@@ -113,7 +109,7 @@ async def test_the_reward_worker_never_publishes_a_nan() -> None:
     prompt = generate_prompts("arith", seed=1, n=1)[0]
     episode = await reference_episode(env_for(prompt), prompt, chat=ChatFormat.for_byte_tokenizer())  # type: ignore[arg-type]
     await bus.send(ROLLOUTS, episode_to_rollout(episode, prompt=prompt, group_index=0))
-    worker = RewardWorker(bus=bus, kind="judge", judge=NanJudge())  # type: ignore[arg-type]
+    worker = RewardWorker(bus=bus, kind="judge", scorers=[NanJudge()])
     stop = asyncio.Event()
     task = asyncio.create_task(worker.run(stop))
     await until(lambda: read_dead_letters(bus, ROLLOUTS.name), "the NaN reward dead-lettered")

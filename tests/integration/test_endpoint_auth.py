@@ -208,10 +208,10 @@ def test_feedback_never_starts_without_a_token(binds: list[Any]) -> None:
 # --- the gateway -------------------------------------------------------------------------------------------
 @pytest.fixture
 async def gateway(tiny_hf_dir: Path) -> AsyncIterator[tuple[ServeStack, MemoryBus, str]]:
-    from rlbus.models.sources import ModelSource
+    from rlbus.models.hf_source import HFSource
 
     async with MemoryBus(topic_specs()) as bus:
-        stack = serve_stack(bus=bus, source=ModelSource.hf(tiny_hf_dir), tenants=Tenants(TENANTS),
+        stack = serve_stack(bus=bus, source=HFSource(tiny_hf_dir), tenants=Tenants(TENANTS),
                             model_name="tiny", default_max_tokens=6)
         stack.gateway.metrics_token = TOKEN
         stop = asyncio.Event()
@@ -306,10 +306,10 @@ async def _cross_tenant(stack: ServeStack, bus: MemoryBus, url: str, acme: opena
 async def test_gateway_off_loopback_without_a_metrics_token_closes_its_operator_routes(
     tiny_hf_dir: Path, binds: list[Any], caplog: pytest.LogCaptureFixture
 ) -> None:
-    from rlbus.models.sources import ModelSource
+    from rlbus.models.hf_source import HFSource
 
     async with MemoryBus(topic_specs()) as bus:
-        stack = serve_stack(bus=bus, source=ModelSource.hf(tiny_hf_dir), tenants=Tenants(TENANTS), model_name="tiny")
+        stack = serve_stack(bus=bus, source=HFSource(tiny_hf_dir), tenants=Tenants(TENANTS), model_name="tiny")
         stop = asyncio.Event()
         with caplog.at_level(logging.WARNING):
             task = asyncio.create_task(stack.gateway.run(stop, "0.0.0.0", 0))  # tenant tokens: it may listen

@@ -49,12 +49,12 @@ def test_the_example_reads_the_number_an_answer_ends_with() -> None:
 
 @pytest.mark.kafka
 async def test_the_example_harness_closes_its_sessions_with_rewards_on_the_bus(tiny_hf_dir: Path) -> None:
-    from rlbus.models.sources import ModelSource
+    from rlbus.models.hf_source import HFSource
 
     bus = NamespacedBus(await kafka_bus(), f"test-harness-{uuid.uuid4().hex[:8]}.")  # fails if Kafka is down
     names = {SERVED.name, ROLLOUTS.name, REWARDS.name}
     await bus.create_topics([t for t in topic_specs() if t.name.removesuffix(".dlq") in names])
-    stack = serve_stack(bus=bus, source=ModelSource.hf(tiny_hf_dir), tenants=Tenants({"acme": KEY}),
+    stack = serve_stack(bus=bus, source=HFSource(tiny_hf_dir), tenants=Tenants({"acme": KEY}),
                         model_name="tiny", default_max_tokens=8)
     stop = asyncio.Event()
     serving = asyncio.create_task(stack.gateway.run(stop, "127.0.0.1", 0))

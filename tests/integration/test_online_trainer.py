@@ -23,6 +23,7 @@ from rlbus.bus.namespace import NamespacedBus
 from rlbus.bus.topics import topic_specs
 from rlbus.envs.tasks import generate_prompts
 from rlbus.models.config import DEMO_SHAPE
+from rlbus.models.policy_source import PolicySource
 from rlbus.models.sources import ModelSource
 from rlbus.producers.feedback import FeedbackServer
 from rlbus.serve.auth import Tenants
@@ -63,7 +64,7 @@ async def gateway_and_trainer(
 ) -> AsyncIterator[tuple[TrainerStack, ServeStack, str]]:
     """A trainer (version 1 published) and `rlbus serve` over a fresh rollout stack following it, both
     running until the block ends; yields them and the gateway's root URL once it serves version 1."""
-    source = ModelSource.policy(DEMO_SHAPE)
+    source = PolicySource(DEMO_SHAPE)
     stack = trainer(bus, state, tmp_path / "blobs", source)
     await stack.trainer.publish()
     gateway = serve_stack(bus=bus, source=source, tenants=Tenants({"acme": TOKEN}),
@@ -104,7 +105,7 @@ async def thumbs(bus: Bus, items: list[dict[str, Any]]) -> None:
 
 async def test_served_rollouts_train_when_their_thumbs_arrive(wiring: tuple[Bus, StateStore], tmp_path: Path) -> None:
     bus, state = wiring
-    source = ModelSource.policy(DEMO_SHAPE)
+    source = PolicySource(DEMO_SHAPE)
     first = trainer(bus, state, tmp_path / "blobs", source)
     await first.trainer.publish()  # v1, the weights the serving engine starts from
     serving = rollout_stack(bus=bus, store=open_store(str(tmp_path / "blobs")), model=source, worker_id="serve-0",

@@ -53,12 +53,12 @@ async def read_all(bus: Bus, topic: Topic[Any], want: int, timeout_s: float = 30
 
 
 async def test_smollm2_chat_stream_tools_and_a_session_land_on_kafka(smollm2_dir: Path) -> None:
-    from rlbus.models.sources import ModelSource
+    from rlbus.models.hf_source import HFSource
 
     prefix = f"test-serve-{uuid.uuid4().hex[:8]}."
     bus = NamespacedBus(KafkaBus(KafkaSettings(bootstrap=KAFKA_BOOTSTRAP, client_id="rlbus-tests")), prefix)
     # not started: the gateway connects in the background and creates its topics, as `rlbus serve` does
-    stack = serve_stack(bus=bus, source=ModelSource.hf(smollm2_dir), tenants=Tenants(TENANTS), model_name="smollm2",
+    stack = serve_stack(bus=bus, source=HFSource(smollm2_dir), tenants=Tenants(TENANTS), model_name="smollm2",
                         connect_bus=True, create_topics=True, default_max_tokens=24)
     chat = stack.rollout.chat
     try:
@@ -112,7 +112,8 @@ async def test_smollm2_chat_stream_tools_and_a_session_land_on_kafka(smollm2_dir
 
         [rollout] = await read_all(bus, ROLLOUTS, 1)
         [reward] = await read_all(bus, REWARDS, 1)
-        assert receipt["rollout"]["topic"] == ROLLOUTS.name  # the namespace is the bus's business
+        assert receipt["rollout"]["topic"] == prefix + ROLLOUTS.name  # where it is on the cluster, namespace and all
+        assert receipt["turns"] == 2 and receipt["segments"] == 1
         assert (rollout.rollout_id, rollout.prompt_id, rollout.group_size) == (session["X-RL-Session"], "colours", 1)
         mask = rollout.loss_mask.to_numpy().astype(bool)
         sampled = [*served[first.id].token_ids.to_numpy().tolist(), *served[second.id].token_ids.to_numpy().tolist()]
@@ -129,11 +130,11 @@ def _closed_port() -> int:
 
 
 async def test_an_unreachable_bus_never_fails_serving(tiny_hf_dir: Path) -> None:
-    from rlbus.models.sources import ModelSource
+    from rlbus.models.hf_source import HFSource
 
     bus = KafkaBus(KafkaSettings(bootstrap=f"127.0.0.1:{_closed_port()}", client_id="rlbus-tests",
                                  request_timeout_ms=2000))
-    stack = serve_stack(bus=bus, source=ModelSource.hf(tiny_hf_dir), tenants=Tenants(TENANTS), model_name="tiny",
+    stack = serve_stack(bus=bus, source=HFSource(tiny_hf_dir), tenants=Tenants(TENANTS), model_name="tiny",
                         connect_bus=True, default_max_tokens=4)
     try:
         async with running(stack) as url:
@@ -162,11 +163,11 @@ async def test_an_unreachable_bus_never_fails_serving(tiny_hf_dir: Path) -> None
 
 
 async def test_records_wait_for_a_missing_topic_and_flush_when_it_appears(tiny_hf_dir: Path) -> None:
-    from rlbus.models.sources import ModelSource
+    from rlbus.models.hf_source import HFSource
 
     prefix = f"test-serve-{uuid.uuid4().hex[:8]}."
     bus = NamespacedBus(await kafka_bus(), prefix)  # started; the served topic does not exist yet
-    stack = serve_stack(bus=bus, source=ModelSource.hf(tiny_hf_dir), tenants=Tenants(TENANTS), model_name="tiny",
+    stack = serve_stack(bus=bus, source=HFSource(tiny_hf_dir), tenants=Tenants(TENANTS), model_name="tiny",
                         default_max_tokens=4)
     recorder = stack.recorder
     recorder.retry_s = 0.2

@@ -1,7 +1,7 @@
 """Self-summarisation on the real model, end to end: SmolLM2 plays ``kv`` tool episodes longer than the
 context the run allows, summarises, continues in fresh contexts, and the trainer trains every segment.
 
-The task config is what a run sets in ``[task] env_config`` (README, "Self-summarisation"): ``summarize =
+The task config is what a run sets in ``[task] env_config`` (docs/environments.md): ``summarize =
 true`` with a ``context_tokens`` budget below what the episode needs. The episodes are played by the
 rollout stack's engine (bf16 SmolLM2 in the torch engine, behind the batching engine), scored by the
 task's verifier, joined and handed to the trainer worker of `rlbus.wiring.trainer.trainer_stack` (fp32

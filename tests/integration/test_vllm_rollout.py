@@ -32,7 +32,7 @@ async def test_vllm_worker_follows_deltas_bit_exact_over_kafka(tmp_path: Path) -
     require_vllm()
     from rlbus.engines.vllm_engine import VLLMEngine
     from rlbus.models.hf import HFCausalLM
-    from rlbus.models.sources import ModelSource
+    from rlbus.models.hf_source import HFSource
     from rlbus.wiring.rollout import rollout_stack
 
     directory = vllm_llama_dir(tmp_path)
@@ -43,7 +43,7 @@ async def test_vllm_worker_follows_deltas_bit_exact_over_kafka(tmp_path: Path) -
     master_model = HFCausalLM.from_pretrained(directory)  # the trainer's fp32 master
     master = weight_tensors(master_model)
     publisher = WeightPublisher(bus=bus, store=store, model_id=model_id, keyframe_every=4)
-    stack = rollout_stack(bus=bus, store=store, model=ModelSource.hf(directory), worker_id="rollout-vllm", seed=0,
+    stack = rollout_stack(bus=bus, store=store, model=HFSource(directory), worker_id="rollout-vllm", seed=0,
                           model_id=model_id, engine="vllm", max_batch=8)
     engine, sync = stack.engine, stack.sync
     assert isinstance(engine, VLLMEngine) and sync is not None

@@ -35,7 +35,7 @@ LAYERS: list[set[str]] = [
     {"schemas", "metrics", "exposure"},
     {"blobs", "sandbox"},
     {"bus", "state"},
-    {"config", "observe"},
+    {"config", "observe", "registry"},
     {"models"},
     {"weights"},
     {"engines"},
@@ -51,10 +51,12 @@ LAYERS: list[set[str]] = [
 
 #: Imports that reach a layer above, (importer, imported), each with why it stays.
 UPWARD_IMPORTS = {
-    # ModelSource.chat builds the model's chat format on first use. The format belongs with the environments
-    # (it parses actions and tool calls) and needs the model's tokenizer, so the import is deferred to the
-    # property; a model is built and used without it.
-    ("rlbus.models.sources", "rlbus.envs.chat"),
+    # ModelSource.chat builds the model's chat format on first use, each kind its own (and the policy's
+    # known_context the byte format). The format belongs with the environments (it parses actions and tool
+    # calls) and needs the model's tokenizer, so the import is deferred to the method; a model is built and
+    # used without it.
+    ("rlbus.models.policy_source", "rlbus.envs.chat"),
+    ("rlbus.models.hf_source", "rlbus.envs.chat"),
 }
 
 

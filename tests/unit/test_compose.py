@@ -1,4 +1,4 @@
-"""docker-compose.yml and docker-compose.cluster.yml stay valid and say what the README says they run;
+"""docker-compose.yml and docker-compose.cluster.yml stay valid and say what docs/compose.md says they run;
 the Kafka image's entrypoint turns the environment into broker properties as the official image does.
 
 `docker compose config` needs a docker client (skipped only where none is installed; where the client lacks

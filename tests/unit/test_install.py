@@ -30,7 +30,7 @@ def test_the_list_names_what_the_tests_need() -> None:
 
 
 def test_every_program_the_code_looks_up_is_on_the_list() -> None:
-    sources = [*(ROOT / "rlbus").rglob("*.py"), *(ROOT / "tests").rglob("*.py")]
+    sources = [*(ROOT / "rlbus").rglob("*.py"), *(ROOT / "tools").rglob("*.py"), *(ROOT / "tests").rglob("*.py")]
     lookup = r"""(?:shutil\.which|_require|require_program)\(\s*["']([\w.-]+)["']"""
     looked_up = {name for path in sources for name in re.findall(lookup, path.read_text())}
     assert {"redis-server", "bwrap", "java", "mvn"} <= looked_up  # the scan still finds them

@@ -28,14 +28,15 @@ from rlbus.observe.lag import LagProbe
 from rlbus.weights.publish import WeightPublisher
 from rlbus.weights.sync import WeightSync
 
-README = Path(__file__).resolve().parents[2] / "README.md"
+ROOT = Path(__file__).resolve().parents[2]
+METRICS_PAGE = ROOT / "docs" / "reference" / "metrics.md"
 
 
 def value(name: str, **labels: str) -> float:
     return m.REGISTRY.get_sample_value(name, labels) or 0.0
 
 
-def test_every_metric_is_documented_and_the_readme_table_is_generated_from_them() -> None:
+def test_every_metric_is_documented_and_the_docs_table_is_generated_from_them() -> None:
     defined = m.rlbus_metrics()
     names = {metric._name for metric in defined}
     for required in (
@@ -47,7 +48,7 @@ def test_every_metric_is_documented_and_the_readme_table_is_generated_from_them(
     ):
         assert required in names
     assert all(metric._documentation.strip() for metric in defined)
-    assert m.metrics_table() in README.read_text(), "README 'Metrics' table is stale: paste metrics_table()"
+    assert m.metrics_table() in METRICS_PAGE.read_text(), f"{METRICS_PAGE} is stale: run `make docs`"
 
 
 async def test_serve_metrics_serves_the_text_exposition() -> None:
@@ -188,7 +189,7 @@ async def test_publish_and_sync_record_bytes_pauses_and_versions(tmp_path: Path)
 def test_prometheus_config_scrapes_every_role_on_the_metrics_port() -> None:
     import yaml
 
-    config = yaml.safe_load((README.parent / "infra" / "prometheus.yml").read_text())
+    config = yaml.safe_load((ROOT / "infra" / "prometheus.yml").read_text())
     targets = {
         job["job_name"]: (sd["names"], sd["port"]) for job in config["scrape_configs"] for sd in job["dns_sd_configs"]
     }

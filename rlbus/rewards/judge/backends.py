@@ -87,13 +87,15 @@ def engine_judge(
     prefill: str = "",
     seed: int = 0,
     max_batch: int = 16,
+    engine: str = "torch",
 ) -> EngineJudge:
-    """A judge on a bf16 copy of ``source`` (SmolLM2, any HF model, the policy) in the torch engine, behind
-    the batching engine so the concurrent calls of several dimensions and rollouts share decode steps.
-    Imports torch: only reward workers configured with an engine judge load it."""
-    from rlbus.engines.torch_stack import torch_stack
+    """A judge on a bf16 copy of ``source`` (SmolLM2, any HF model, the policy) served by the engine kind
+    ``engine`` (`rlbus.engines.kinds`; the torch engine by default), through its batching engine so the
+    concurrent calls of several dimensions and rollouts share decode steps. Imports torch: only reward workers
+    configured with an engine judge load it."""
+    from rlbus.engines.kinds import engine_kind
 
-    served = torch_stack(source, seed=seed, max_batch=max_batch)
+    served = engine_kind(engine, field="reward.judge.engine").serve(source, seed=seed, max_batch=max_batch)
     return EngineJudge(served.batching, source.chat, max_new_tokens=max_new_tokens, temperature=temperature,
                        prefill=prefill)
 

@@ -2,12 +2,11 @@
 
 The exponent-conditioned position coding needs, per record of n elements, the position class of every
 old element (an interval of its biased exponent), and per changed element its rank among the members
-of its class (encode) or the position of the member with a given rank (decode). In numpy that took
-K-1 compare-and-pack passes plus rank/select over packed bitmaps and ~40 array operations per changed
-element. Here each is one scalar pass with the class counters packed into a single uint64 register,
-eight 8-bit lanes (SWAR, "SIMD within a register"): ``acc += tab[exponent]`` with ``tab[e] = 1 << 8·class``
-has a one-cycle dependency chain instead of a store-to-load round trip through a counter array, and the
-lanes are flushed into wide per-class bases every ``_BLOCK`` = 255 elements, before any lane can carry.
+of its class (encode) or the position of the member with a given rank (decode). These O(n) passes run
+a word of 64 elements at a time (:mod:`._simd`): one vector compare per class boundary gives the
+boundary's mask, a class's members are the difference of two masks, and ranks and selects are popcounts
+and bit deposits on words, so the per-element work is a few vector instructions with no branch; the
+work per changed element (ranks, values, Rice codes) is scalar and O(m).
 
 Every kernel is ``nogil`` (workers decode in threads next to generation) and ``cache=True`` (the first
 process compiles, later ones load machine code from ``__pycache__``). Kernels that read untrusted bytes
@@ -20,8 +19,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-_BLOCK = 255  # elements per SWAR block: a lane counts at most 255, so nothing carries into the next lane
-_LANE = np.uint64(0xFF)
+from rlbus.weights.codec._simd import ge_mask64, ne_mask64, pdep, popcount, tzcnt
 
 ERR_OK = 0
 ERR_UNARY = 1
@@ -42,129 +40,218 @@ ERRORS = {
     ERR_VALUE: "decoded value out of range",
 }
 
+_LOW_MASKS = np.array([(1 << k) - 1 for k in range(64)] + [(1 << 64) - 1], dtype=np.uint64)
 _LOW_BIT = np.array([8] + [(v & -v).bit_length() - 1 for v in range(1, 256)], dtype=np.int64)
 
 # ------------------------------------------------------------------------------------ O(n) passes
+#
+# An element's class is the number of thresholds its magnitude bits reach: with ``mag = key & magmask``
+# and ascending thresholds T_1 < … < T_{K-1} (exponent thresholds shifted into place), class c holds
+# T_c ≤ mag < T_{c+1}. Per word of 64 elements G_j = mask(mag ≥ T_j) and the members of class c are
+# G_c & ~G_{c+1} (G_0 = all, G_K = none), so counting, ranking and selecting members are popcounts and
+# bit deposits on those words; only the last n % 64 elements take a scalar path.
 
 
 @njit(cache=True, nogil=True)
 def changed_positions(old: np.ndarray, new: np.ndarray) -> np.ndarray:
-    """Sorted positions where the bit patterns differ (a vectorised count, then a sparse fill)."""
+    """Sorted positions where the bit patterns differ: one compare mask per word, then its set bits."""
     n = old.shape[0]
+    nw = n // 64
+    words = np.empty(nw + 1, dtype=np.uint64)
     m = 0
-    for i in range(n):
-        m += old[i] != new[i]
+    for w in range(nw):
+        x = ne_mask64(old, new, w * 64)
+        words[w] = x
+        m += popcount(x)
+    x = np.uint64(0)
+    for i in range(nw * 64, n):
+        if old[i] != new[i]:
+            x |= np.uint64(1) << np.uint64(i - nw * 64)
+    words[nw] = x
+    m += popcount(x)
     out = np.empty(m, dtype=np.int64)
     j = 0
-    for i in range(n):
-        if old[i] != new[i]:
-            out[j] = i
+    for w in range(nw + 1):
+        x = words[w]
+        while x:
+            out[j] = 64 * w + tzcnt(x)
             j += 1
+            x &= x - np.uint64(1)
     return out
 
 
 @njit(cache=True, nogil=True)
-def sampled_histogram(key: np.ndarray, shift: np.uint64, mask: np.uint64, nbins: int, stride: int) -> np.ndarray:
-    """Histogram of ``(key[::stride] >> shift) & mask``, scaled by ``stride``."""
+def sampled_histogram(key: np.ndarray, magmask: int, shift: int, nbins: int, stride: int) -> np.ndarray:
+    """Histogram of the exponents ``(key & magmask) >> shift`` of ``key[::stride]``, scaled by ``stride``."""
     hist = np.zeros(nbins, dtype=np.int64)
     for i in range(0, key.shape[0], stride):
-        hist[(key[i] >> shift) & mask] += 1
+        hist[(np.int64(key[i]) & magmask) >> shift] += 1
     return hist * stride
 
 
-@njit(cache=True, nogil=True)
-def class_counts(key: np.ndarray, shift: np.uint64, mask: np.uint64, tab: np.ndarray, nclass: int) -> np.ndarray:
-    """Members per class; ``tab[e] = 1 << 8·class(e)`` for every masked exponent e.
+@njit(cache=True, nogil=True, inline="always")
+def _class_of(v: np.int64, thr: np.ndarray) -> int:
+    c = 0
+    for j in range(thr.shape[0]):
+        c += v >= thr[j]
+    return c
 
-    ``shift`` and ``mask`` are uint64 so exponents index tables without negative-index handling."""
+
+@njit(cache=True, nogil=True, inline="always")
+def _ge_words(key: np.ndarray, start: int, magmask: np.integer, thr: np.ndarray, ge: np.ndarray) -> None:
+    """ge[j + 1] = mask(key & magmask ≥ thr[j]) for the word at ``start``; ge[0] and ge[K] stay as set."""
+    for j in range(thr.shape[0]):
+        ge[j + 1] = ge_mask64(key, start, magmask, thr[j])
+
+
+@njit(cache=True, nogil=True)
+def class_counts(key: np.ndarray, magmask: np.integer, thr: np.ndarray) -> np.ndarray:
+    """Members per class (``thr``: the K-1 ascending thresholds, of ``key``'s dtype)."""
     n = key.shape[0]
-    counts = np.zeros(nclass, dtype=np.int64)
-    for b0 in range(0, n, _BLOCK):
-        acc = np.uint64(0)
-        for i in range(b0, min(n, b0 + _BLOCK)):
-            acc += tab[(key[i] >> shift) & mask]
-        for c in range(nclass):
-            counts[c] += np.int64((acc >> np.uint64(8 * c)) & _LANE)
-    return counts
+    nthr = thr.shape[0]
+    above = np.zeros(nthr + 2, dtype=np.int64)  # above[j + 1]: elements ≥ thr[j]
+    ge = np.zeros(nthr + 2, dtype=np.uint64)
+    nw = n // 64
+    for w in range(nw):
+        _ge_words(key, 64 * w, magmask, thr, ge)
+        for j in range(1, nthr + 1):
+            above[j] += popcount(ge[j])
+    for i in range(nw * 64, n):
+        c = _class_of(np.int64(key[i] & magmask), thr)
+        for j in range(1, c + 1):
+            above[j] += 1
+    above[0] = n
+    return above[: nthr + 1] - above[1:]
 
 
 @njit(cache=True, nogil=True)
 def class_ranks(
-    key: np.ndarray, shift: np.uint64, mask: np.uint64, tab: np.ndarray, lut: np.ndarray, nclass: int, pos: np.ndarray
+    key: np.ndarray, magmask: np.integer, shift: np.integer, thr: np.ndarray, lut: np.ndarray, pos: np.ndarray
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(members per class, class of each ``pos``, its rank within the class); ``pos`` sorted ascending."""
     n = key.shape[0]
+    nthr = thr.shape[0]
     m = pos.shape[0]
-    base = np.zeros(nclass, dtype=np.int64)
+    above = np.zeros(nthr + 2, dtype=np.int64)  # members ≥ thr[j - 1] before the current word
+    ge = np.zeros(nthr + 2, dtype=np.uint64)
+    ge[0] = ~np.uint64(0)
     cls = np.empty(m, dtype=np.int64)
     ranks = np.empty(m, dtype=np.int64)
+    nw = n // 64
     j = 0
-    for b0 in range(0, n, _BLOCK):
-        b1 = min(n, b0 + _BLOCK)
-        acc = np.uint64(0)
-        i = b0
-        while j < m and pos[j] < b1:  # count up to the next changed element, then rank it
+    for w in range(nw):
+        b = 64 * w
+        _ge_words(key, b, magmask, thr, ge)
+        while j < m and pos[j] < b + 64:
             p = pos[j]
-            for t in range(i, p):
-                acc += tab[(key[t] >> shift) & mask]
-            e = (key[p] >> shift) & mask
-            c = lut[e]
+            c = lut[(key[p] & magmask) >> shift]
+            below = (np.uint64(1) << np.uint64(p - b)) - np.uint64(1)
             cls[j] = c
-            ranks[j] = base[c] + np.int64((acc >> np.uint64(8 * c)) & _LANE)
-            acc += tab[e]
-            i = p + 1
+            # members of c before the word, then in it below p
+            ranks[j] = (b - above[1] if c == 0 else above[c] - above[c + 1]) + popcount(ge[c] & ~ge[c + 1] & below)
             j += 1
-        for t in range(i, b1):
-            acc += tab[(key[t] >> shift) & mask]
-        for c in range(nclass):
-            base[c] += np.int64((acc >> np.uint64(8 * c)) & _LANE)
-    return base, cls, ranks
+        for t in range(1, nthr + 1):
+            above[t] += popcount(ge[t])
+    counts = np.zeros(nthr + 1, dtype=np.int64)
+    for c in range(nthr + 1):
+        counts[c] = (nw * 64 - above[1]) if c == 0 else above[c] - above[c + 1]
+    for i in range(nw * 64, n):
+        c = _class_of(np.int64(key[i] & magmask), thr)
+        if j < m and pos[j] == i:
+            cls[j] = c
+            ranks[j] = counts[c]
+            j += 1
+        counts[c] += 1
+    return counts, cls, ranks
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _take_bits(bm: np.ndarray, at: int, count: int) -> np.uint64:
+    """``count`` (0..64) bits of the bitmap ``bm`` starting at bit ``at``; bm has a word past the end."""
+    w = at >> 6
+    s = np.uint64(at & 63)
+    x = (bm[w] >> s) | ((bm[w + 1] << np.uint64(1)) << (np.uint64(63) - s))
+    return x & _LOW_MASKS[count]
 
 
 @njit(cache=True, nogil=True)
 def class_select(
     key: np.ndarray,
-    shift: np.uint64,
-    mask: np.uint64,
-    tab: np.ndarray,
+    magmask: np.integer,
+    shift: np.integer,
+    thr: np.ndarray,
     lut: np.ndarray,
+    counts: np.ndarray,
     ranks: np.ndarray,
     offsets: np.ndarray,
-) -> tuple[np.ndarray, int]:
-    """Positions of the members with the given ranks, laid out like ``ranks``: class c's strictly
-    increasing ranks in ``ranks[offsets[c]:offsets[c+1]]``. Returns (positions, error code)."""
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, int]:
+    """The class members with the given ranks (class c's strictly increasing ranks in
+    ``ranks[offsets[c]:offsets[c+1]]``, ``counts[c]`` members), found in one pass over words.
+
+    Each class's ranks become a bitmap over its members; per word, every class's next bits are deposited
+    onto its member mask (``pdep``), and the union's set bits are the positions, in position order.
+    Returns (positions ascending, index of each in the class-major order of ``ranks``, the old bit
+    patterns in class-major order, error code)."""
     n = key.shape[0]
-    nclass = offsets.shape[0] - 1
-    lanes = tab * _LANE  # lane mask of each exponent's class
-    out = np.empty(ranks.shape[0], dtype=np.int64)
-    base = np.zeros(nclass, dtype=np.int64)
-    ptr = offsets[:-1].copy()
-    left = ranks.shape[0]
-    for b0 in range(0, n, _BLOCK):
-        if left == 0:
-            break
-        b1 = min(n, b0 + _BLOCK)
-        tgt = np.uint64(0)  # lane c: in-block rank of class c's next target, 255 (unreachable) when none
-        for c in range(nclass):
-            rel = ranks[ptr[c]] - base[c] if ptr[c] < offsets[c + 1] else 255
-            tgt |= np.uint64(min(rel, 255)) << np.uint64(8 * c)
-        for c in range(nclass, 8):
-            tgt |= _LANE << np.uint64(8 * c)
-        acc = np.uint64(0)
-        for i in range(b0, b1):
-            e = (key[i] >> shift) & mask
-            if ((acc ^ tgt) & lanes[e]) == 0:
-                c = lut[e]
-                out[ptr[c]] = i
-                ptr[c] += 1
-                left -= 1
-                rel = ranks[ptr[c]] - base[c] if ptr[c] < offsets[c + 1] else 255
-                lane = np.uint64(8 * c)
-                tgt = (tgt & ~(_LANE << lane)) | (np.uint64(min(rel, 255)) << lane)
-            acc += tab[e]
-        for c in range(nclass):
-            base[c] += np.int64((acc >> np.uint64(8 * c)) & _LANE)
-    return out, ERR_OVERRUN if left else ERR_OK
+    nthr = thr.shape[0]
+    ncls = nthr + 1
+    m = ranks.shape[0]
+    pos = np.empty(m, dtype=np.int64)
+    cm = np.empty(m, dtype=np.int64)
+    old_cm = np.empty(m, dtype=key.dtype)
+    start = np.zeros(ncls + 1, dtype=np.int64)  # first bit of class c's bitmap (word aligned)
+    for c in range(ncls):
+        start[c + 1] = start[c] + 64 * ((counts[c] + 63) // 64 + 1)
+    bm = np.zeros(start[ncls] // 64 + 1, dtype=np.uint64)
+    for c in range(ncls):
+        last = -1
+        for i in range(offsets[c], offsets[c + 1]):
+            r = ranks[i]
+            if r <= last or r >= counts[c]:
+                return pos, cm, old_cm, ERR_OVERRUN
+            last = r
+            bit = start[c] + r
+            bm[bit >> 6] |= np.uint64(1) << np.uint64(bit & 63)
+    at = start[:ncls].copy()  # next unread bit of each class's bitmap
+    ptr = offsets[:ncls].copy()  # next class-major slot of each class
+    ge = np.zeros(ncls + 1, dtype=np.uint64)
+    ge[0] = ~np.uint64(0)
+    nw = n // 64
+    j = 0
+    for w in range(nw):
+        b = 64 * w
+        _ge_words(key, b, magmask, thr, ge)
+        x = np.uint64(0)
+        for c in range(ncls):
+            members = ge[c] & ~ge[c + 1]
+            cnt = popcount(members)
+            x |= pdep(_take_bits(bm, at[c], cnt), members)
+            at[c] += cnt
+        while x:
+            p = b + tzcnt(x)
+            x &= x - np.uint64(1)
+            v = key[p]
+            c = lut[(v & magmask) >> shift]
+            q = ptr[c]
+            pos[j] = p
+            cm[j] = q
+            old_cm[q] = v
+            ptr[c] = q + 1
+            j += 1
+    for i in range(nw * 64, n):
+        v = key[i]
+        c = _class_of(np.int64(v & magmask), thr)
+        if (bm[at[c] >> 6] >> np.uint64(at[c] & 63)) & np.uint64(1):
+            pos[j] = i
+            cm[j] = ptr[c]
+            old_cm[ptr[c]] = v
+            ptr[c] += 1
+            j += 1
+        at[c] += 1
+    for c in range(ncls):
+        if at[c] != start[c] + counts[c] or ptr[c] != offsets[c + 1]:
+            return pos, cm, old_cm, ERR_POPULATION
+    return pos, cm, old_cm, ERR_OK
 
 
 # ------------------------------------------------------------------------------ bit streams
@@ -495,6 +582,7 @@ def level_sequences(
 @njit(cache=True, nogil=True)
 def sparse_decode_values(
     old_c: np.ndarray,
+    cm: np.ndarray,
     vlut: np.ndarray,
     n_v: np.ndarray,
     lseq: np.ndarray,
@@ -506,8 +594,9 @@ def sparse_decode_values(
     sign_bit: int,
     mag_mask: int,
 ) -> tuple[np.ndarray, int]:
-    """New bit patterns of the changed elements (class-major order) from the decoded level sequences
-    (seq ids relative to the first level sequence), Rice tail values and packed sign bits."""
+    """New bit patterns of the changed elements from their old ones (``old_c``, class-major order), the
+    decoded level sequences (seq ids relative to the first level sequence), Rice tail values and packed
+    sign bits; written in position order: element j is class-major element ``cm[j]``."""
     m = old_c.shape[0]
     nv = n_v.shape[0]
     out = np.empty(m, dtype=old_c.dtype)
@@ -530,39 +619,42 @@ def sparse_decode_values(
     for i in range(m):
         vidx[i] = fill[vcls[i]]
         fill[vcls[i]] += 1
+    # Level l's ones are listed by their rank among the elements with |d| ≥ l of their value class; those
+    # are level l-1's ones (level 1: the whole class), so each one is found by one lookup, not a scan.
     vmag = np.ones(m, dtype=np.int64)
+    members = np.empty(m, dtype=np.int64)
+    ones = np.empty(m, dtype=np.int64)
+    moff = start.copy()
+    ooff = np.zeros(nv + 1, dtype=np.int64)
     i = 0
-    while i < lseq.shape[0]:  # one level sequence of one value class at a time, levels in order
-        s = lseq[i]
-        lv = s // nv + 1
-        c = s % nv
-        member = 0
-        p = start[c]
-        while i < lseq.shape[0] and lseq[i] == s:
-            while p < start[c + 1] and (vmag[p] < lv or member < llocal[i]):
-                member += vmag[p] >= lv
-                p += 1
-            if p == start[c + 1]:
-                return out, ERR_OVERRUN
-            vmag[p] += 1
-            member += 1
-            p += 1
-            i += 1
-    t = 0
-    for p in range(m):
-        if vmag[p] > levels:
-            if t == tail.shape[0]:
-                return out, ERR_OVERRUN
-            vmag[p] += tail[t]
-            t += 1
-    if t != tail.shape[0]:
+    for lv in range(levels):
+        o = 0
+        for c in range(nv):
+            ooff[c] = o
+            s = lv * nv + c
+            while i < lseq.shape[0] and lseq[i] == s:
+                r = llocal[i]
+                if r < 0 or r >= moff[c + 1] - moff[c]:
+                    return out, ERR_OVERRUN
+                p = moff[c] + r if lv == 0 else members[moff[c] + r]
+                vmag[p] += 1
+                ones[o] = p
+                o += 1
+                i += 1
+        ooff[nv] = o
+        members, ones = ones, members
+        moff[:] = ooff
+    if i != lseq.shape[0] or moff[nv] != tail.shape[0]:
         return out, ERR_OVERRUN
+    for t in range(tail.shape[0]):  # the tail values follow the last level's ones in order
+        vmag[members[t]] += tail[t]
     lo = -mag_mask - 1
-    for i in range(m):
+    for j in range(m):
+        i = cm[j]
         mag = vmag[vidx[i]]
         d = -mag if (neg[i >> 3] >> (i & 7)) & 1 else mag
         o = _ord(np.int64(old_c[i]), sign_bit, mag_mask) + d
         if o > mag_mask or o < lo:
             return out, ERR_VALUE
-        out[i] = ((-o - 1) | (1 << sign_bit)) if o < 0 else o
+        out[j] = ((-o - 1) | (1 << sign_bit)) if o < 0 else o
     return out, ERR_OK

@@ -18,10 +18,9 @@ CLASS_PENALTY_BITS = 96  # header bytes of one more class plus one more O(n) bit
 VALUE_CLASS_PENALTY_BITS = 40  # its header bytes
 
 
-def _class_tables(thresholds: list[int]) -> tuple[np.ndarray, np.ndarray]:
-    """Exponent → class (``lut``) and → its SWAR counter increment ``1 << 8·class`` (``tab``)."""
-    lut = np.searchsorted(np.asarray(thresholds, dtype=np.int64), np.arange(256), side="right").astype(np.int64)
-    return lut, np.left_shift(np.uint64(1), (8 * lut).astype(np.uint64))
+def _class_lut(thresholds: list[int]) -> np.ndarray:
+    """Exponent → class, for every byte value."""
+    return np.searchsorted(np.asarray(thresholds, dtype=np.int64), np.arange(256), side="right").astype(np.int64)
 
 
 def _entropy_bits(n: np.ndarray, m: np.ndarray) -> np.ndarray:

@@ -35,7 +35,8 @@ import torch
 
 import rlbus.weights.codec._kernels as _kernels
 from rlbus.errors import ChunkCorrupt
-from rlbus.weights.bitview import NP_UINT, int_flat, np_bits
+from rlbus.weights.bitview import int_flat, np_bits
+from rlbus.weights.codec import device
 from rlbus.weights.codec._bits import (
     NO_PARAM,
     Reader,
@@ -52,26 +53,29 @@ from rlbus.weights.codec._bits import (
     seq_decode,
     seq_encode,
 )
-from rlbus.weights.codec.classes import _choose_thresholds, _choose_value_thresholds, _class_tables
+from rlbus.weights.codec.classes import _choose_thresholds, _choose_value_thresholds, _class_lut
 from rlbus.weights.codec.format import LEVELS, MAX_CLASSES, MAX_VALUE_CLASSES, _Float
+
+#: Run the accelerator path (:mod:`.device`, torch ops) on CPU tensors too: the tests compare it with the kernels.
+FORCE_TORCH_OPS = False
 
 
 class _Bits:
     """One record's bit patterns, the input of the O(n) passes (records are ≤ 2 M elements).
 
-    CPU tensors are read in place by the compiled kernels. Accelerator tensors stay on their device,
-    which finds the changed positions and extracts every element's exponent byte; only those compact
-    results (and gathered values) come back to the host, where the same kernels run on them.
+    CPU tensors are read in place by the compiled kernels. Accelerator tensors stay on their device, where
+    torch ops (:mod:`.device`) find the changed positions, the exponent classes, their sizes, ranks and
+    selects; only compact results (m positions, ranks, gathered values, a sampled histogram) reach the host.
     """
 
     def __init__(self, t: torch.Tensor, fmt: _Float) -> None:
         self.fmt = fmt
         self.n = t.numel()
-        self.device = t.device
         self.np: np.ndarray | None = None
         self.dev: torch.Tensor | None = None
-        self._exp: np.ndarray | None = None
-        if t.device.type == "cpu":
+        self._exp: torch.Tensor | None = None
+        self._cls: tuple[list[int], torch.Tensor] | None = None
+        if t.device.type == "cpu" and not FORCE_TORCH_OPS:
             self.np = np_bits(t)
         else:
             self.dev = int_flat(t)
@@ -80,43 +84,71 @@ class _Bits:
         """Sorted positions where the bit patterns differ."""
         if self.np is not None and other.np is not None:
             return _kernels.changed_positions(self.np, other.np)
-        return torch.nonzero(self._device() != other._device()).reshape(-1).cpu().numpy()
+        return device.changed(self._device(), other._device())
 
     def gather(self, pos: np.ndarray) -> np.ndarray:
         if self.np is not None:
             return self.np[pos]
-        idx = torch.from_numpy(pos).to(self.device)
-        return self._device()[idx].cpu().numpy().view(NP_UINT[self.fmt.bits // 8])
+        return device.gather(self._device(), pos, self.fmt)
 
-    def key(self) -> tuple[np.ndarray, np.uint64, np.uint64]:
-        """(array, shift, mask): ``(array >> shift) & mask`` is each element's biased exponent."""
-        fmt = self.fmt
-        if self.np is not None:
-            return self.np, np.uint64(fmt.mant), np.uint64(fmt.exp_count - 1)
-        if self._exp is None:
-            self._exp = ((self._device() >> fmt.mant) & (fmt.exp_count - 1)).to(torch.uint8).cpu().numpy()
-        return self._exp, np.uint64(0), np.uint64(0xFF)
+    def key(self) -> tuple[np.ndarray, int, int]:
+        """(array, magmask, shift) of a host record: ``(array & magmask) >> shift`` is each element's biased
+        exponent, and ``array & magmask`` orders elements by it (the class boundaries compare against that)."""
+        assert self.np is not None
+        return self.np, self.fmt.mag_mask, self.fmt.mant
+
+    def boundaries(self, thresholds: list[int]) -> np.ndarray:
+        """Class thresholds on exponents, shifted to compare with ``array & magmask``."""
+        key, _, shift = self.key()
+        return np.asarray(thresholds, dtype=np.int64).astype(key.dtype) << key.dtype.type(shift)
 
     def exp_histogram(self) -> np.ndarray:
         """Exponent histogram of (a deterministic ~64 K sample of) the elements, scaled to n."""
-        key, shift, mask = self.key()
-        return _kernels.sampled_histogram(key, shift, mask, 256, max(1, self.n // 65536))[: self.fmt.exp_count]
+        stride = max(1, self.n // 65536)
+        if self.np is None:
+            return device.sampled_histogram(self._exponents(), stride, self.fmt.exp_count)
+        key, magmask, shift = self.key()
+        return _kernels.sampled_histogram(key, magmask, shift, 256, stride)[: self.fmt.exp_count]
 
     def class_ranks(self, thresholds: list[int], pos: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(members per position class, class of each sorted ``pos``, its rank within its class)."""
-        lut, tab = _class_tables(thresholds)
-        return _kernels.class_ranks(*self.key(), tab, lut, len(thresholds) + 1, pos)
+        if self.np is None:
+            return device.class_ranks(self._classes(thresholds), len(thresholds) + 1, pos)
+        key, magmask, shift = self.key()
+        lut = _class_lut(thresholds)
+        return _kernels.class_ranks(key, key.dtype.type(magmask), key.dtype.type(shift), self.boundaries(thresholds),
+                                    lut, pos)
 
     def class_counts(self, thresholds: list[int]) -> np.ndarray:
-        _, tab = _class_tables(thresholds)
-        return _kernels.class_counts(*self.key(), tab, len(thresholds) + 1)
+        if self.np is None:
+            return device.class_counts(self._classes(thresholds), len(thresholds) + 1)
+        key, magmask, _ = self.key()
+        return _kernels.class_counts(key, key.dtype.type(magmask), self.boundaries(thresholds))
 
-    def class_select(self, thresholds: list[int], ranks: np.ndarray, offsets: np.ndarray) -> np.ndarray:
-        """Positions of the class members with the given ranks (class c's in ``offsets[c]:offsets[c+1]``)."""
-        lut, tab = _class_tables(thresholds)
-        pos, err = _kernels.class_select(*self.key(), tab, lut, ranks, offsets)
+    def class_select(
+        self, thresholds: list[int], counts: np.ndarray, ranks: np.ndarray, offsets: np.ndarray
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Members of the given ranks (class c's in ``offsets[c]:offsets[c+1]``, ``counts[c]`` members):
+        (positions ascending, the class-major index of each, the old bit patterns in class-major order)."""
+        if self.np is None:
+            return device.class_select(self._device(), self._classes(thresholds), counts, ranks, offsets, self.fmt)
+        key, magmask, shift = self.key()
+        kind = key.dtype.type
+        bounds, lut = self.boundaries(thresholds), _class_lut(thresholds)
+        found = _kernels.class_select(key, kind(magmask), kind(shift), bounds, lut, counts, ranks, offsets)
+        pos, cm, old_cm, err = found
         check(err)
-        return pos
+        return pos, cm, old_cm
+
+    def _exponents(self) -> torch.Tensor:
+        if self._exp is None:
+            self._exp = device.exponents(self._device(), self.fmt)
+        return self._exp
+
+    def _classes(self, thresholds: list[int]) -> torch.Tensor:
+        if self._cls is None or self._cls[0] != thresholds:
+            self._cls = (list(thresholds), device.classes(self._exponents(), thresholds))
+        return self._cls[1]
 
     def _device(self) -> torch.Tensor:
         if self.dev is None:
@@ -142,7 +174,7 @@ def _encode_sparse(old: _Bits, new: _Bits, changed: np.ndarray) -> bytes:
     # Value classes, elements regrouped value-class-major; the level sequences of |d| and its tail.
     vthr = _choose_value_thresholds(exp_c, mag, fmt.exp_count)
     v = len(vthr) + 1
-    vlut, _ = _class_tables(vthr)
+    vlut = _class_lut(vthr)
     lv_lengths, lv_seq, lv_local, tail, tcls, n_v = _kernels.level_sequences(vlut[exp_c], mag, v, k, LEVELS)
 
     # All Bernoulli sequences: K position masks, then V sequences for each of the three levels.
@@ -182,7 +214,7 @@ def _read_thresholds(r: Reader, max_count: int, exp_count: int) -> list[int]:
 
 
 def _decode_sparse(old: _Bits, r: Reader) -> tuple[np.ndarray, np.ndarray]:
-    """(positions, new bit patterns) of the changed elements."""
+    """(positions ascending, new bit patterns) of the changed elements."""
     fmt = old.fmt
     thresholds = _read_thresholds(r, MAX_CLASSES, fmt.exp_count)
     k = len(thresholds) + 1
@@ -224,10 +256,11 @@ def _decode_sparse(old: _Bits, r: Reader) -> tuple[np.ndarray, np.ndarray]:
 
     # Positions: class-local ranks → positions (class-major order), then the new values.
     offsets = np.concatenate([[0], np.cumsum(oa[:k])])
-    pos = old.class_select(thresholds, local[:m], offsets)
-    vlut, _ = _class_tables(vthr)
+    pos, cm, old_cm = old.class_select(thresholds, la[:k], local[:m], offsets)
+    vlut = _class_lut(vthr)
     bits, err = _kernels.sparse_decode_values(
-        old.gather(pos),
+        old_cm,
+        cm,
         vlut,
         n_v,
         seq[m:] - k,

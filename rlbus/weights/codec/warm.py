@@ -15,7 +15,9 @@ Where the cache lives: numba writes ``*.nbi``/``*.nbc`` files into ``rlbus/weigh
 next to the source, or, where that directory is not writable (an installed package owned by root), into
 ``$NUMBA_CACHE_DIR`` (default: numba's per-user cache directory). An entry is invalidated by a change to
 ``_kernels.py`` (its modification time and size), another numba or Python version, or another CPU model
-(the machine code is compiled for the host's instruction set) — then the next process compiles again.
+(the machine code is compiled for the host's instruction set) — then the next process compiles again. The
+word primitives of ``_simd.py`` are inlined into the kernels, and numba does not see a change to them: after
+editing ``_simd.py``, touch ``_kernels.py`` (or delete the cache).
 """
 
 from __future__ import annotations

@@ -93,7 +93,7 @@ async def test_every_task_scores_through_the_worker() -> None:
 async def test_hack_policy_applies_to_what_the_environment_flags(monkeypatch: Any) -> None:
     """A reward whose environment's hack monitor found hacking (``hack_kinds`` in its metadata) is published
     under ``[reward] hack_policy``, counted by kind in the heartbeat; others pass unchanged."""
-    import rlbus.consumers.reward as module
+    import rlbus.rewards.verifier as module
     from rlbus.envs.scoring import HACK_KINDS
 
     class Flagging:  # the environment: its verifier says 1.0, and flags rollouts whose id ends in "-hack";

@@ -192,3 +192,30 @@ def test_greedy_equals_transformers_generate_on_cuda() -> None:
     engine = TorchEngine(model, max_batch=8)
     results = engine.generate([GenerationRequest(prompt_ids=p, max_new_tokens=16, temperature=0.0) for p in prompts])
     assert [r.token_ids for r in results] == [hf_greedy(model, [p], 16)[0] for p in prompts]
+
+
+def test_constrained_rows_decode_on_the_static_path_as_on_the_dynamic_one() -> None:
+    """The per-row logits mask (`TorchEngine._allowed`) on the static path: a grammar-constrained row beside a
+    free one samples what the dynamic path samples, each token inside its grammar's mask."""
+    from rlbus.engines.constraints import Grammars, json_constraint, unpack
+    from rlbus.envs.chat import ChatFormat
+    from rlbus.models.tokenizer import ByteTokenizer
+
+    tok = ByteTokenizer()
+    chat = ChatFormat.for_byte_tokenizer(tok)
+    llama = HFCausalLM.from_config(transformers.LlamaConfig(
+        vocab_size=272, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, max_position_embeddings=512), seed=0)  # the byte tokenizer's vocabulary
+    schema = {"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"]}
+    reqs = [GenerationRequest(prompt_ids=tuple(tok.encode(p, bos=True)), max_new_tokens=12, seed=i,
+                              stop_token_ids=chat.stop_ids, constraint=json_constraint(schema) if i == 0 else None)
+            for i, p in enumerate(["json:", "free text:"])]  # fmt: skip
+    engines = [TorchEngine(llama, tokenizer=chat, max_batch=2, grammars=Grammars(chat), static=static)
+               for static in (True, False)]  # fmt: skip
+    static, dynamic = (engine.generate(reqs) for engine in engines)
+    _same(dynamic, static)
+    constrained = static[0]
+    assert constrained.allowed is not None and constrained.allowed.shape[0] == len(constrained.token_ids)
+    allowed = unpack(constrained.allowed, 272)  # [N, V]
+    assert all(bool(allowed[j, t]) for j, t in enumerate(constrained.token_ids))
+    assert constrained.text.startswith("{") and static[1].allowed is None

@@ -13,7 +13,7 @@ from rlbus.engines.batching import BatchingEngine
 from rlbus.engines.torch_engine import TorchEngine
 from rlbus.engines.torch_stack import inference_copy, torch_stack
 from rlbus.models.policy import Policy, PolicyConfig
-from rlbus.models.sources import ModelSource
+from rlbus.models.policy_source import PolicySource
 
 
 def test_a_model_in_memory_is_copied_cast_and_left_alone(policy: Policy) -> None:
@@ -31,7 +31,7 @@ def test_a_model_in_memory_is_copied_cast_and_left_alone(policy: Policy) -> None
 
 
 def test_a_source_is_built_with_its_chat_format_and_pad_id() -> None:
-    source = ModelSource.policy(PolicyConfig.tiny())
+    source = PolicySource(PolicyConfig.tiny())
     master = source.build(seed=5)
     served = torch_stack(source, initial=master.state_dict(), max_batch=4, prefix_cache_tokens=256)
     assert served.engine.tokenizer is source.chat and served.engine.pad_id == source.pad_id

@@ -25,6 +25,7 @@ from rlbus.envs.tasks import generate_prompts
 from rlbus.errors import ConfigError, RewardFunctionError
 from rlbus.launch.config import config_from_dict
 from rlbus.rewards.function import RewardFunction
+from rlbus.rewards.verifier import VerifierScorer
 from rlbus.schemas import Prompt
 
 CHAT = ChatFormat.for_byte_tokenizer()
@@ -175,7 +176,7 @@ async def test_a_reward_function_that_fails_dead_letters_the_rollout_with_the_re
     for prompt in prompts:
         rollout = episode_to_rollout(await played(prompt, "1"), prompt=prompt, group_index=0)
         await bus.send(ROLLOUTS, rollout)
-    worker = RewardWorker(bus=bus, function=RewardFunction.load(f"{plugin}:nan"))
+    worker = RewardWorker(bus=bus, scorers=[VerifierScorer(function=RewardFunction.load(f"{plugin}:nan"))])
     stop = asyncio.Event()
     task = asyncio.create_task(worker.run(stop))
     dead = []

@@ -39,7 +39,7 @@ def test_the_demo_runs_the_run_configs_defaults() -> None:
     same = msgspec.structs.replace(demo, state=run.state, model=run.model,
                                    trainer=msgspec.structs.replace(demo.trainer, teacher_error=0.0, ordered=True))
     assert same == run
-    assert run.model.policy == DEMO_SHAPE
+    assert run.model.options == DEMO_SHAPE
 
 
 def test_every_grpo_knob_is_reachable_from_the_run_config(tmp_path: Path) -> None:
@@ -111,7 +111,7 @@ def test_model_fields_override_the_demo_shape(tmp_path: Path) -> None:
     from rlbus.models.config import DEMO_SHAPE
 
     config = config_of("[model]\nd_model = 64\n", tmp_path)
-    assert config.model.policy == dataclasses.replace(DEMO_SHAPE, d_model=64)
+    assert config.model.options == dataclasses.replace(DEMO_SHAPE, d_model=64)
     assert field_of("[model]\nd_modl = 64\n", tmp_path) == "model.d_modl"
     assert field_of("[model]\nd_model = 'wide'\n", tmp_path) == "model.d_model"
     assert field_of("[model]\nn_head = 5\n", tmp_path) == "model.n_head"
@@ -237,7 +237,8 @@ def test_every_config_field_has_a_docstring(module: str) -> None:
 
 def test_an_hf_model_is_named_by_exactly_one_source(tmp_path: Path) -> None:
     config = config_of('[model]\nkind = "hf"\nname = "smollm2-135m-instruct"\ndevice = "auto"\n', tmp_path)
-    assert (config.model.kind, config.model.name, config.model.device) == ("hf", "smollm2-135m-instruct", "auto")
+    model = config.model
+    assert (model.kind, model.options.name, model.device) == ("hf", "smollm2-135m-instruct", "auto")
     assert config_from_dict(to_tables(config), {}) == config
     assert field_of('[model]\nkind = "hf"\n', tmp_path) == "model.name"
     assert field_of('[model]\nkind = "hf"\nname = "a"\npath = "/m"\n', tmp_path) == "model.name"
@@ -245,7 +246,7 @@ def test_an_hf_model_is_named_by_exactly_one_source(tmp_path: Path) -> None:
     assert field_of('[model]\ngguf = "/m.gguf"\n', tmp_path) == "model.gguf"  # a policy has no gguf
     assert field_of('[model]\nkind = "onnx"\n', tmp_path).startswith("model")
     policy = config_of('[model]\ndevice = "cuda"\nd_model = 64\n', tmp_path)
-    assert policy.model.kind == "policy" and policy.model.device == "cuda" and policy.model.policy.d_model == 64
+    assert policy.model.kind == "policy" and policy.model.device == "cuda" and policy.model.options.d_model == 64
 
 
 def test_the_smollm2_run_config_is_the_demos() -> None:

@@ -65,9 +65,9 @@ def test_a_missed_gate_fails_the_command_and_the_trainers_stage(tmp_path: Path) 
                                       "--eval-size", "4"])
     assert result.exit_code == 1 and "quality gate missed" in result.output
     from rlbus.launch.roles import _dpo_stage
-    from rlbus.models.sources import ModelSource
+    from rlbus.models.policy_source import PolicySource
 
     run = load_config(cfg, {})
-    source = ModelSource.policy(run.model.policy)
+    source = PolicySource(run.model.options)
     with pytest.raises(QualityGateFailed, match=r"gate_accuracy = 1\.0"):
         _dpo_stage(source.build(), source, run, "trainer-test")

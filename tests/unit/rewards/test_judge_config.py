@@ -143,7 +143,7 @@ async def test_the_key_may_come_from_the_environment(tmp_path: Path) -> None:
 
 
 def test_a_verifier_run_builds_no_judge() -> None:
-    assert reward_args(config_from_dict({}, {}))["judge"] is None
+    assert [type(s).__name__ for s in reward_args(config_from_dict({}, {}))["scorers"]] == ["VerifierScorer"]
 
 
 @pytest.mark.parametrize(

@@ -6,8 +6,10 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -32,11 +34,31 @@ class Running:
 
 @pytest.fixture
 async def gateway(tiny_hf_dir: Path) -> AsyncIterator[Running]:
-    from rlbus.models.sources import ModelSource
+    from rlbus.models.hf_source import HFSource
 
+    async with running(HFSource(tiny_hf_dir), "tiny") as served:
+        yield served
+
+
+@pytest.fixture
+async def tagged_gateway() -> AsyncIterator[Running]:
+    """The in-house byte-level model (``rlbus serve --model tiny``, with room for a tools prompt): a tagged
+    chat format."""
+    import dataclasses
+
+    from rlbus.models.config import PolicyConfig
+    from rlbus.models.policy_source import PolicySource
+
+    shape = dataclasses.replace(PolicyConfig.tiny(), max_seq=2048)
+    async with running(PolicySource(shape), "tiny-byte") as served:
+        yield served
+
+
+@asynccontextmanager
+async def running(source: Any, name: str) -> AsyncIterator[Running]:
     async with MemoryBus(topic_specs()) as bus:
-        stack = serve_stack(bus=bus, source=ModelSource.hf(tiny_hf_dir), tenants=Tenants(TOKENS),
-                            model_name="tiny", max_staleness=2, max_open_sessions=4, default_max_tokens=16)
+        stack = serve_stack(bus=bus, source=source, tenants=Tenants(TOKENS),
+                            model_name=name, max_staleness=2, max_open_sessions=4, default_max_tokens=16)
         stop = asyncio.Event()
         task = asyncio.create_task(stack.gateway.run(stop, "127.0.0.1", 0))
         await asyncio.wait_for(stack.gateway.listening.wait(), 60)

@@ -83,10 +83,13 @@ async def test_bad_requests_get_openai_error_bodies(gateway: Running) -> None:
     with pytest.raises(openai.BadRequestError) as unknown:
         await c.chat.completions.create(model="tiny", messages=HELLO, extra_body={"best_of": 2})
     assert unknown.value.param == "best_of" and unknown.value.code == "unknown_parameter"
-    with pytest.raises(openai.BadRequestError) as required:
-        await c.chat.completions.create(model="tiny", messages=HELLO, tool_choice="required",
-                                        tools=[_tool("lookup")])
-    assert required.value.param == "tool_choice"
+    with pytest.raises(openai.BadRequestError) as bias:
+        await c.chat.completions.create(model="tiny", messages=HELLO, logit_bias={"42": 5})
+    assert bias.value.param == "logit_bias" and bias.value.code == "unsupported_value"
+    with pytest.raises(openai.BadRequestError) as schema:
+        await c.chat.completions.create(model="tiny", messages=HELLO, response_format={
+            "type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "objectx"}}})
+    assert schema.value.param == "response_format" and "objectx" in schema.value.message
     with pytest.raises(openai.APIStatusError) as big:
         await c.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "x" * 2_000_000}])
     assert big.value.status_code == 413 and big.value.code == "request_too_large"
@@ -184,3 +187,55 @@ async def test_a_client_leaving_mid_stream_is_still_recorded(gateway: Running) -
     await until(lambda: gateway.stack.gateway.served == 1, "the abandoned stream to finish")
     [record] = await served_on(gateway.bus, gateway)
     assert record.served_id == served_id and record.params.stream and record.token_ids.numel >= 1
+
+
+CITY = {"type": "function", "function": {"name": "weather", "description": "Weather of a city", "parameters": {
+    "type": "object", "properties": {"city": {"enum": ["Oslo", "Paris"]}}, "required": ["city"],
+    "additionalProperties": False}}}
+
+
+async def test_required_and_named_tool_choice_are_constrained_calls(tagged_gateway: Running) -> None:
+    gateway = tagged_gateway
+    c = client(gateway)
+    for choice in ("required", {"type": "function", "function": {"name": "weather"}}):
+        reply = await c.chat.completions.create(model="tiny-byte", messages=[{"role": "user", "content": "hi"}],
+                                                tools=[CITY], tool_choice=choice, parallel_tool_calls=False,
+                                                max_tokens=100, seed=4)
+        [call] = reply.choices[0].message.tool_calls or []  # a random model calls, and exactly once
+        assert reply.choices[0].finish_reason == "tool_calls"
+        if choice != "required":
+            assert call.function.name == "weather" and json.loads(call.function.arguments)["city"] in ("Oslo", "Paris")
+    records = await served_on(gateway.bus, gateway)
+    assert all(r.allowed is not None for r in records)
+    positions, bits = records[-1].allowed.unpack()  # type: ignore[union-attr]
+    assert bits.shape == (len(positions), (gateway.stack.gateway.grammars.n_vocab + 31) // 32)  # type: ignore[union-attr]
+    assert positions.tolist() == list(range(records[-1].token_ids.numel))  # every sampled token, masked
+
+
+async def test_json_response_formats_are_constrained(tagged_gateway: Running) -> None:
+    c = client(tagged_gateway)
+    schema = {"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"],
+              "additionalProperties": False}
+    reply = await c.chat.completions.create(
+        model="tiny-byte", messages=HELLO, max_tokens=60, seed=2,
+        response_format={"type": "json_schema", "json_schema": {"name": "answer", "schema": schema, "strict": True}})
+    assert isinstance(json.loads(reply.choices[0].message.content or "")["ok"], bool)
+    stream = await c.chat.completions.create(
+        model="tiny-byte", messages=HELLO, max_tokens=60, seed=2, stream=True,
+        response_format={"type": "json_schema", "json_schema": {"name": "answer", "schema": schema}})
+    text = "".join([ch.choices[0].delta.content or "" async for ch in stream if ch.choices])
+    assert text == reply.choices[0].message.content  # the same seed: the same constrained sample
+
+
+async def test_a_tagged_model_lists_tools_in_its_system_message(tagged_gateway: Running) -> None:
+    """The in-house byte model has no tool template: tools go in a Hermes block, no 400 (and no session
+    opened by a refused request); ``tool_choice: required`` makes it call."""
+    c = client(tagged_gateway)
+    raw = await c.chat.completions.with_raw_response.create(
+        model="tiny-byte", messages=HELLO, tools=[CITY], tool_choice="required", max_tokens=80,
+        extra_headers={"X-RL-Session": "s-tagged"})
+    reply = raw.parse()
+    assert reply.choices[0].finish_reason == "tool_calls"
+    prompt = tagged_gateway.stack.rollout.chat.decode(
+        (await served_on(tagged_gateway.bus, tagged_gateway))[0].prompt_ids.to_numpy().tolist())
+    assert "<tools>" in prompt and '"name": "weather"' in prompt

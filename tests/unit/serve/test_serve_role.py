@@ -15,7 +15,7 @@ from rlbus.bus.topics import SERVED
 from rlbus.launch.config import config_from_dict
 from rlbus.launch.roles import serve_main
 from rlbus.models.config import PolicyConfig
-from rlbus.models.sources import ModelSource
+from rlbus.models.policy_source import PolicySource
 from rlbus.serve.auth import Tenants
 from rlbus.serve.stack import run_serve, serve_stack
 from rlbus.weights.publish import WeightPublisher
@@ -30,7 +30,7 @@ async def test_served_versions_follow_the_trainer(tmp_path: Path) -> None:
     bus = open_bus(None, partitions=2)
     await bus.start()
     store = open_store(str(tmp_path / "blobs"))
-    source = ModelSource.policy(PolicyConfig.tiny())
+    source = PolicySource(PolicyConfig.tiny())
     stack = serve_stack(bus=bus, source=source, tenants=Tenants({"acme": KEY}), store=store, model_name="tiny",
                         max_staleness=1, default_max_tokens=4)
     sync = stack.rollout.sync

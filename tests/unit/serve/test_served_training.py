@@ -17,7 +17,7 @@ from rlbus.bus import MemoryBus
 from rlbus.bus.topics import topic_specs
 from rlbus.consumers.trainer import TrainerWorker
 from rlbus.models.config import PolicyConfig
-from rlbus.models.sources import ModelSource
+from rlbus.models.policy_source import PolicySource
 from rlbus.producers.feedback import FeedbackServer
 from rlbus.serve.auth import Tenants
 from rlbus.serve.stack import serve_stack
@@ -32,7 +32,7 @@ FEEDBACK_TOKEN = "feedback-token-0123456789"
 
 
 async def test_a_session_and_a_rated_completion_are_trained() -> None:
-    source = ModelSource.policy(PolicyConfig.tiny())
+    source = PolicySource(PolicyConfig.tiny())
     state = MemoryStateStore()
     async with MemoryBus(topic_specs()) as bus:
         stack = serve_stack(bus=bus, source=source, tenants=Tenants({"acme": KEY}), model_name="tiny",

@@ -99,9 +99,10 @@ async def test_edited_history_is_reported_and_not_trained(gateway: Running) -> N
     assert await gateway.stack.recorder.flush()
     records = await on(gateway.bus, SERVED)
     assert [r.history_edited for r in records] == [False, True]
-    # only the last turn is the policy's sample; the edited first turn is rendered from its text, masked
+    # the edited first turn is context (rendered from its text, masked); its sample trains in a segment of its own
     ids, mask = rollout.token_ids.to_numpy(), rollout.loss_mask.to_numpy().astype(bool)
-    assert ids[mask].tolist() == records[1].token_ids.to_numpy().tolist()
+    assert ids[mask].tolist() == [*records[0].token_ids.to_numpy().tolist(), *records[1].token_ids.to_numpy().tolist()]
+    assert rollout.metadata["segments"] == "2" and {t.segment for t in rollout.turns} == {0, 1}
 
 
 async def test_sessions_are_per_tenant_and_bad_closes_are_refused(gateway: Running) -> None:

@@ -17,7 +17,7 @@ from rlbus.errors import GenerateError
 from rlbus.taskgen import patches, sdist, taskdir, verify
 from rlbus.taskgen.generate import GenerateOptions, LibraryResult, generate
 
-FIXTURE = Path(__file__).parents[3] / "fixtures" / "swegen" / "minilib-1.0"
+FIXTURE = Path(__file__).parents[2] / "fixtures" / "swegen" / "minilib-1.0"
 
 
 def _cache(tmp_path: Path) -> Path:

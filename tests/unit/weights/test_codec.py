@@ -10,12 +10,14 @@ import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from numba import njit
 
 from rlbus.errors import ChunkCorrupt, WeightSyncError
 from rlbus.weights import codec
 from rlbus.weights.apply import apply_update_
 from rlbus.weights.codec import (
     _kernels,
+    _simd,
     apply_chunk_,
     apply_delta,
     apply_delta_,
@@ -532,32 +534,51 @@ def test_golden_keyframe_decodes() -> None:
     frac=st.sampled_from([0.0, 0.01, 0.3, 1.0]),
 )
 def test_class_kernels_match_a_brute_force_reference(seed: int, n: int, thresholds: list[int], frac: float) -> None:
-    """SWAR rank/select over 255-element blocks agrees with per-element counting at every block edge."""
+    """Word-mask rank/select (64 elements a word, a scalar tail) agrees with per-element counting."""
     rng = np.random.default_rng(seed)
     key = rng.integers(0, 1 << 16, n, dtype=np.uint16)
-    key[rng.random(n) < 0.5] = key[0] if n else 0  # long runs of one class fill a lane to 255
+    key[rng.random(n) < 0.5] = key[0] if n else 0  # long runs of one class: whole words of one class
     cls_of = np.searchsorted(np.asarray(thresholds, dtype=np.int64), (key.astype(np.int64) >> 7) & 0xFF, side="right")
     pos = np.flatnonzero(rng.random(n) < frac)
     changed = key.copy()
     changed[pos] ^= 1
     assert np.array_equal(_kernels.changed_positions(key, changed), pos)
-    lut, tab = codec._class_tables(thresholds)
-    shift, mask = np.uint64(7), np.uint64(0xFF)
-    counts, cls, ranks = _kernels.class_ranks(key, shift, mask, tab, lut, len(thresholds) + 1, pos)
+    thr = np.asarray(thresholds, dtype=np.uint16) << np.uint16(7)
+    magmask, shift = np.uint16(0x7FFF), np.uint16(7)
+    lut = codec._class_lut(thresholds)
+    counts, cls, ranks = _kernels.class_ranks(key, magmask, shift, thr, lut, pos)
     nclass = len(thresholds) + 1
     assert np.array_equal(counts, np.bincount(cls_of, minlength=nclass))
-    assert np.array_equal(_kernels.class_counts(key, shift, mask, tab, nclass), counts)
+    assert np.array_equal(_kernels.class_counts(key, magmask, thr), counts)
     expect = [int((cls_of[:p] == cls_of[p]).sum()) for p in pos]
     assert np.array_equal(cls, cls_of[pos]) and ranks.tolist() == expect
     order = np.argsort(cls, kind="stable")
     offsets = np.concatenate([[0], np.cumsum(np.bincount(cls, minlength=nclass))])
-    found, err = _kernels.class_select(key, shift, mask, tab, lut, ranks[order], offsets)
-    assert err == 0 and np.array_equal(found, pos[order])
+    found, cm, old_cm, err = _kernels.class_select(key, magmask, shift, thr, lut, counts, ranks[order], offsets)
+    assert err == 0 and np.array_equal(found, pos)
+    assert np.array_equal(pos[order][cm], pos) and np.array_equal(old_cm, key[pos[order]])
     if n:  # a rank past its class's population is reported, never written out of bounds
         bad = np.array([counts[cls_of[0]]], dtype=np.int64)
         offs = np.zeros(nclass + 1, dtype=np.int64)
         offs[cls_of[0] + 1 :] = 1
-        assert _kernels.class_select(key, shift, mask, tab, lut, bad, offs)[1] != 0
+        assert _kernels.class_select(key, magmask, shift, thr, lut, counts, bad, offs)[3] != 0
+
+
+@njit
+def _pdep_in_use(src: np.uint64, mask: np.uint64) -> np.uint64:
+    return _simd.pdep(src, mask)
+
+
+@settings(max_examples=200, deadline=None)
+@given(src=st.integers(0, 2**64 - 1), mask=st.integers(0, 2**64 - 1))
+def test_bit_deposit_and_select_match_their_definitions(src: int, mask: int) -> None:
+    """The portable pdep (broadword select per source bit) and the one in use agree with the definition."""
+    ones = [i for i in range(64) if mask >> i & 1]
+    src &= (1 << len(ones)) - 1
+    expect = sum(1 << ones[j] for j in range(len(ones)) if src >> j & 1)
+    assert int(_simd._pdep_soft(np.uint64(src), np.uint64(mask))) == expect
+    assert int(_pdep_in_use(np.uint64(src), np.uint64(mask))) == expect
+    assert [_simd.select64(np.uint64(mask), j) for j in range(len(ones))] == ones
 
 
 def test_decoding_runs_in_parallel_threads() -> None:

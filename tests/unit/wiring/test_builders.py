@@ -16,7 +16,7 @@ from rlbus.bus.memory import MemoryBus
 from rlbus.bus.topics import PROMPTS
 from rlbus.models.config import PolicyConfig
 from rlbus.models.policy import Policy
-from rlbus.models.sources import ModelSource
+from rlbus.models.policy_source import PolicySource
 from rlbus.state.memory import MemoryStateStore
 from rlbus.training.config import GRPOConfig
 from rlbus.training.join import JoinBuffer
@@ -48,7 +48,7 @@ async def test_a_rollout_stack_follows_the_trainers_versions(tmp_path: Path) -> 
     trainer = trainer_stack(bus=bus, state=MemoryStateStore(), store=store, model=Policy(SHAPE), lr=1e-3,
                             grpo=GRPOConfig(), groups_per_step=2)
     rollout = rollout_stack(
-        bus=bus, store=store, model=ModelSource.policy(SHAPE), worker_id="rollout-0", seed=1,
+        bus=bus, store=store, model=PolicySource(SHAPE), worker_id="rollout-0", seed=1,
         on_swap=lambda version, weights: swaps.append((version, str(next(weights.parameters()).dtype))),
     )
     assert rollout.sync is not None and not rollout.sync.ready.is_set()
@@ -65,7 +65,7 @@ async def test_a_rollout_stack_follows_the_trainers_versions(tmp_path: Path) -> 
 
 def test_a_rollout_stack_without_a_store_serves_the_weights_it_is_given() -> None:
     master = Policy(SHAPE)
-    rollout = rollout_stack(bus=MemoryBus(), store=None, model=ModelSource.policy(SHAPE), worker_id="w", seed=0,
+    rollout = rollout_stack(bus=MemoryBus(), store=None, model=PolicySource(SHAPE), worker_id="w", seed=0,
                             initial=master.state_dict())
     assert rollout.sync is None
     served = live_state(rollout.weights)
@@ -112,7 +112,8 @@ async def test_a_reward_worker_scores_with_the_run_configs_settings() -> None:
         "verifier", "reward-verifier", "reward-a", 3)
     prompt = generate_prompts("arith", seed=0, n=1, config={"digits": 1})[0]
     episode = await reference_episode(env_for(prompt), prompt, chat=ChatFormat.for_byte_tokenizer())  # type: ignore[arg-type]
-    assert (await worker.score(episode_to_rollout(episode, prompt=prompt, group_index=0))).value == 1.0
+    [reward] = await worker.score(episode_to_rollout(episode, prompt=prompt, group_index=0))
+    assert reward.value == 1.0
 
 
 #: Classes only the builders construct: an entry point that builds one by hand is a second wiring.
@@ -128,10 +129,10 @@ def test_the_entry_points_wire_through_the_builders(module: str) -> None:
     assert by_hand == [], f"{module} constructs {by_hand} itself: use rlbus.wiring"
 
 
-#: Where each engine class may be constructed: the torch chain's one builder (and the vLLM rollout stack's
+#: Where each engine class may be constructed: the torch chain's one builder (and the vLLM engine kind's
 #: batching engine, over vLLM).
 ENGINE_BUILDERS = {"TorchEngine": {"rlbus/engines/torch_stack.py"},
-                   "BatchingEngine": {"rlbus/engines/torch_stack.py", "rlbus/wiring/rollout.py"}}
+                   "BatchingEngine": {"rlbus/engines/torch_stack.py", "rlbus/engines/vllm_kind.py"}}
 
 
 def test_the_torch_chain_is_built_in_one_place() -> None:
@@ -151,8 +152,8 @@ def test_a_rollout_stack_takes_the_run_configs_prefix_cache(tmp_path: Path) -> N
 
     path = tmp_path / "run.toml"
     path.write_text("[rollout]\nprefix_cache_tokens = 4096\n")
-    rollout = rollout_stack(bus=MemoryBus(), store=None, model=ModelSource.policy(SHAPE), worker_id="w", seed=0,
+    rollout = rollout_stack(bus=MemoryBus(), store=None, model=PolicySource(SHAPE), worker_id="w", seed=0,
                             **rollout_args(load_config(path, {})))
     assert rollout.engine.prefix_cache is not None and rollout.engine.prefix_cache.max_tokens == 4096
-    assert rollout_stack(bus=MemoryBus(), store=None, model=ModelSource.policy(SHAPE), worker_id="w",
+    assert rollout_stack(bus=MemoryBus(), store=None, model=PolicySource(SHAPE), worker_id="w",
                          seed=0).engine.prefix_cache is None  # off unless configured

@@ -100,18 +100,17 @@ def test_a_bad_line_fails_when_the_producer_is_built_naming_file_and_line(
 
 
 
-def test_the_readme_example_file_and_config_load_and_validate(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    readme = (Path(__file__).resolve().parents[3] / "README.md").read_text()
-    section = readme.split("## Your own task", 1)[1].split("\n## ", 1)[0]
+def test_the_docs_example_file_and_config_load_and_validate(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    section = (Path(__file__).resolve().parents[3] / "docs" / "your-task.md").read_text()
     example = section.split("```json\n", 1)[1].split("```", 1)[0]
     toml = section.split("```toml\n", 1)[1].split("```", 1)[0]
     reward = section.split("```python\n", 1)[1].split("```", 1)[0]
     (tmp_path / "problems.jsonl").write_text(example)
     (tmp_path / "held_out.jsonl").write_text(example)
-    (tmp_path / "myreward.py").write_text(reward)  # the README's reward function, beside the config
+    (tmp_path / "myreward.py").write_text(reward)  # the page's reward function, beside the config
     (tmp_path / "run.toml").write_text(toml)
     monkeypatch.chdir(tmp_path)
-    monkeypatch.syspath_prepend(str(tmp_path))  # PYTHONPATH=. in the README's commands
+    monkeypatch.syspath_prepend(str(tmp_path))  # PYTHONPATH=. in the page's commands
     assert validate_prompts("problems.jsonl") == 3
     config = load_config(Path("run.toml"), environ={})
     assert config.task.prompts == "problems.jsonl" and config.trainer.warm_steps == 0

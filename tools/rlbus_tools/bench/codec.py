@@ -29,14 +29,16 @@ import os
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 import numpy as np
 import torch
+import typer
 import zstandard
 
 from rlbus.errors import ConfigError
 from rlbus.weights.codec import apply_chunk_, encode_state_delta, encode_state_keyframe, load_keyframe
+from rlbus.weights.codec.warm import warm_kernels
 from rlbus.weights.digest import state_digest
 from rlbus_tools.bench.common import JsonPath, Quick, meta, print_table, write_json
 
@@ -226,10 +228,24 @@ def measure_keyframe(state: State, full: int, reps: int, cores: int) -> dict[str
 # ---------------------------------------------------------------------------------------------- run
 
 
-def run(quick: bool, json_path: Path | None) -> dict[str, Any]:
-    """Run the benchmark, print a table, write JSON to ``json_path`` if given; returns the result."""
+def run(
+    quick: bool, json_path: Path | None, device: str | None = None, state_gb: list[float] | None = None
+) -> dict[str, Any]:
+    """Run the benchmark, print a table, write JSON to ``json_path`` if given; returns the result.
+
+    With ``device`` or ``state_gb``: the speed measurement at model scale instead (`rlbus_tools.bench.codec_speed`):
+    SmolLM2-size (0.27 GB) and 1.4 GB states by default (and 14 GB on CUDA), only the first when quick."""
+    if device is not None or state_gb is not None:
+        from rlbus_tools.bench import codec_speed
+
+        device = device or "cpu"
+        sizes = state_gb or ([0.27] if quick else [0.27, 1.4] + ([14.0] if device == "cuda" else []))
+        result = codec_speed.run(device=device, sizes=sizes, quick=quick)
+        write_json(json_path, result)
+        return result
     cores = os.cpu_count() or 1
     saved_threads = torch.get_num_threads()
+    warm_kernels([torch.bfloat16])  # the first case times the codec, not loading its machine code
     lrs = (3e-6,) if quick else LRS
     cases = tuple(c for c in CASES if c[0] in ("step 1", "step 10")) if quick else CASES
     reps = 1 if quick else 2
@@ -336,6 +352,21 @@ def _print(result: dict[str, Any]) -> None:
     )
 
 
-def main(json_path: JsonPath = None, quick: Quick = False) -> None:
+def main(
+    json_path: JsonPath = None,
+    quick: Quick = False,
+    device: Annotated[str | None, typer.Option(
+        help="cpu or cuda: encode and decode+apply GB/s at model scale beside the same run's floors (copy, XOR, "
+             "nonzero, scatter), instead of the corpus comparison.")] = None,
+    state_gb: Annotated[str | None, typer.Option(
+        help="State sizes in GB, comma-separated (default 0.27,1.4 and 14 on cuda; --quick: 0.27, SmolLM2-135M's "
+             "layout).")] = None,
+) -> None:
     """The weight codec: delta sizes against peers' methods, encode and decode speed."""
-    run(quick=quick, json_path=json_path)
+    if device not in (None, "cpu", "cuda"):
+        raise typer.BadParameter("--device is cpu or cuda")
+    try:
+        sizes = [float(x) for x in state_gb.split(",")] if state_gb else None
+    except ValueError:
+        raise typer.BadParameter("--state-gb takes sizes in GB, comma-separated (e.g. 0.27,1.4)") from None
+    run(quick=quick, json_path=json_path, device=device, state_gb=sizes)

@@ -45,7 +45,7 @@ from typing import Any
 from rlbus.errors import RlbusError
 from rlbus_tools.bench.common import JsonPath, Quick, meta, print_table, require, write_json
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 COMPOSE_FILE = ROOT / "docker-compose.yml"
 CLUSTER_FILE = ROOT / "docker-compose.cluster.yml"
 SECURE_FILE = ROOT / "docker-compose.secure.yml"

@@ -66,7 +66,7 @@ async def _swap(directory: Path, steps: int, tok: Any, engine_for_rollouts: Any)
     from rlbus.bus.topics import topic_specs
     from rlbus.models.base import weight_tensors
     from rlbus.models.hf import HFCausalLM
-    from rlbus.models.sources import ModelSource
+    from rlbus.models.hf_source import HFSource
     from rlbus.training.batch import Group, sample_from_generation
     from rlbus.training.config import GRPOConfig, OptimConfig
     from rlbus.training.step import build_optimizer, grpo_step
@@ -80,7 +80,7 @@ async def _swap(directory: Path, steps: int, tok: Any, engine_for_rollouts: Any)
         master = HFCausalLM.from_pretrained(directory).train()
         optimizer = build_optimizer(master, OptimConfig(lr=1e-5))
         publisher = WeightPublisher(bus=bus, store=store, model_id="policy", keyframe_every=100)
-        stack = rollout_stack(bus=bus, store=store, model=ModelSource.hf(directory), worker_id="bench-vllm",
+        stack = rollout_stack(bus=bus, store=store, model=HFSource(directory), worker_id="bench-vllm",
                               seed=0, engine="vllm", max_batch=64)
         sync, engine = stack.sync, stack.engine
         assert sync is not None
@@ -102,8 +102,8 @@ async def _swap(directory: Path, steps: int, tok: Any, engine_for_rollouts: Any)
             manifest = await publisher.publish(weight_tensors(master), version=2 + step)
             await sync.handle(manifest)
             stats = sync.history[-1]
-            push = engine.pushes[-1]  # type: ignore[union-attr]
-            bit_exact = engine.received_digest() == manifest.model_digest  # type: ignore[union-attr]
+            push = engine.pushes[-1]
+            bit_exact = engine.received_digest() == manifest.model_digest
             versions.append({
                 "version": manifest.version, "train_step_s": train_s, "bytes_fetched": stats.bytes_fetched,
                 "stage_s": stats.stage_s, "swap_pause_ms": stats.swap_pause_s * 1000, "verify_s": stats.verify_s,
@@ -111,7 +111,7 @@ async def _swap(directory: Path, steps: int, tok: Any, engine_for_rollouts: Any)
                 "tensors_total": len(sync.state), "bit_exact": bit_exact,
                 "refused": [r for v, r in sync.refused if v == manifest.version],
             })
-        engine.close()  # type: ignore[union-attr]
+        engine.close()
     await bus.close()
     return {"versions": versions}
 

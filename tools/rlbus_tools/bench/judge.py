@@ -58,7 +58,7 @@ from rlbus.rewards.judge import (
 from rlbus.schemas import Prompt, Reward
 from rlbus_tools.bench.common import JsonPath, Quick, meta, print_table, write_json
 
-RUBRIC = Path(__file__).resolve().parents[2] / "infra" / "rlbus" / "rubrics" / "answer.toml"
+RUBRIC = Path(__file__).resolve().parents[3] / "infra" / "rlbus" / "rubrics" / "answer.toml"
 MODEL = "smollm2-135m-instruct"
 #: The local judge's reply starts with it (`rlbus.rewards.judge.EngineJudge.prefill`): SmolLM2-135M, asked to
 #: explain and then score, almost never writes a readable score line (0 of 8 judgements in a trial run).

@@ -39,6 +39,7 @@ from rlbus.engines.torch_stack import torch_stack
 from rlbus.envs.chat import Answer
 from rlbus.envs.tasks import generate_prompts
 from rlbus.models.base import weight_tensors
+from rlbus.models.hf_source import HFSource
 from rlbus.models.sources import ModelSource
 from rlbus.schemas import Prompt
 from rlbus.training.batch import Group, sample_from_generation
@@ -207,7 +208,7 @@ def run(quick: bool = False, json_path: Path | None = None, seed: int = 0, log: 
 
     setup = QUICK if quick else FULL
     where = announce(device, say=log)
-    source = ModelSource.hf(model_dir(name="smollm2-135m-instruct", progress=log), device=where.device)
+    source = HFSource(model_dir(name="smollm2-135m-instruct", progress=log), device=where.device)
     per_lr = {f"{lr:g}": asyncio.run(_run_lr(source, lr, setup, seed, log)) for lr in setup.lrs}
     rows = [r for result in per_lr.values() for r in result["steps"]]
 

@@ -43,8 +43,10 @@ import torch
 import typer
 
 from rlbus.engines.base import GenerationRequest
+from rlbus.engines.kinds import EngineKind, engine_kind
 from rlbus.engines.torch_engine import TorchEngine
-from rlbus.engines.torch_stack import inference_copy, torch_stack
+from rlbus.engines.torch_stack import inference_copy
+from rlbus.errors import ConfigError
 from rlbus.models.hf import HFCausalLM
 from rlbus.models.policy import Policy, PolicyConfig
 from rlbus.models.tokenizer import BOS_ID
@@ -132,17 +134,18 @@ trainer's ``compute_dtype="bfloat16"`` mode (bf16 matmuls over the fp32 master w
 stream and norms); ``fp32`` is the fp32 master model."""
 
 
-def measure(master: Policy, setup: Setup, seed: int = 1, device: str = "cpu") -> list[dict[str, Any]]:
+def measure(master: Policy, setup: Setup, seed: int = 1, engine: EngineKind | None = None,
+            device: str = "cpu") -> list[dict[str, Any]]:
     """Generate with the bf16 engine, then re-score every way in `TRAINERS`, with and without replay.
 
     Two flip rates per case: ``router_flip_rate`` compares the experts the trainer's forward actually
     used (its own top-k, or the replayed ids) with the engine's record taken straight from the
     `GenerationResult`s — so under replay it also checks that packing aligns the replayed experts with
     the right tokens; ``router_own_flip_rate`` is the trainer router's own top-k against the engine's,
-    the number the GRPO step reports.
+    the number the GRPO step reports. ``engine`` serves the bf16 copy (default: the torch engine).
     """
     master = master.to(device)
-    served = torch_stack(master, seed=seed)
+    served = (engine or engine_kind("torch")).serve(master, seed=seed)
     engine_model = served.weights
     samples, engine_lp, recorded = generate(served.engine, setup, seed)
     cases = []
@@ -155,11 +158,14 @@ def measure(master: Policy, setup: Setup, seed: int = 1, device: str = "cpu") ->
     return cases
 
 
-def measure_hf(master: HFCausalLM, setup: Setup, seed: int = 1, device: str = "cpu") -> list[dict[str, Any]]:
+def measure_hf(
+    master: HFCausalLM, setup: Setup, seed: int = 1, engine: EngineKind | None = None, device: str = "cpu"
+) -> list[dict[str, Any]]:
     """`measure` for an HF MoE: the bf16 engine copy generates, the fp32 master re-scores through the
     trainer's path (`HFCausalLM.features` and the LM head), with and without router replay."""
     master = master.to(device)
-    samples, engine_lp, recorded = generate(torch_stack(master, seed=seed).engine, setup, seed)
+    served = (engine or engine_kind("torch")).serve(master, seed=seed)
+    samples, engine_lp, recorded = generate(served.engine, setup, seed)
     cases = []
     for replay in (False, True):
         scored = rescore(samples, setup, partial(score_features, master, replay=replay), replay=replay,
@@ -270,11 +276,10 @@ def run(
     device: str = "cpu",
 ) -> dict[str, Any]:
     """The torch engine's mismatch on ``device`` (the warm-up trains on the CPU; the engine and the trainer's
-    re-scoring then run on ``device``), or vLLM's."""
-    if engine == "vllm":
-        return run_vllm(quick=quick, json_path=json_path)
-    if engine != "torch":
-        raise ValueError(f"engine must be torch or vllm, got {engine!r}")
+    re-scoring then run on ``device``), or another engine kind's."""
+    kind = engine_kind(engine, field="--engine")
+    if engine in OWN_RUNS:
+        return OWN_RUNS[engine](quick=quick, json_path=json_path)
     if model not in MODELS:
         raise ValueError(f"model must be one of {', '.join(MODELS)}, got {model!r}")
     setup = QUICK if quick else FULL
@@ -282,7 +287,7 @@ def run(
     if model == "hf-moe":
         hf = random_hf_moe(setup)
         t1 = time.perf_counter()
-        cases = measure_hf(hf, setup, device=device)
+        cases = measure_hf(hf, setup, engine=kind, device=device)
         cfg = hf.hf.config
         shape = {"kind": "hf-moe", "family": cfg.model_type, "d_model": cfg.hidden_size,
                  "n_layer": cfg.num_hidden_layers, "n_experts": cfg.num_experts, "top_k": cfg.num_experts_per_tok,
@@ -291,7 +296,7 @@ def run(
     else:
         policy = train(setup)
         t1 = time.perf_counter()
-        cases = measure(policy, setup, device=device)
+        cases = measure(policy, setup, engine=kind, device=device)
         pc = policy.config
         shape = {"kind": "policy", "d_model": pc.d_model, "n_layer": pc.n_layer, "n_experts": pc.n_experts,
                  "top_k": pc.top_k, "params": policy.num_params(), "warmup_steps": setup.train_steps}  # fmt: skip
@@ -321,6 +326,7 @@ def run(
     )
     result = {
         "benchmark": "mismatch",
+        "engine": engine,
         "quick": quick,
         "meta": json_meta(),
         "device": device,
@@ -433,7 +439,6 @@ def dense_case(trainer: str, engine_lp: torch.Tensor, t: torch.Tensor) -> dict[s
 def vllm_models(setup: Setup, root: Path) -> list[tuple[str, HFCausalLM, Path, list[tuple[int, ...]], bool]]:
     """(label, fp32 master, model directory for vLLM, prompts, has a tokenizer): SmolLM2-135M-Instruct (the
     shipped real model, when installed) and a random Mixtral saved to ``root``."""
-    from rlbus.errors import ConfigError
     from rlbus.models.sources import load_tokenizer, model_dir
 
     out = []
@@ -486,19 +491,28 @@ def run_vllm(quick: bool = False, json_path: Path | None = None) -> dict[str, An
     return result
 
 
+#: Engines measured on models of their own instead of serving the bf16 copy above: vLLM loads a Hugging Face
+#: directory itself (no in-house policy), so its run measures SmolLM2 and a random Mixtral.
+OWN_RUNS: dict[str, Callable[..., dict[str, Any]]] = {"vllm": run_vllm}
+
+
 def main(
     json_path: JsonPath = None,
     quick: Quick = False,
     model: Annotated[str, typer.Option(help="policy (rlbus's MoE) or hf-moe (a random Qwen3-MoE).")] = "policy",
     engine: Annotated[str, typer.Option(
-        help="torch, or vllm (SmolLM2 and a random Mixtral on vLLM; run it with .venv-vllm's rlbus).")] = "torch",
+        help="A registered engine (rlbus.engines.kinds): torch, vllm (SmolLM2 and a random Mixtral on vLLM; run "
+             "it with .venv-vllm's rlbus), or an installed package's, which serves the bf16 copy in place of "
+             "the torch engine.")] = "torch",
     device: Annotated[str, typer.Option(help="The torch engine's and the trainer's device: auto, cpu, cuda …")] = "cpu",
 ) -> None:
     """Training/inference mismatch: KL, |Δlogprob| and router flips, with and without router replay."""
     if model not in ("policy", "hf-moe"):
         raise typer.BadParameter("--model is policy or hf-moe")
-    if engine not in ("torch", "vllm"):
-        raise typer.BadParameter("--engine is torch or vllm")
+    try:
+        engine_kind(engine, field="--engine")
+    except ConfigError as exc:
+        raise typer.BadParameter(exc.problem, param_hint="--engine") from None
     from rlbus.models.device import announce
 
     run(quick=quick, json_path=json_path, model=model, engine=engine, device=str(announce(device, say=print).device))

@@ -94,7 +94,7 @@ def run(
     base = dataclasses.replace(base, snapshot_every=2 if quick else 5, time_budget_s=1e9).tuned(task={"seed": seed})
     torch.manual_seed(base.seed)
     torch.set_num_threads(1)
-    warm = Policy(base.run.model.policy)
+    warm = Policy(base.run.model.options)
     with tempfile.TemporaryDirectory(prefix="rlbus-bench-pipeline-") as tmp:
         t0 = time.monotonic()
         Demo(base, Path(tmp)).warm_start(warm)

@@ -61,7 +61,7 @@ from rlbus_tools.bench.common import JsonPath, Quick, meta, print_table, require
 if TYPE_CHECKING:
     from rlbus.models.sources import ModelSource
 
-FIXTURES = Path(__file__).resolve().parents[2] / "tests" / "fixtures" / "swe" / "corpus"
+FIXTURES = Path(__file__).resolve().parents[3] / "tests" / "fixtures" / "swe" / "corpus"
 LEVELS = (1, 2, 4, 8)
 PREFIX_CACHE_TOKENS = 16 * 6144  # every episode's whole budget (max_total_tokens) fits
 

@@ -14,6 +14,10 @@ because throughput depends only on shapes: ``groups × group_size`` sequences of
 tokens, the completion trained. The first step of each mode is a warm-up and is not timed. ``--quick``
 runs only the small model, with fewer and shorter steps.
 
+Publishing on and off: the ~11M model's trainer (`Trainer`) publishing every step's weights to a local
+blob store, inline after each step and overlapped with the next step, against the same trainer without a
+publisher (`measure_publishing`; ``summary.overlapped_vs_off``, target ≥ 0.9).
+
 ``--device cuda`` runs the same step on a GPU, bf16 compute over the fp32 master weights (``compute_dtype =
 "auto"``), and reports model FLOP utilisation: MFU = model FLOPs per second / the same run's measured
 matmul peak (a bf16 GEMM on random 8192² operands timed with CUDA events; on the CPU an fp32 GEMM), model
@@ -35,7 +39,7 @@ rebuilds the trainer's weights exactly. See `run_ranks`.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -246,6 +250,57 @@ def measure(size: Size, *, replay: bool, seed: int = 0, device: str = "cpu",
     }
 
 
+PUBLISH_MODES = (("off", None), ("after each step", False), ("overlapped", True))
+
+
+def measure_publishing(size: Size) -> list[dict[str, Any]]:
+    """Steps/s of a `Trainer` publishing every step's weights (bf16, a local blob store) against the same
+    trainer without a publisher, on identical batches: publishing inline after each step, and overlapped
+    (`Trainer` ``overlap_publish``: version N is encoded and uploaded while step N+1 trains). The first step
+    (and the keyframe it publishes) is a warm-up; the timed run ends when the last version is announced."""
+    import asyncio
+    import tempfile
+
+    from rlbus.blobs.local import LocalStore
+    from rlbus.bus.memory import MemoryBus
+    from rlbus.bus.topics import topic_specs
+    from rlbus.training.trainer import Trainer
+    from rlbus.weights.publish import WeightPublisher
+
+    async def one(overlap: bool | None, root: Path) -> dict[str, Any]:
+        bus = MemoryBus(topic_specs())
+        await bus.start()
+        publisher = None if overlap is None else WeightPublisher(bus=bus, store=LocalStore(root), keyframe_every=1000)
+        torch.manual_seed(0)
+        trainer = Trainer(model=Policy(size.config), optim=OptimConfig(lr=1e-5),
+                          grpo=GRPOConfig(normalize_std=False, max_staleness=size.steps + 1), publisher=publisher,
+                          overlap_publish=bool(overlap))
+        await trainer.train_on(synthetic_groups(size, 0))
+        await trainer.drain()
+        started = time.perf_counter()
+        loop_publish = 0.0
+        for k in range(1, size.steps + 1):
+            metrics = await trainer.train_on(synthetic_groups(size, k, version=trainer.version))
+            loop_publish += metrics["publish_s"]
+        await trainer.drain()
+        elapsed = time.perf_counter() - started
+        await bus.close()
+        history = publisher.history[1:] if publisher is not None else []
+        return {"steps_per_s": size.steps / elapsed, "seconds": elapsed, "loop_publish_s": loop_publish / size.steps,
+                "encode_s": sum(h.encode_s for h in history) / max(1, len(history)),
+                "upload_s": sum(h.upload_s for h in history) / max(1, len(history)),
+                "version": trainer.version}
+
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="rlbus-bench-train-publish-") as tmp:
+        for i, (label, overlap) in enumerate(PUBLISH_MODES):
+            rows.append({"model": size.name, "publishing": label, **asyncio.run(one(overlap, Path(tmp) / str(i)))})
+    base = rows[0]["steps_per_s"]
+    for row in rows:
+        row["vs_off"] = row["steps_per_s"] / base
+    return rows
+
+
 def run(
     quick: bool = False, json_path: Path | None = None, world_size: int = 1, model: str | None = None,
     device: str = "cpu", size: str = "policy",
@@ -283,9 +338,21 @@ def run(
         ],
         width=120,
     )
-    result = {"benchmark": "train", "quick": quick, "meta": json_meta(), "device": device, "size": size,
-              "matmul_peak": peak, "rows": rows,
-              "summary": {"tokens_per_s": rows[-1]["tokens_per_s"], "mfu": rows[-1]["mfu"]}}
+    result: dict[str, Any] = {"benchmark": "train", "quick": quick, "meta": json_meta(), "device": device,
+                              "size": size, "matmul_peak": peak, "rows": rows,
+                              "summary": {"tokens_per_s": rows[-1]["tokens_per_s"], "mfu": rows[-1]["mfu"]}}
+    if size == "policy" and torch.device(device).type == "cpu":
+        publishing = [r for s in (QUICK if quick else FULL[:1]) for r in measure_publishing(replace(s, steps=6))]
+        print_table(
+            "the same trainer publishing every step (bf16, local blob store): steps/s against no publishing",
+            ["model", "publishing", "steps/s", "× off", "loop s/step", "encode s", "upload s"],
+            [[r["model"], r["publishing"], f"{r['steps_per_s']:.3f}", f"{r['vs_off']:.2f}",
+              f"{r['loop_publish_s']:.3f}", f"{r['encode_s']:.3f}", f"{r['upload_s']:.3f}"] for r in publishing],
+        )
+        overlapped = next(r for r in publishing if r["publishing"] == "overlapped")
+        result["publishing"] = publishing
+        result["summary"] |= {"overlapped_vs_off": overlapped["vs_off"],
+                              "overlapped_ge_0.9x_off": overlapped["vs_off"] >= 0.9}
     write_json(json_path, result)
     return result
 

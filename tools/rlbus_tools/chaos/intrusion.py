@@ -1,7 +1,7 @@
 """Attempts to get in: a fleet's credentials used for what their role must not do, and forged ones.
 
 A least-privilege setup is only as good as the attempts it was shown to refuse. :data:`ATTEMPTS` is the
-refusal matrix (README "Guarantees"); the integration tests run each attempt against a real secure
+refusal matrix (docs/guarantees.md); the integration tests run each attempt against a real secure
 3-broker Kafka, a real Redis and a real blob server and require a typed refusal, nothing written and the
 attempt logged; ``rlbus bench bus --security tls-scram`` runs the whole matrix against the cluster it
 measured and counts the refusals.

@@ -51,7 +51,7 @@ TINY = PolicyConfig(vocab=272, d_model=32, n_layer=2, n_head=2, max_seq=64, n_ex
 #: that no scenario drops stale work, and advantages only centred (the scenarios audit the ledger, not learning).
 CHAOS_RUN = RunConfig(
     task=TaskSection(group_size=4),
-    model=ModelSection(policy=TINY),
+    model=ModelSection(options=TINY),
     trainer=TrainerSection(lr=1e-3, groups_per_step=2, keyframe_every=3, retain_versions=1000, join_timeout_s=60.0,
                            ordered=False, grpo=GRPOConfig(max_staleness=1_000_000, normalize_std=False)),
     rollout=RolloutSection(max_batch=32),

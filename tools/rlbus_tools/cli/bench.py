@@ -26,7 +26,7 @@ class BenchGroup(TyperGroup):
         if cmd_name not in BENCHMARKS:
             return None
         module = importlib.import_module(f"rlbus_tools.bench.{cmd_name.replace('-', '_')}")
-        single = typer.Typer(rich_markup_mode=None)
+        single = typer.Typer(rich_markup_mode=None, add_completion=False)
         single.command(cmd_name)(module.main)
         return typer.main.get_command(single)
 

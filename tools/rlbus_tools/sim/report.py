@@ -39,7 +39,7 @@ def _time_mean(samples: list[tuple[float, int]], start: float, end: float) -> fl
 
 
 def figures(sim: Simulation) -> dict[str, Any]:
-    """What one run of the model measured (keys documented in the README's simulator section)."""
+    """What one run of the model measured (keys documented in docs/simulator.md)."""
     st, f = sim.stats, sim.fleet
     end = sim.env.now
     start = st.window_start if st.window_start is not None else end

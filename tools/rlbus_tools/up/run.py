@@ -16,7 +16,7 @@ from rlbus.aio import wait_event
 from rlbus.errors import ConfigError
 from rlbus.launch.check import check_before_run
 from rlbus.launch.config import ENV_BLOB_SECRET, ENV_NAMESPACE, ENV_REDIS, ENV_RUN_DIR, RunConfig, load_config
-from rlbus.launch.processes import vllm_rlbus_command
+from rlbus.launch.processes import engine_rlbus_command
 from rlbus.launch.signals import GracefulStop
 from rlbus_tools.up import services
 from rlbus_tools.up.roles import REGIONS, worker_children
@@ -99,7 +99,7 @@ async def _roles(
 ) -> list[Child]:
     """The role processes; on a secure run each with only its own role's credentials."""
     config = local.config
-    rollout_command = vllm_rlbus_command() if config.rollout.engine == "vllm" else None
+    rollout_command = engine_rlbus_command(config.rollout.engine)  # vLLM's environment for engine = "vllm"
     from rlbus.training.ranks import world_size_for
 
     children = worker_children(config_path, rollout_workers, local.env, regions, rollout_command=rollout_command,

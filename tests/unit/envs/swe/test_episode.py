@@ -45,12 +45,12 @@ async def test_reference_episode_is_graded_one_by_the_reward_worker() -> None:
     assert episode.finish_reason == "stop" and episode.answer == "submitted"
     assert episode.stats["tool_errors"] == 0 and "+    return a + b" in episode.metadata["swe.patch"]
     rollout = episode_to_rollout(episode, prompt=prompt, group_index=0)
-    reward = await RewardWorker(bus=MemoryBus()).score(rollout)
+    [reward] = await RewardWorker(bus=MemoryBus()).score(rollout)
     assert reward.value == 1.0 and reward.source == "tests" and reward.components["fail_to_pass"] == 1.0
     # the unchanged repository (a model that only submits) scores 0, with the failing test named
     idle = await run_episode(task_env, prompt, engine=ScriptedEngine([format_tool_call("submit", "{}")],
                              tokenizer=CHAT.tokenizer), chat=CHAT)  # fmt: skip
-    zero = await RewardWorker(bus=MemoryBus()).score(episode_to_rollout(idle, prompt=prompt, group_index=1))
+    [zero] = await RewardWorker(bus=MemoryBus()).score(episode_to_rollout(idle, prompt=prompt, group_index=1))
     assert zero.value == 0.0 and "test_add" in zero.metadata["failing"]
 
 

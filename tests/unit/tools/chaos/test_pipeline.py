@@ -15,7 +15,7 @@ def test_a_scenario_tunes_the_loops_run_config() -> None:
     config = PipelineConfig.seeded(3, trainer={"keyframe_every": 5}, prompts=4)
     run = config.run
     assert (run.task.seed, run.trainer.keyframe_every, config.prompts) == (3, 5, 4)
-    assert run.trainer.grpo == CHAOS_RUN.trainer.grpo and run.model.policy == TINY and run.task.group_size == 4
+    assert run.trainer.grpo == CHAOS_RUN.trainer.grpo and run.model.options == TINY and run.task.group_size == 4
     assert PipelineConfig().run == CHAOS_RUN
 
 

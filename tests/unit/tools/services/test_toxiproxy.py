@@ -16,7 +16,7 @@ from rlbus.errors import ConfigError, RlbusError
 from rlbus_tools.services import toxiproxy
 from tests.fixtures.tcp import round_trips
 
-INSTALL_SCRIPT = Path(__file__).resolve().parents[3] / "infra" / "toxiproxy" / "install.sh"
+INSTALL_SCRIPT = Path(__file__).resolve().parents[4] / "infra" / "toxiproxy" / "install.sh"
 
 
 def test_the_server_is_the_pinned_release(proxies: toxiproxy.Toxiproxy) -> None:

@@ -13,7 +13,7 @@ from rlbus.launch.config import load_config
 from rlbus_tools.sim.calibrate import FIGURES, measure, relative_error, with_run_config
 from rlbus_tools.sim.fleet import load_fleet
 
-ROOT = Path(__file__).resolve().parents[3]
+ROOT = Path(__file__).resolve().parents[4]
 
 
 def write(run: Path, name: str, lines: list[dict[str, Any]]) -> None:

@@ -15,7 +15,7 @@ from rlbus_tools.sim.calibrate import relative_error
 from rlbus_tools.sim.fleet import CODEC_CURVE, Fleet, TrafficSection, codec_fraction, fleet_from_dict, load_fleet
 from rlbus_tools.sim.report import closed_form_staleness
 
-REPO = Path(__file__).resolve().parents[3]
+REPO = Path(__file__).resolve().parents[4]
 
 # --- defaults and loading -----------------------------------------------------------------------------
 

@@ -69,7 +69,7 @@ def test_a_trainer_on_several_ranks_starts_under_torchrun(tmp_path: Path) -> Non
     trainer, reward = worker_children(config, 1, {}, trainer_ranks=2)[:2]
     assert trainer.argv[:7] == [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node",
                                 "2", "-m"]
-    assert trainer.argv[7:] == ["rlbus.cli", "worker", "trainer", "--config", str(config), "--worker-id", "trainer"]
+    assert trainer.argv[7:] == ["rlbus", "worker", "trainer", "--config", str(config), "--worker-id", "trainer"]
     assert "torch.distributed.run" not in reward.argv
     assert "torch.distributed.run" not in worker_children(config, 1, {})[0].argv  # one rank: a plain worker
 
@@ -121,7 +121,7 @@ def test_a_trainer_with_several_ranks_starts_them_itself_unless_torchrun_did(
     assert execs == []
     relaunch_ranks(2, config=tmp_path / "run.toml", region="eu-west", worker_id="trainer")
     assert execs == [[sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", "-m",
-                      "rlbus.cli", "worker", "trainer", "--config", str(tmp_path / "run.toml"), "--region", "eu-west",
+                      "rlbus", "worker", "trainer", "--config", str(tmp_path / "run.toml"), "--region", "eu-west",
                       "--worker-id", "trainer"]]
     monkeypatch.setenv("WORLD_SIZE", "2")
     relaunch_ranks(2, config=None, region=None, worker_id=None)

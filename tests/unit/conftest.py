@@ -1,4 +1,4 @@
-"""Chat-template tokenizers for the harness tests: small offline ones built in memory, and SmolLM2's.
+"""Chat-template tokenizers for the harness and judge tests: small offline ones built in memory, and SmolLM2's.
 
 The offline tokenizers are byte-level BPEs with two merges (``he``, ``ll``), so some id sequences do not
 survive decode → encode; they cover the Hugging Face path in CI without any model files. SmolLM2's
