@@ -13,6 +13,8 @@
 #                 (`rlbus bench compose --quick`; CI runs it)
 #   make docs  — the documentation site: the reference pages generated from the code, then a strict mkdocs build
 #                 into site/ (broken links, missing anchors and pages left out of the nav fail it)
+#   make gpu-check — every GPU-facing part on one GPU in ≤ 8 minutes, nothing downloaded, one JSON
+#                 (tools/rlbus_tools/gpu_check.py); DRY=1: the same stages on the CPU at toy sizes
 PYTHON ?= python3.11
 VENV := .venv
 BIN := $(VENV)/bin
@@ -22,7 +24,8 @@ KAFKA_FIRST := $(firstword $(subst $(comma), ,$(RLBUS_KAFKA_BOOTSTRAP)))
 KAFKA_HOST := $(firstword $(subst :, ,$(KAFKA_FIRST)))
 KAFKA_PORT := $(lastword $(subst :, ,$(KAFKA_FIRST)))
 
-.PHONY: deps venv demo up distributed test check kafka lint docs bench-bus bench-codec images-deps images compose-test kustomize toxiproxy
+.PHONY: deps venv demo up distributed test check kafka lint docs bench-bus bench-codec images-deps images compose-test kustomize toxiproxy \
+	gpu-check
 
 $(BIN)/rlbus: pyproject.toml tools/pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -124,3 +127,21 @@ vllm-env:
 .PHONY: clients-env
 clients-env:
 	PYTHON=$(PYTHON) infra/clients-env.sh
+
+# One GPU check (tools/rlbus_tools/gpu_check.py): the CUDA tests, the engine against transformers.generate,
+# `bench train --size 1.5b`, the codec on CUDA and short demos, within eight minutes; the figures go to
+# $(GPU_JSON). It runs on a GPU machine's own python3 (no venv there): the wheels infra/gpu/wheels.sh put in
+# .whl/ (what that image lacks) are installed into $(GPU_SITE) first, offline. DRY=1 rehearses it on the CPU
+# at toy sizes (GPU_PY=.venv/bin/python here; the test suite runs the same rehearsal).
+GPU_PY ?= $(if $(wildcard $(BIN)/python),$(BIN)/python,python3)
+GPU_SITE ?= /tmp/rlbus-gpu-site
+GPU_JSON ?= gpu-check.json
+GPU_WHEELS := $(wildcard .whl/*.whl)
+GPU_NEEDS := import msgspec, aiokafka, zstandard, lz4, redis, gguf, pytest_asyncio
+gpu-check:
+	@if [ -n "$(GPU_WHEELS)" ] && ! $(GPU_PY) -c '$(GPU_NEEDS)' 2>/dev/null; then \
+	  echo "installing .whl/ into $(GPU_SITE)"; \
+	  $(GPU_PY) -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target $(GPU_SITE) \
+	    $(GPU_WHEELS); fi
+	PYTHONPATH=$(CURDIR):$(CURDIR)/tools$(if $(GPU_WHEELS),:$(GPU_SITE))$${PYTHONPATH:+:$$PYTHONPATH} \
+	  $(GPU_PY) -m rlbus_tools.gpu_check $(if $(DRY),--dry) --json $(GPU_JSON)

@@ -70,7 +70,7 @@ from rlbus.launch.arguments import (
     trainer_args,
     warm_start_args,
 )
-from rlbus.launch.config import RunConfig, StateSection, TrainerSection
+from rlbus.launch.config import ModelSection, RunConfig, StateSection, TrainerSection
 from rlbus.observe.runlog import STEPS, WEIGHTS, RunLog, syncs_name
 from rlbus.observe.stats import percentile
 from rlbus.producers.prompts import PromptProducer
@@ -94,14 +94,17 @@ log = logging.getLogger("rlbus.demo")
 
 #: The demo's run: the run config's defaults, in memory, with a sloppy teacher (so RL has a habit to
 #: unlearn) and the trainer's join in arrival order.
-DEMO_RUN = RunConfig(state=StateSection(url="memory://"), trainer=TrainerSection(teacher_error=0.55, ordered=False))
+#: The in-house policy (0.6 M parameters) stays on the CPU unless ``--device`` says otherwise: its matmuls are
+#: too small for a GPU to gain anything, and its MoE routes on the host.
+DEMO_RUN = RunConfig(state=StateSection(url="memory://"), trainer=TrainerSection(teacher_error=0.55, ordered=False),
+                     model=ModelSection(device="cpu"))
 
 #: The real-LLM run (``rlbus demo --model smollm2-135m-instruct``; ``infra/rlbus/smollm2.toml`` is the same run
 #: for ``rlbus up``): SmolLM2-135M-Instruct on two-digit sums answered as ``<answer>N</answer>``, which it
 #: never does on its own (0 % before the warm start). A short warm start from the sloppy teacher teaches the
 #: format and the off-by-one habit; async GRPO with the exact-match verifier then fixes the habit.
 SMOLLM2_TABLES: dict[str, dict[str, Any]] = {
-    "model": {"kind": "hf", "name": "smollm2-135m-instruct"},
+    "model": {"kind": "hf", "name": "smollm2-135m-instruct", "device": "auto"},
     "task": {
         "env": "arith", "group_size": 8,
         "env_config": {"digits": 2, "instructions": True, "max_new_tokens": 24, "context_tokens": 128,
@@ -143,11 +146,11 @@ class DemoConfig:
     @classmethod
     def for_model(cls, model: str) -> DemoConfig:
         """The demo of a real model: `SMOLLM2_TABLES` for the shipped SmolLM2; any other HF model directory
-        or GGUF file runs the same task and settings."""
+        or GGUF file runs the same task and settings. On the GPU when there is one (``device = "auto"``)."""
         tables = {name: dict(fields) for name, fields in SMOLLM2_TABLES.items()}
         if model != "smollm2-135m-instruct":
             key = "gguf" if model.endswith(".gguf") else "path"
-            tables["model"] = {"kind": "hf", key: model}
+            tables["model"] = {"kind": "hf", key: model, "device": "auto"}
         return cls(workers=2, rl_steps=60, time_budget_s=1500.0, eval_size=100).tuned(**tables)
 
     @classmethod
@@ -209,11 +212,11 @@ class DemoResult:
 def demo_config(
     *, quick: bool = False, model: str | None = None, run: RunConfig | None = None, engine: str = "torch",
     steps: int | None = None, time_budget_s: float | None = None, workers: int | None = None, seed: int | None = None,
-    teacher_error: float | None = None,
+    teacher_error: float | None = None, device: str | None = None,
 ) -> DemoConfig:
     """The demo ``rlbus demo`` runs: a user's ``run`` config, a real ``model``, the quick or the full default,
-    with the command line's overrides (None keeps the chosen config's own). vLLM runs one rollout worker by
-    default (one vLLM per process on a small machine)."""
+    with the command line's overrides (None keeps the chosen config's own; ``device`` is ``[model] device``).
+    vLLM runs one rollout worker by default (one vLLM per process on a small machine)."""
     if run is not None and (model is not None or quick):
         raise ValueError("--config runs the file's [model] and the demo's default steps: it does not combine with "
                          "--model or --quick (set [model] in the file, --steps for fewer steps)")
@@ -229,7 +232,8 @@ def demo_config(
         workers=config.workers if workers is None else workers,
     )
     return config.tuned(task={} if seed is None else {"seed": seed},
-                        trainer={} if teacher_error is None else {"teacher_error": teacher_error})
+                        trainer={} if teacher_error is None else {"teacher_error": teacher_error},
+                        model={} if device is None else {"device": device})
 
 
 def headline(config: DemoConfig, run_dir: Path) -> str:

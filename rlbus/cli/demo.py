@@ -48,6 +48,11 @@ def demo(
                                "environment's python, `make vllm-env`, with one rollout worker by default), or a "
                                "registered engine of an installed package (`rlbus.engines` entry points).")
     ] = "torch",
+    device: Annotated[
+        str | None, typer.Option(help="Where the model runs: auto (CUDA when there is one), cuda, cuda:N or cpu "
+                                      "(default: auto for --model, cpu for the in-house policy, the --config "
+                                      "file's [model] device).")
+    ] = None,
     config_file: Annotated[
         Path | None, typer.Option("--config", help="Run this run config (TOML, as `rlbus worker` takes) instead of "
                                                    "the demo's: its [task], [model], [trainer], [rollout], [reward] "
@@ -58,7 +63,8 @@ def demo(
     """Async RL end to end in one process: warm start, then prompts → rollout workers → rewards →
     GRPO trainer, weights flowing back as lossless deltas. Embedded bus, CPU, a few minutes.
 
-    Example: rlbus demo --config run.toml --steps 20 (your run config, no Kafka or Redis)
+    Example: rlbus demo --config run.toml --steps 20 (your run config, no Kafka or Redis);
+    rlbus demo --model smollm2-135m-instruct --device cuda (SmolLM2 on the GPU)
     """
     import msgspec
 
@@ -71,7 +77,7 @@ def demo(
         if run is not None and engine == "torch":  # no --engine: the file's [rollout] engine
             _in_engine_env(run.rollout.engine)
         config = demo_config(quick=quick, model=model, run=run, engine=engine, steps=steps, time_budget_s=time_budget,
-                             workers=workers, seed=seed, teacher_error=teacher_error)
+                             workers=workers, seed=seed, teacher_error=teacher_error, device=device)
     except ValueError as exc:
         raise typer.BadParameter(str(exc), param_hint="--config") from None
     if run is not None:

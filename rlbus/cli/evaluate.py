@@ -23,6 +23,8 @@ def eval_(
         help="A trainer checkpoint file or directory (its newest); default: the model RL starts from.")] = None,
     n: Annotated[int, typer.Option(help="Held-out prompts to score.", min=1)] = 100,
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
+    device: Annotated[str | None, typer.Option(
+        help="auto, cpu, cuda … (default: the config's [model] device).")] = None,
 ) -> None:
     """Held-out accuracy of a run's policy: at a trainer checkpoint, or where RL starts (the run's model with
     its warm start, rebuilt from the config), greedy through the harness as the demo measures it.
@@ -33,7 +35,10 @@ def eval_(
     from rlbus.launch.evaluation import evaluate_run
 
     try:
-        result = evaluate_run(load_config(config), checkpoint=checkpoint, n=n)
+        run = load_config(config)
+        if device is not None:
+            run = run.tuned(model={"device": device})
+        result = evaluate_run(run, checkpoint=checkpoint, n=n)
     except RlbusError as exc:
         print_error(exc)
         raise typer.Exit(1) from None

@@ -25,6 +25,7 @@ def pretrain(
     lr: float = 1e-3,
     batch_size: int = 32,
     seed: int = 0,
+    device: Annotated[str, typer.Option(help="auto (CUDA when there is one), cpu, cuda …")] = "auto",
 ) -> None:
     """Supervised warm start ("mid-training") on reference solutions, so RL starts from a model that
     is sometimes right."""
@@ -32,7 +33,7 @@ def pretrain(
 
     try:
         losses = sft_main(data, out, model=model, init=init, steps=steps, lr=lr, batch_size=batch_size, seed=seed,
-                          log=console.print)
+                          log=console.print, device=device)
     except (RlbusError, ValueError) as exc:
         print_error(exc)
         raise typer.Exit(1) from None

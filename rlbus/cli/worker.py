@@ -36,8 +36,10 @@ def worker(
         loaded = load_config(config)
         if role == "trainer":
             from rlbus.launch.processes import relaunch_ranks
+            from rlbus.training.ranks import world_size_for
 
-            relaunch_ranks(loaded.trainer.world_size, config=config, region=region, worker_id=worker_id)
+            relaunch_ranks(world_size_for(loaded.trainer.world_size), config=config, region=region,
+                           worker_id=worker_id)
         run_role(role, loaded, region=region, worker_id=worker_id)
     except RlbusError as exc:
         print_error(exc)

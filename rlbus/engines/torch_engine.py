@@ -34,12 +34,28 @@ Driving. There is no engine thread: every thread waiting in `generate` (or `driv
 at a time drives; it runs steps until its own requests are done, then hands over to a waiter whose
 requests are still pending, so a short request joining a long one returns as soon as it finishes.
 
-Per step: forward → the constraint hook (`rlbus.engines.constraints.mask_logits`: −inf outside a constrained
-row's allowed tokens; rows without a constraint untouched) → `sampling.processed_logprobs` → sample → the
-grammar states consume their tokens → record (token, log π'(token), policy version, experts). The log-prob
-is of the distribution actually sampled from (after the grammar's mask, temperature and top-k/top-p
-truncation, renormalised); `GenerationResult.logprob_spec` says so. The policy version of a
-token is the engine's ``policy_version`` when its distribution was computed.
+Per step: forward → the constraint hook (below) → `sampling.draw` (processed log-probs, then a
+counter-based draw) → the grammar states consume their tokens → record (token, log π'(token), policy
+version, experts). The log-prob is of the distribution actually sampled from (after
+temperature and top-k/top-p truncation, renormalised); `GenerationResult.logprob_spec` says so. The policy
+version of a token is the engine's ``policy_version`` when its distribution was computed. Each row samples
+with its own seed (the request's, or one drawn from the engine's seed at `submit`) and its own token
+counter (`rlbus.engines.sampling`), so a seeded request gets the same tokens in any batch.
+
+Two paths, one behaviour. Dense Llama-family ``transformers`` models (SmolLM2, Qwen2.5, Llama, Qwen3) run
+the *static path* (`rlbus.engines.static`): keys/values in a preallocated arena written in place, per-row
+sampling state on the device, a decode step whose only host sync is the one copy of (token, log π') per
+row, captured as a CUDA graph per batch-size bucket on a GPU (`rlbus.engines.graphs`). Every other model
+(the in-house `Policy`, MoE models, other architectures) runs the *dynamic path* below: the model's own
+cache object, re-aligned by `rlbus.engines.kv` between steps. Both share admission, prefix caching,
+retirement, swaps and sampling, and give the same tokens for the same weights (up to float rounding).
+
+Constrained decoding hook. `TorchEngine._allowed` returns a [B, V] bool mask of the tokens each row in
+flight may sample next — a constrained row's grammar mask (`rlbus.engines.constraints`), all True for the
+others — or None when no row is constrained (then nothing is paid); it is applied to the logits before
+temperature, top-k and top-p (`rlbus.engines.sampling.processed_logprobs`), so recorded log-probs stay
+exact for the constrained distribution (after the grammar's mask, temperature and top-k/top-p truncation,
+renormalised). A batch with a mask decodes eagerly (no graph).
 
 Weight swaps. Between decode steps (never before a batch's first prefill, never after its last step) the
 engine runs its ``between_steps`` hook, then every swap pending on its `SwapPoint`; a swap submitted
@@ -53,6 +69,7 @@ the trainer through the per-token versions.
 
 from __future__ import annotations
 
+import random
 import threading
 import time
 from collections import deque
@@ -74,8 +91,10 @@ from rlbus.engines.base import (
     TokenDecoder,
 )
 from rlbus.engines.constraints import Grammars, RowConstraint, advance, mask_logits
+from rlbus.engines.graphs import StepGraphs
 from rlbus.engines.prefix import Prefix, PrefixCache
-from rlbus.engines.sampling import processed_logprobs, sample
+from rlbus.engines.sampling import SamplingParams, draw, row_key
+from rlbus.engines.static import LlamaFamily, StaticBatch, static_support
 from rlbus.models.base import CausalLM
 
 
@@ -84,7 +103,7 @@ class _Row:
     """Mutable per-request state from `submit` to its result."""
 
     request: GenerationRequest
-    generator: torch.Generator
+    seed: int  # the sampler's key for this row (`rlbus.engines.sampling.row_key` of its seed)
     future: Future[GenerationResult]
     submitted: float
     admitted: float = 0.0
@@ -103,6 +122,17 @@ class _Row:
         """Tokens it may still sample (each one a decode step after the first)."""
         return self.request.max_new_tokens - len(self.tokens)
 
+    @property
+    def sampling(self) -> tuple[float, int, float, int, int]:
+        """(temperature, top_k, top_p, seed, tokens sampled): what `SamplingParams.of` takes."""
+        r = self.request
+        return (r.temperature, r.top_k, r.top_p, self.seed, len(self.tokens))
+
+    @property
+    def truncates(self) -> bool:
+        r = self.request
+        return r.temperature <= 0 or r.top_k > 0 or r.top_p < 1
+
 
 @dataclass
 class _Batch:
@@ -113,6 +143,7 @@ class _Batch:
     key_mask: torch.Tensor  # [B, S] True at real slots; rows right-aligned
     next_pos: torch.Tensor  # [B] RoPE position of each row's next token
     last: torch.Tensor  # [B] each row's newest sampled token
+    params: SamplingParams  # [B] each row's sampling parameters and counter, on the device
 
 
 class TorchEngine:
@@ -131,14 +162,18 @@ class TorchEngine:
         max_batch: int = 32,
         continuous: bool = True,
         prefix_cache_tokens: int = 0,
+        static: bool | None = None,
+        cuda_graphs: bool | None = None,
         grammars: Grammars | None = None,
     ) -> None:
         """``pad_id`` is fed at padding slots (any valid id: those slots are masked);
         ``between_steps`` runs between decode steps, before pending swaps; ``max_batch`` bounds the rows
         in flight; ``continuous=False`` refills only once the whole batch is done (static batching);
         ``prefix_cache_tokens`` > 0 keeps finished rows' keys/values, that many tokens in all, for prompts
-        that extend them (0: off); ``grammars`` compiles requests' constraints (None: constrained requests
-        are refused)."""
+        that extend them (0: off). ``static``: the static path (None: whenever the model qualifies, see
+        `rlbus.engines.static.static_support`); ``cuda_graphs``: capture its decode step per batch-size
+        bucket (None: on CUDA; on a CPU, True runs the capturable form uncaptured); ``grammars`` compiles
+        requests' constraints (None: constrained requests are refused)."""
         if max_batch < 1:
             raise ValueError("max_batch must be >= 1")
         if prefix_cache_tokens < 0:
@@ -151,7 +186,19 @@ class TorchEngine:
         self.swap_point = swap_point if swap_point is not None else SwapPoint()
         self.max_batch = max_batch
         self.continuous = continuous
-        self._generator = torch.Generator(device=model.device).manual_seed(seed)
+        self._seeds = random.Random(seed)  # seeds of requests that bring none, drawn at submit
+        reason = static_support(model)
+        if static and reason is not None:
+            raise ValueError(f"static=True, but {reason}")
+        self.static = reason is None if static is None else static
+        self._fwd = LlamaFamily(model) if self.static else None
+        on_cuda = model.device.type == "cuda"
+        graphs = on_cuda if cuda_graphs is None else cuda_graphs
+        self.graphs = StepGraphs(max_batch, capture=on_cuda) if self.static and graphs else None
+        self._arena: StaticBatch | None = None  # the static path's rows in flight
+        self._rows: list[_Row] = []  # the static path's rows, in arena slot order
+        #: Admissions that joined a running batch (both paths).
+        self.merges = 0
         self._cond = threading.Condition()
         self._waiting: deque[_Row] = deque()  # guarded by _cond
         self._driving = False  # guarded by _cond
@@ -211,7 +258,7 @@ class TorchEngine:
             if r.constraint is not None and self.grammars is None:
                 raise ValueError(f"request {r.request_id!r} is constrained but the engine has no grammars")
         now = time.perf_counter()
-        rows = [_Row(request=r, generator=self._row_generator(r), future=Future(), submitted=now,
+        rows = [_Row(request=r, seed=self._row_seed(r), future=Future(), submitted=now,
                      constraint=self._grammar_state(r)) for r in requests]
         with self._cond:
             self._waiting.extend(rows)
@@ -230,7 +277,7 @@ class TorchEngine:
             self._driving = True
         try:
             while not _all_done(futures):
-                if self._batch is None and not self._waiting:
+                if self._batch is None and not self._rows and not self._waiting:
                     raise RuntimeError("waiting for futures that were not submitted to this engine")
                 self._step()
                 with self._cond:
@@ -246,6 +293,13 @@ class TorchEngine:
         """Boundary, decode, retire, refill (see the module docstring); a failure fails every row in play."""
         with self.swap_point.generating(), torch.no_grad():
             try:
+                if self.static:
+                    if self._rows:
+                        self._boundary()
+                        self._decode_static()
+                        self._retire_static()
+                    self._admit_static()
+                    return
                 if self._batch is not None:
                     self._boundary()
                     self._batch = self._retire(self._decode(self._batch))
@@ -253,21 +307,117 @@ class TorchEngine:
             except Exception as exc:
                 self._fail(exc)
 
-    def _admit(self) -> None:
-        in_flight = 0 if self._batch is None else len(self._batch.rows)
+    def _newcomers(self, in_flight: int) -> list[_Row]:
         if in_flight and not self.continuous:
-            return
+            return []
         with self._cond:
             take = min(self.max_batch - in_flight, len(self._waiting))
             newcomers = [self._waiting.popleft() for _ in range(take)]
+        self._admitting = newcomers
+        if in_flight and newcomers:
+            self.merges += 1
+        return newcomers
+
+    def _prefix_hit(self, row: _Row) -> tuple[Prefix, int] | None:
+        if self.prefix_cache is None:
+            return None
+        return self.prefix_cache.match(np.asarray(row.request.prompt_ids, dtype=np.int64), self.policy_version)
+
+    # -- the static path (`rlbus.engines.static`) ----------------------------------------------------
+
+    def _admit_static(self) -> None:
+        newcomers = self._newcomers(len(self._rows))
         if not newcomers:
             return
-        self._admitting = newcomers
+        if self._arena is None:
+            assert self._fwd is not None
+            self._arena = StaticBatch(self._fwd, self.max_batch, max_cols=2 * self.model.max_seq_len)
+        arena = self._arena
+        hits = [(row, self._prefix_hit(row)) for row in newcomers]
+        misses = [row for row, hit in hits if hit is None]
+        end = max(len(row.request.prompt_ids) for row in newcomers)
+        remaining = max(row.remaining for row in [*self._rows, *newcomers])
+        arena.make_room(end, remaining)
+        device = self.model.device
+        admitted = time.perf_counter()
+        version = self.policy_version
+        groups: list[tuple[list[_Row], tuple[torch.Tensor, torch.Tensor, torch.Tensor]]] = []
+        if misses:
+            lengths = [len(row.request.prompt_ids) for row in misses]
+            P = max(lengths)
+            ids = torch.full((len(misses), P), self.pad_id, dtype=torch.long)  # [g, P] left padded
+            valid = torch.zeros(len(misses), P, dtype=torch.bool)  # [g, P]
+            for i, row in enumerate(misses):
+                row.admitted = admitted
+                ids[i, P - lengths[i] :] = torch.tensor(row.request.prompt_ids, dtype=torch.long)
+                valid[i, P - lengths[i] :] = True
+            params = SamplingParams.of([row.sampling for row in misses], device)
+            allowed = self._allowed(misses, arena.fwd.vocab, device)
+            out = arena.prefill(ids.to(device), valid.to(device), lengths, params, allowed=allowed)
+            if self.prefix_cache is not None:
+                self.prefix_cache.stats.prefilled_tokens += sum(lengths)
+            self._rows += misses
+            groups.append((misses, out))
+        for row, hit in hits:
+            if hit is None:
+                continue
+            prefix, n = hit
+            row.admitted, row.cached = admitted, n
+            prompt = row.request.prompt_ids
+            suffix = torch.tensor(prompt[n:], dtype=torch.long, device=device)[None]  # [1, s]
+            valid = torch.ones(1, len(prompt), dtype=torch.bool, device=device)  # [1, n + s]
+            params = SamplingParams.of([row.sampling], device)
+            out = arena.prefill(suffix, valid, [len(prompt)], params, cached=prefix.slots, cached_len=n,
+                                allowed=self._allowed([row], arena.fwd.vocab, device))
+            assert self.prefix_cache is not None
+            self.prefix_cache.stats.prefilled_tokens += len(prompt) - n
+            self._rows.append(row)
+            groups.append(([row], out))
+        for rows, (tokens, token_logp, logp) in groups:
+            host_tokens, host_logps = torch.stack([tokens.double(), token_logp.double()]).tolist()
+            self._record(rows, host_tokens, host_logps, logp, version)
+        self._admitting = []
+        self._retire_static()
+
+    def _decode_static(self) -> None:
+        """One decode step of every row in flight: a graph replay on CUDA, else the eager step."""
+        arena = self._arena
+        assert arena is not None
+        version = self.policy_version
+        truncate = any(row.truncates for row in self._rows)
+        allowed = self._allowed(self._rows, arena.fwd.vocab, self.model.device)
+        if self.graphs is not None and self.graphs.enabled and allowed is None:
+            self.graphs.run(arena, truncate=truncate)
+        else:
+            arena.step(arena.n, graph=False, truncate=truncate, allowed=allowed)
+        arena.advanced()
+        tokens, logps = arena.read()
+        assert arena.logp is not None
+        self._record(self._rows, tokens, logps, arena.logp, version)
+
+    def _retire_static(self) -> None:
+        arena = self._arena
+        assert arena is not None
+        keep = [i for i, row in enumerate(self._rows) if row.finish is None]
+        for i, row in enumerate(self._rows):
+            if row.finish is None:
+                continue
+            if self.prefix_cache is not None and len(set(row.versions)) == 1:
+                self._keep(row, arena.row_slots(i), None)
+            row.future.set_result(self._result(row))
+        if len(keep) < len(self._rows):
+            order = arena.retire(keep)
+            self._rows = [self._rows[i] for i in order]
+
+    # -- the dynamic path -----------------------------------------------------------------------------
+
+    def _admit(self) -> None:
+        newcomers = self._newcomers(0 if self._batch is None else len(self._batch.rows))
+        if not newcomers:
+            return
         batches, misses = [], []
         for row in newcomers:
-            hit = None
-            if self.prefix_cache is not None:
-                hit = self.prefix_cache.match(np.asarray(row.request.prompt_ids, dtype=np.int64), self.policy_version)
+            hit = self._prefix_hit(row)
             if hit is None:
                 misses.append(row)
             else:
@@ -302,8 +452,10 @@ class TorchEngine:
                 row.experts.append(out.routed_experts[:, i, P - lengths[i] :])  # [L, lengths[i], k]
         if self.prefix_cache is not None:
             self.prefix_cache.stats.prefilled_tokens += sum(lengths)
-        last = self._sample(rows, out.logits[:, -1], version)  # [B]
-        return _Batch(rows=rows, cache=out.cache, key_mask=valid, next_pos=positions[:, -1] + 1, last=last)
+        params = SamplingParams.of([row.sampling for row in rows], device)
+        last = self._sample(rows, out.logits[:, -1], version, params)  # [B]
+        return _Batch(rows=rows, cache=out.cache, key_mask=valid, next_pos=positions[:, -1] + 1, last=last,
+                      params=params)
 
     def _prefill_cached(self, row: _Row, prefix: Prefix, n: int) -> _Batch:
         """One newcomer started from the first ``n`` slots of a kept row: only prompt[n:] is fed."""
@@ -324,8 +476,10 @@ class TorchEngine:
             row.experts += [prefix.experts[:, :n], out.routed_experts[:, 0]]  # [L, n, k], [L, s, k]
         assert self.prefix_cache is not None
         self.prefix_cache.stats.prefilled_tokens += total - n
-        last = self._sample([row], out.logits[:, -1], version)  # [1]
-        return _Batch(rows=[row], cache=out.cache, key_mask=key_mask, next_pos=positions[:, -1] + 1, last=last)
+        params = SamplingParams.of([row.sampling], device)
+        last = self._sample([row], out.logits[:, -1], version, params)  # [1]
+        return _Batch(rows=[row], cache=out.cache, key_mask=key_mask, next_pos=positions[:, -1] + 1, last=last,
+                      params=params)
 
     def _decode(self, batch: _Batch) -> _Batch:
         """Feed every row its newest token: one slot more for all rows, one token sampled per row."""
@@ -339,39 +493,53 @@ class TorchEngine:
             for i, row in enumerate(batch.rows):
                 row.experts.append(out.routed_experts[:, i])  # [L, 1, k]
         batch.cache, batch.key_mask, batch.next_pos = out.cache, key_mask, batch.next_pos + 1
-        batch.last = self._sample(batch.rows, out.logits[:, -1], version)  # [B]
+        batch.last = self._sample(batch.rows, out.logits[:, -1], version, batch.params)  # [B]
         return batch
 
-    def _sample(self, rows: list[_Row], logits: torch.Tensor, version: int) -> torch.Tensor:
+    def _sample(self, rows: list[_Row], logits: torch.Tensor, version: int, params: SamplingParams) -> torch.Tensor:
         """Sample one token per row from logits [B, V] and record it; returns the tokens [B]."""
-        device = logits.device
-        constraints = [row.constraint for row in rows]
-        logits = mask_logits(constraints, logits)  # [B, V]: −inf outside constrained rows' masks (no-op without)
-        temperature = torch.tensor([row.request.temperature for row in rows], device=device)  # [B]
-        top_k = torch.tensor([row.request.top_k for row in rows], dtype=torch.long, device=device)  # [B]
-        top_p = torch.tensor([row.request.top_p for row in rows], device=device)  # [B]
-        logp = processed_logprobs(logits, temperature, top_k, top_p)  # [B, V]
-        tokens = sample(logp, [row.generator for row in rows])  # [B]
-        token_logp = logp.gather(1, tokens[:, None]).squeeze(1)  # [B]
-        if any(c is not None for c in constraints):
-            advance(constraints, tokens.tolist())
+        params.truncate = any(row.truncates for row in rows)
+        allowed = self._allowed(rows, logits.shape[-1], logits.device)
+        tokens, token_logp, logp = draw(logits, params, allowed=allowed)  # [B], [B], [B, V]
+        host_tokens, host_logps = torch.stack([tokens.double(), token_logp.double()]).tolist()  # the one copy
+        self._record(rows, host_tokens, host_logps, logp, version)
+        return tokens
+
+    def _record(self, rows: list[_Row], tokens: Sequence[float], logps: Sequence[float], logp: torch.Tensor,
+                version: int) -> None:
+        """Append each row's sampled token (and its top log-probs when asked: one more copy, then); a
+        constrained row's grammar consumes it."""
+        states = [row.constraint for row in rows]
+        if any(state is not None for state in states):
+            advance(states, [int(t) for t in tokens])
         k = max(row.request.top_logprobs for row in rows)
         if k:
-            top_lp, top_ids = logp.topk(min(k, logp.shape[-1]), dim=-1)  # [B, k] each
+            top_lp, top_ids = logp[: len(rows)].topk(min(k, logp.shape[-1]), dim=-1)  # [B, k] each
+            ids, lps = top_ids.tolist(), top_lp.tolist()
             for i, row in enumerate(rows):
                 n = row.request.top_logprobs
-                row.top.append(list(zip(top_ids[i, :n].tolist(), top_lp[i, :n].tolist(), strict=True)))
-        for row, token, lp in zip(rows, tokens.tolist(), token_logp.tolist(), strict=True):
-            self._append(row, token, lp, version)
-        return tokens
+                if n:
+                    row.top.append(list(zip(ids[i][:n], lps[i][:n], strict=True)))
+        for row, token, lp in zip(rows, tokens, logps, strict=True):
+            self._append(row, int(token), lp, version)
+
+    def _allowed(self, rows: list[_Row], vocab: int, device: torch.device) -> torch.Tensor | None:
+        """The constrained-decoding hook: [B, V] bool, True where row i may sample next (its grammar's mask;
+        all True for an unconstrained row), or None when no row is constrained."""
+        states = [row.constraint for row in rows]
+        if all(state is None for state in states):
+            return None
+        return mask_logits(states, torch.zeros(len(rows), vocab, device=device)) == 0  # [B, V]
 
     def _retire(self, batch: _Batch) -> _Batch | None:
         """Deliver finished rows and drop them, with the leading slots no remaining row uses."""
         keep = [i for i, row in enumerate(batch.rows) if row.finish is None]
         for i, row in enumerate(batch.rows):
             if row.finish is not None:
-                if self.prefix_cache is not None:
-                    self._keep_prefix(batch, i, row)
+                if self.prefix_cache is not None and len(set(row.versions)) == 1:
+                    slots = batch.key_mask[i]  # [S] the row's real slots
+                    experts = torch.cat(row.experts, dim=1) if row.experts else None  # [L, fed, k]
+                    self._keep(row, kv.row_slots(batch.cache, i, slots), experts)
                 row.future.set_result(self._result(row))
         if len(keep) == len(batch.rows):
             return batch
@@ -384,22 +552,20 @@ class TorchEngine:
         key_mask = key_mask[:, start:]  # [B', S - start]
         capacity = key_mask.shape[1] + max(row.remaining for row in rows)
         cache = kv.select(batch.cache, idx, start, capacity=capacity)
-        return _Batch(rows=rows, cache=cache, key_mask=key_mask, next_pos=batch.next_pos[idx], last=batch.last[idx])
+        params = batch.params.select(idx, any(row.truncates for row in rows))
+        return _Batch(rows=rows, cache=cache, key_mask=key_mask, next_pos=batch.next_pos[idx], last=batch.last[idx],
+                      params=params)
 
-    def _keep_prefix(self, batch: _Batch, i: int, row: _Row) -> None:
-        """Hand a finished row's fed tokens (prompt + all sampled but the last) and their slots to the cache;
-        a row whose forwards spanned a weight swap holds mixed keys/values and is not kept."""
+    def _keep(self, row: _Row, slots: list[tuple[torch.Tensor, torch.Tensor]], experts: torch.Tensor | None) -> None:
+        """Hand a finished row's fed tokens (prompt + all sampled but the last) and their keys/values
+        (per layer [1, H, fed, D]) to the prefix cache. A row whose forwards spanned a weight swap holds mixed
+        keys/values: the caller does not keep it."""
         assert self.prefix_cache is not None
-        if len(set(row.versions)) != 1:
-            return
         ids = np.asarray((*row.request.prompt_ids, *row.tokens[:-1]), dtype=np.int64)
-        slots = batch.key_mask[i]  # [S] the row's real slots
-        held = int(slots.sum())
+        held = int(slots[0][0].shape[2]) if slots else len(ids)
         if held != len(ids):
             raise RuntimeError(f"row {row.request.request_id!r}: {held} cache slots for {len(ids)} fed tokens")
-        experts = torch.cat(row.experts, dim=1) if row.experts else None  # [L, len(ids), k]
-        self.prefix_cache.add(Prefix(ids=ids, slots=kv.row_slots(batch.cache, i, slots), version=row.versions[0],
-                                     experts=experts))  # fmt: skip
+        self.prefix_cache.add(Prefix(ids=ids, slots=slots, version=row.versions[0], experts=experts))
 
     def _merge(self, a: _Batch, b: _Batch) -> _Batch:
         """Rows of ``a`` then ``b``; the shorter side is left padded so both end at one offset."""
@@ -413,26 +579,27 @@ class TorchEngine:
             key_mask=key_mask,
             next_pos=torch.cat([a.next_pos, b.next_pos]),
             last=torch.cat([a.last, b.last]),
+            params=SamplingParams.cat(a.params, b.params),
         )
 
     def _fail(self, exc: Exception) -> None:
-        rows = ([] if self._batch is None else self._batch.rows) + self._admitting
-        self._batch, self._admitting = None, []
+        rows = ([] if self._batch is None else self._batch.rows) + self._rows + self._admitting
+        self._batch, self._admitting, self._rows = None, [], []
+        if self._arena is not None:
+            self._arena.retire([])
         for row in rows:
             if not row.future.done():
                 row.future.set_exception(exc)
 
     # -- per row --------------------------------------------------------------------------------------
 
+    def _row_seed(self, request: GenerationRequest) -> int:
+        return row_key(self._seeds.getrandbits(63) if request.seed is None else request.seed)
+
     def _grammar_state(self, request: GenerationRequest) -> RowConstraint | None:
         if request.constraint is None or self.grammars is None:
             return None
         return self.grammars.start(request.constraint)
-
-    def _row_generator(self, request: GenerationRequest) -> torch.Generator:
-        if request.seed is None:
-            return self._generator
-        return torch.Generator(device=self.model.device).manual_seed(request.seed)
 
     def _boundary(self) -> None:
         if self.between_steps is not None:

@@ -68,16 +68,19 @@ def claims_for(config: RunConfig, bus: Bus, store: BlobStore) -> Bus:
 
 def model_source(config: RunConfig, *, progress: Callable[[str], None] | None = None) -> ModelSource:
     """The run's model (`rlbus.models.kinds.ModelSource`): the source ``[model]``'s kind makes of its options (an
-    HF model's GGUF or shipped name is converted once, reporting to ``progress``), else the checkpoint's model."""
+    HF model's GGUF or shipped name is converted once, reporting to ``progress``), else the checkpoint's model;
+    on ``[model] device``, resolved and announced (to ``progress``) once."""
+    from rlbus.models.device import announce
     from rlbus.models.kinds import ModelSource, model_kind
 
     m = config.model
-    source = model_kind(m.kind).source(m.options, device=m.device, progress=progress)
+    device = announce(m.device, say=progress).device  # resolved once: every model of the role lands there
+    source = model_kind(m.kind).source(m.options, device=device, progress=progress)
     if source is not None:
         return source
     if m.checkpoint is None:
         raise ConfigError("model", f"[model] of kind {m.kind!r} names no model, and there is no checkpoint")
-    return ModelSource.of(initial_model(config), device=m.device)
+    return ModelSource.of(initial_model(config), device=device)
 
 
 def initial_model(config: RunConfig) -> Model:

@@ -172,7 +172,8 @@ class ModelSection(msgspec.Struct, **_STRUCT):
     #: A checkpoint file or directory (`rlbus pretrain --out DIR`); its model and weights are used.
     checkpoint: str | None = None
     #: Where the model runs: ``auto`` (CUDA when available, else CPU), ``cpu``, ``cuda``, ``cuda:1`` …
-    device: str = "cpu"
+    #: (`rlbus.models.device`: resolved once per role, logged at start).
+    device: str = "auto"
     #: The kind's own fields of ``[model]``, as its options (`ModelKind.parse`): the policy's
     #: `rlbus.models.config.PolicyConfig` (None with a checkpoint), an HF model's `HFOptions` (name, path, gguf).
     options: Any = msgspec.field(default_factory=lambda: DEMO_SHAPE)
@@ -242,6 +243,7 @@ class TrainerSection(msgspec.Struct, **_STRUCT):
     #: Ranks the trainer runs on (docs/ranks.md): 1 = one process; N > 1 = FSDP2 over N
     #: processes that `rlbus up` starts with ``torch.distributed.run --nproc-per-node N`` (gloo on CPU, NCCL on
     #: GPU); rank 0 alone is on the bus. ``rlbus worker trainer`` must then run under torchrun with N ranks.
+    #: 0 = one rank per GPU the trainer's machine has (1 without one).
     world_size: int = 1
     #: With world_size > 1: every rank uploads the weight chunks it encoded to the blob store itself (each
     #: rank's egress, docs/ranks.md); false: the other ranks hand theirs to rank 0, which
@@ -253,10 +255,12 @@ class TrainerSection(msgspec.Struct, **_STRUCT):
 
     def __post_init__(self) -> None:
         positive = ("lr", "groups_per_step", "publish_every", "checkpoint_every", "keep_checkpoints",
-                    "join_timeout_s", "warm_lr", "keyframe_every", "retain_versions", "torch_threads", "world_size")
+                    "join_timeout_s", "warm_lr", "keyframe_every", "retain_versions", "torch_threads")
         for name in positive:
             if not getattr(self, name) > 0:
                 raise ValueError(f"{name} must be > 0")
+        if self.world_size < 0:
+            raise ValueError("world_size must be ≥ 0 (0: one rank per GPU)")
         if self.warm_steps < 0:
             raise ValueError("warm_steps must be ≥ 0")
         if not 0 <= self.admission_slack <= self.grpo.max_staleness:

@@ -48,7 +48,7 @@ class HFSource(ModelSource):
 
     kind: ClassVar[str] = "hf"
     directory: Path
-    device: str = "cpu"
+    device: str = "auto"
     name: str | None = None
 
     def build(self, dtype: torch.dtype | None = None, *, seed: int = 0) -> HFCausalLM:

@@ -58,7 +58,7 @@ class ModelSource(abc.ABC):
     directory: Path | None = None
 
     @classmethod
-    def of(cls, model: Any, *, device: str = "cpu") -> ModelSource:
+    def of(cls, model: Any, *, device: str = "auto") -> ModelSource:
         """The source a built model came from (what its `describe()` says, through its kind: a checkpoint's
         model)."""
         desc = model.describe()

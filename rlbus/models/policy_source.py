@@ -41,7 +41,7 @@ class PolicySource(ModelSource):
     kind: ClassVar[str] = "policy"
     threaded: ClassVar[bool] = False  # its matmuls are too small to gain from threads (and its bits would change)
     shape: PolicyConfig
-    device: str = "cpu"
+    device: str = "auto"
 
     def build(self, dtype: torch.dtype | None = None, *, seed: int = 0) -> Policy:
         import torch

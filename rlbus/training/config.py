@@ -52,8 +52,9 @@ class GRPOConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_onl
     gradient_checkpointing: bool = False
     #: Clip the global gradient norm to this; 0 = no clipping (the norm is still reported).
     max_grad_norm: float = 1.0
-    #: Forward precision: fp32, or bf16 autocast over the fp32 master weights.
-    compute_dtype: Literal["float32", "bfloat16"] = "float32"
+    #: Forward precision: ``bfloat16`` (bf16 autocast over the fp32 master weights), ``float32``, or ``auto``:
+    #: bf16 on CUDA (its matrix units), fp32 on the CPU.
+    compute_dtype: Literal["auto", "float32", "bfloat16"] = "auto"
     #: Id fed at padding positions (any valid id: they are masked).
     pad_id: int = 0
 
@@ -114,8 +115,9 @@ class DPOConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only
     seed: int = 0
     #: Trained tokens per chunk of the vocabulary projection (`rlbus.rl.logprobs.chunked_token_logprobs`).
     logprob_chunk: int = 1024
-    #: Forward precision: fp32, or bf16 autocast over the fp32 master weights.
-    compute_dtype: Literal["float32", "bfloat16"] = "float32"
+    #: Forward precision: ``bfloat16`` (bf16 autocast over the fp32 master weights), ``float32``, or ``auto``:
+    #: bf16 on CUDA (its matrix units), fp32 on the CPU.
+    compute_dtype: Literal["auto", "float32", "bfloat16"] = "auto"
     #: Clip the global gradient norm to this; 0 = no clipping (the norm is still reported).
     max_grad_norm: float = 1.0
     #: Add the model's MoE load-balancing loss to the preference loss.

@@ -40,6 +40,7 @@ from rlbus.training.config import DPOConfig
 from rlbus.training.preference import PreferencePair
 from rlbus.training.ranks import Ranks
 from rlbus.training.sft import ChatRenderer, SFTExample, _sample
+from rlbus.training.step import bf16_compute
 
 __all__ = [
     "DPOConfig", "DPOEval", "DPOResult", "DPOStep", "evaluate_preferences", "load_preference_data",
@@ -57,7 +58,7 @@ def _score(
     device = next(model.parameters()).device
     N = len(sides)
     batch = pack([_sample(s) for s in sides], torch.zeros(N), pad_id=pad_id).to(device)
-    with torch.autocast(device_type=device.type, dtype=torch.bfloat16, enabled=dtype == "bfloat16"):
+    with torch.autocast(device_type=device.type, dtype=torch.bfloat16, enabled=bf16_compute(dtype, device)):
         out = model.features(batch.inputs, key_mask=batch.key_mask)
         logp = chunked_token_logprobs(
             out.hidden, model.output_weight(), batch.targets, torch.ones_like(batch.temperature), mask=batch.loss_mask,

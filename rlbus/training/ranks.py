@@ -103,10 +103,18 @@ class Ranks:
         return out
 
 
+def world_size_for(configured: int) -> int:
+    """``[trainer] world_size`` as a rank count: 0 means one rank per CUDA device here (1 without one)."""
+    if configured > 0:
+        return configured
+    return max(1, torch.cuda.device_count()) if torch.cuda.is_available() else 1
+
+
 def join_ranks(world_size: int) -> Ranks | None:
     """Join the trainer's process group from torchrun's environment (RANK, WORLD_SIZE, MASTER_ADDR …);
     None, and no process group, for a one-process trainer. ValueError when the launch and ``world_size``
     disagree."""
+    world_size = world_size_for(world_size)
     launched = int(os.environ.get("WORLD_SIZE", "1"))
     if launched != world_size:
         raise ValueError(f"trainer.world_size = {world_size} but this trainer was launched on {launched} rank(s): "

@@ -176,6 +176,7 @@ def main(
     batch_size: int = 32,
     seed: int = 0,
     log: Callable[[str], None] = print,
+    device: str = "auto",
 ) -> list[float]:
     """``rlbus pretrain``: warm-start a model on a JSONL file and write a weights-only checkpoint.
 
@@ -183,8 +184,10 @@ def main(
     seeded with ``seed``, a shipped HF model, a model directory or a GGUF file); ``init`` starts from an
     existing checkpoint (file or directory, any model kind) instead. Chat rows (``messages``) are rendered
     in that model's chat format. The result goes to the checkpoint directory ``out`` (step 0, version 0, no
-    optimizer state), which the trainer resumes from.
+    optimizer state), which the trainer resumes from. Trains on ``device`` (`rlbus.models.device`); the
+    checkpoint is written from CPU copies.
     """
+    from rlbus.models.device import resolve_device
     from rlbus.models.sources import ModelSource, parse_model
 
     policy: TrainableLM
@@ -193,9 +196,10 @@ def main(
         if state is None:
             raise FileNotFoundError(f"no checkpoint in {init}")
         policy = model_from_state(state)
-        source = ModelSource.of(policy)
+        source = ModelSource.of(policy, device=str(resolve_device(device)))
+        policy = policy.to(resolve_device(device))  # type: ignore[attr-defined]
     else:
-        source = parse_model(model, progress=log)
+        source = parse_model(model, device=device, progress=log)
         policy = source.build(seed=seed)
     examples = load_examples(data, source.chat)
     every = max(1, steps // 20)
@@ -207,7 +211,8 @@ def main(
     log(f"{len(examples)} examples, {sum(p.numel() for p in policy.parameters()):,} parameters")
     losses = pretrain(policy, examples, steps, lr, batch_size, seed, on_step=report)
     path = save_checkpoint(
-        out, TrainerState(step=0, version=0, model=policy.state_dict(), model_description=policy.describe())
+        out, TrainerState(step=0, version=0, model={k: v.cpu() for k, v in policy.state_dict().items()},
+                          model_description=policy.describe())
     )
     log(f"wrote {path}")
     return losses

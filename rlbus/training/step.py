@@ -32,8 +32,9 @@ additive) and weighted by the chunk's share of real tokens.
 The model is any `rlbus.models.base.TrainableLM` (the in-repo policy or a Hugging Face causal LM). Its
 forward stops at the final hidden states h_t; the logits z_t = h_t · Wᵀ (W = the LM head, [V, D]) exist
 only ``logprob_chunk`` trained tokens at a time (`rlbus.rl.logprobs.chunked_token_logprobs`, recomputed in
-backward), so no fp32 [B, S, V] tensor is ever built. ``compute_dtype = "bfloat16"`` runs the forward
-and the projection under bf16 autocast over the fp32 master weights; the log-softmax is always fp32.
+backward), so no fp32 [B, S, V] tensor is ever built. ``compute_dtype = "bfloat16"`` (and ``auto``, the
+default, on CUDA) runs the forward and the projection under bf16 autocast over the fp32 master weights; the
+log-softmax is always fp32.
 
 On N ranks (`rlbus.training.ranks`, FSDP2). Every rank gets the whole batch and packs it the same way;
 each minibatch's rows [a, b) are cut into N contiguous slices of ⌈(b − a)/N⌉ rows, rank r trains slice r
@@ -399,13 +400,18 @@ def score(
     return logp, experts
 
 
+def bf16_compute(dtype: str, device: torch.device) -> bool:
+    """Whether a ``compute_dtype`` runs bf16 autocast on ``device`` (``auto``: on CUDA)."""
+    return dtype == "bfloat16" or (dtype == "auto" and device.type == "cuda")
+
+
 def _score(
     model: TrainableLM, part: PackedBatch, *, replay: bool, dtype: str, chunk: int
 ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
     """(log π(targets) [B, S] at each row's temperature, at the loss mask, 0 elsewhere; own experts
     [L, B, S, k] | None; aux loss | None)."""
     device = part.inputs.device
-    with torch.autocast(device_type=device.type, dtype=torch.bfloat16, enabled=dtype == "bfloat16"):
+    with torch.autocast(device_type=device.type, dtype=torch.bfloat16, enabled=bf16_compute(dtype, device)):
         routed = part.routed_experts if replay else None
         out = model.features(part.inputs, key_mask=part.key_mask, routed_experts=routed)
         logp = chunked_token_logprobs(

@@ -36,8 +36,8 @@ class JudgeConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_on
     #: engine: a shipped model, model directory or .gguf (like ``rlbus generate --model``); openai: the
     #: model name sent in each request.
     model: str = "smollm2-135m-instruct"
-    #: engine: where the judge model runs (``cpu``, ``cuda``, ``auto``).
-    device: str = "cpu"
+    #: engine: where the judge model runs (``auto``: CUDA when available, ``cpu``, ``cuda``).
+    device: str = "auto"
     #: engine: the engine kind serving the judge model (`rlbus.engines.kinds`; ``torch`` runs in the reward
     #: worker's process).
     engine: str = "torch"

@@ -47,15 +47,15 @@ def _count_merges(monkeypatch: pytest.MonkeyPatch) -> list[int]:
 
 @pytest.mark.parametrize("model_name", ["policy", "llama"])
 def test_greedy_results_with_refill_equal_running_each_request_alone(
-    model_name: str, request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch
+    model_name: str, request: pytest.FixtureRequest
 ) -> None:
     model = request.getfixturevalue(model_name)
     vocab = CFG.vocab if model_name == "policy" else 512
     reqs = _mixed(10, vocab, temperature=0.0)
     alone = [TorchEngine(model).generate([r])[0] for r in reqs]
-    merges = _count_merges(monkeypatch)
-    batched = TorchEngine(model, max_batch=3).generate(reqs)
-    assert merges, "newcomers were merged into a running batch"
+    engine = TorchEngine(model, max_batch=3)
+    batched = engine.generate(reqs)
+    assert engine.merges, "newcomers were merged into a running batch"
     for a, b in zip(alone, batched, strict=True):
         assert b.request_id == a.request_id
         assert b.token_ids == a.token_ids

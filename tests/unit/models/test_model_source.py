@@ -16,8 +16,10 @@ from rlbus.models.sources import parse_model
 
 
 def test_a_policy_source_builds_the_byte_model() -> None:
-    source = parse_model("demo")
-    assert source == PolicySource(DEMO_SHAPE) and source.label == "policy"
+    from rlbus.models.device import resolve_device
+
+    source = parse_model("demo")  # on "auto", resolved once: the device every model of the role lands on
+    assert source == PolicySource(DEMO_SHAPE, device=str(resolve_device("auto"))) and source.label == "policy"
     model = source.build(torch.bfloat16, seed=3)
     assert next(model.parameters()).dtype == torch.bfloat16
     again = source.build(torch.bfloat16, seed=3)

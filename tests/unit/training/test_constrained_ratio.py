@@ -55,7 +55,9 @@ def test_the_ratio_is_one_on_policy_at_constrained_tokens(policy: Policy, temper
                                   temperature=temperature, stop_token_ids=CHAT.stop_ids, seed=i,
                                   constraint=json_constraint(SCHEMA)) for i, p in enumerate(["a:", "json please:"])]
     results = engine.generate(requests)
-    assert all(set(json.loads(r.text)) == {"word", "n"} for r in results)
+    # a random model may write the unbounded integer until max_new_tokens: a cut row is a JSON prefix
+    assert any(r.finish_reason == "stop" for r in results)
+    assert all(set(json.loads(r.text)) == {"word", "n"} for r in results if r.finish_reason == "stop")
     rollouts = [as_rollout(r, temperature) for r in results]
     for rollout in rollouts:
         check_rollout(rollout)

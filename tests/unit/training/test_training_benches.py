@@ -67,3 +67,22 @@ def test_train_bench_on_two_ranks_reproduces_one_rank_and_halves_the_sharded_byt
         assert row["tokens_per_s"] > 0 and row["publish_s"] > 0 and row["save_s"] > 0 and row["load_s"] > 0
         assert row["rss_peak_mb"] > row["model_optimizer_mb"]
     assert json.loads((tmp_path / "ranks.json").read_text())["summary"] == summary
+
+
+def test_train_flops_are_the_hand_count_and_mfu_divides_by_the_peak() -> None:
+    """``--size 1.5b``'s path (a random transformers model) at toy size, and the FLOP count MFU rests on."""
+    transformers = pytest.importorskip("transformers")
+    config = transformers.Qwen2Config(vocab_size=272, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                      num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=True,
+                                      max_position_embeddings=64)  # fmt: skip
+    size = train.Size("toy-hf", train.dense_config(True), groups=2, group_size=2, prompt=4, completion=6, steps=1,
+                      hf_config=config)  # fmt: skip
+    model = train.build_model(size)
+    body = 2 * (32 * 32 + 2 * 16 * 32 + 32 * 32 + 3 * 64 * 32)  # per layer: q, k and v (GQA), o, gate, up, down
+    positions, trained = 4 * 9, 4 * 6
+    attention = 12 * 2 * 32 * 10 * positions  # 12 · layers · d · T per position
+    assert train.train_flops(model, size) == 6 * body * positions + 6 * 272 * 32 * trained + attention
+    row = train.measure(size, replay=False, peak=1e9)
+    assert row["mfu"] == pytest.approx(row["model_flops_per_s"] / 1e9) and row["compute"] == "fp32"
+    peak = train.matmul_peak("cpu", seconds=0.05)
+    assert peak["flops_per_s"] > 0 and peak["samples"] >= 10

@@ -438,6 +438,7 @@ def test_torch_backend_matches_numpy(monkeypatch: pytest.MonkeyPatch) -> None:
     assert same_bits(apply_delta(old, reference), new)
 
 
+@pytest.mark.cuda
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_cuda_stage_and_swap() -> None:
     old, new = make_pair(8, torch.bfloat16, (100_000,), 0.03)

@@ -23,6 +23,7 @@ BENCHMARKS = {
     "online": "Learning from simulated users through the gateway.",
     "judge": "LM judges: agreement with the verifier, cost, prompt injection.",
     "engines": "The torch engine against vLLM on SmolLM2.",
+    "decode": "The torch engine against transformers.generate: tokens/s, decode step, greedy agreement.",
     "serve": "The OpenAI-compatible gateway under load.",
     "firstsync": "A cold worker's first sync: kernel cache warm or empty.",
     "sim-calibration": "The simulator against real `rlbus up` runs.",

@@ -59,6 +59,15 @@ def write_json(path: Path | None, result: dict[str, Any]) -> None:
 
 
 JsonPath = Annotated[Path | None, typer.Option("--json", help="Write the figures here.")]
+Device = Annotated[str, typer.Option(help="Where the models run: auto (CUDA when there is one), cuda, cuda:N, cpu.")]
+
+
+def synchronize(device: Any) -> None:
+    """Wait for ``device``'s queued work (a no-op on the CPU): around a timed region on a GPU."""
+    import torch
+
+    if torch.device(device).type == "cuda":
+        torch.cuda.synchronize(device)
 Quick = Annotated[bool, typer.Option(help="A CI-sized run of the same measurement.")]
 Bootstrap = Annotated[
     str, typer.Option("--bootstrap", "-b", envvar="RLBUS_KAFKA_BOOTSTRAP", help="Kafka bootstrap servers host:port.")

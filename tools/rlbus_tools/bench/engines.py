@@ -32,7 +32,7 @@ from typing import Any
 import torch
 
 from rlbus.engines.base import GenerationRequest
-from rlbus_tools.bench.common import JsonPath, Quick, print_table, write_json
+from rlbus_tools.bench.common import Device, JsonPath, Quick, print_table, write_json
 from rlbus_tools.bench.mismatch import corpus, json_meta
 
 FULL_LEVELS = (1, 8, 32, 64)
@@ -116,7 +116,8 @@ async def _swap(directory: Path, steps: int, tok: Any, engine_for_rollouts: Any)
     return {"versions": versions}
 
 
-def run(quick: bool = False, json_path: Path | None = None) -> dict[str, Any]:
+def run(quick: bool = False, json_path: Path | None = None, device: str = "cpu") -> dict[str, Any]:
+    """``device``: the torch engine's (vLLM here is the CPU build)."""
     from rlbus.engines.torch_stack import torch_stack
     from rlbus.engines.vllm_engine import VLLMEngine
     from rlbus.models.sources import load_hf, load_tokenizer, model_dir
@@ -131,7 +132,8 @@ def run(quick: bool = False, json_path: Path | None = None) -> dict[str, Any]:
     # ~10× slower than one (measured: 3 vs 33 tokens/s at 8 sequences), and vLLM is bound to the same core.
     os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "0")
     torch.set_num_threads(1)
-    torch_engine = torch_stack(load_hf(directory, dtype=torch.bfloat16), max_batch=64).engine  # no tokenizer, pad 0
+    torch_engine = torch_stack(load_hf(directory, dtype=torch.bfloat16, device=device),
+                               max_batch=64).engine  # no tokenizer, pad 0
     torch_tps = _throughput("torch engine", torch_engine.generate, tok, levels, new_tokens)
     t1 = time.perf_counter()
 
@@ -177,12 +179,15 @@ def run(quick: bool = False, json_path: Path | None = None) -> dict[str, Any]:
         "swap": swap, "mismatch": mismatch, "summary": summary,
         "seconds": {"torch": t1 - t0, "swap": t2 - t1, "vllm": t3 - t2, "total": time.perf_counter() - t0},
         "threads": {"torch": 1, "vllm_bind": os.environ.get("VLLM_CPU_OMP_THREADS_BIND")},
+        "torch_device": device,
         "note": "CPU build only (vllm-cpu); no GPU in this environment. The 2 cores were shared with other jobs.",
     }  # fmt: skip
     write_json(json_path, result)
     return result
 
 
-def main(json_path: JsonPath = None, quick: Quick = False) -> None:
+def main(json_path: JsonPath = None, quick: Quick = False, device: Device = "cpu") -> None:
     """The torch engine against vLLM on SmolLM2: tokens/s and log-prob agreement."""
-    run(quick=quick, json_path=json_path)
+    from rlbus.models.device import announce
+
+    run(quick=quick, json_path=json_path, device=str(announce(device, say=print).device))

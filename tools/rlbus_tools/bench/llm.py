@@ -46,7 +46,7 @@ from rlbus.training.batch import Group, sample_from_generation
 from rlbus.training.config import GRPOConfig, OptimConfig
 from rlbus.training.step import build_optimizer, grpo_step
 from rlbus_tools.bench.codec import peers
-from rlbus_tools.bench.common import JsonPath, Quick, meta, print_table, write_json
+from rlbus_tools.bench.common import Device, JsonPath, Quick, meta, print_table, synchronize, write_json
 
 SYSTEM = "Give the final answer as <answer>ANSWER</answer>, for example <answer>42</answer>."
 
@@ -94,24 +94,26 @@ def _reward(source: ModelSource, result: GenerationResult, prompt: Prompt) -> fl
 def _bits(state: dict[str, torch.Tensor]) -> np.ndarray:
     """Every tensor's bf16 bits, in name order, as one flat uint16 array (what the peers encode)."""
     flat = torch.cat([state[k].reshape(-1) for k in sorted(state)]).view(torch.int16)
-    return flat.numpy().view(np.uint16)
+    return flat.cpu().numpy().view(np.uint16)
 
 
 def hf_generate_baseline(engine: TorchEngine, requests: list[GenerationRequest]) -> float:
     """Tokens/s of transformers' own sampling ``generate`` on the same left-padded prompts (same weights)."""
     hf = engine.model.hf  # type: ignore[attr-defined]
     P = max(len(r.prompt_ids) for r in requests)
-    ids = torch.full((len(requests), P), engine.pad_id, dtype=torch.long)
+    ids = torch.full((len(requests), P), engine.pad_id, dtype=torch.long, device=engine.model.device)
     mask = torch.zeros_like(ids)
     for i, r in enumerate(requests):
         ids[i, P - len(r.prompt_ids):] = torch.tensor(r.prompt_ids)
         mask[i, P - len(r.prompt_ids):] = 1
     stops = list(requests[0].stop_token_ids)
     torch.manual_seed(0)
+    synchronize(ids.device)
     started = time.perf_counter()
     with torch.no_grad():
         out = hf.generate(input_ids=ids, attention_mask=mask, do_sample=True, temperature=1.0, top_k=0, top_p=1.0,
                           max_new_tokens=requests[0].max_new_tokens, eos_token_id=stops, pad_token_id=engine.pad_id)
+    synchronize(ids.device)
     seconds = time.perf_counter() - started
     new = out[:, P:]
     tokens = 0
@@ -199,11 +201,14 @@ async def _run_lr(source: ModelSource, lr: float, setup: Setup, seed: int, log: 
     return {"steps": steps, "hf_generate_tokens_per_s": baseline}
 
 
-def run(quick: bool = False, json_path: Path | None = None, seed: int = 0, log: Any = print) -> dict[str, Any]:
+def run(quick: bool = False, json_path: Path | None = None, seed: int = 0, log: Any = print,
+        device: str = "auto") -> dict[str, Any]:
+    from rlbus.models.device import announce
     from rlbus.models.sources import model_dir
 
     setup = QUICK if quick else FULL
-    source = HFSource(model_dir(name="smollm2-135m-instruct", progress=log))
+    where = announce(device, say=log)
+    source = HFSource(model_dir(name="smollm2-135m-instruct", progress=log), device=where.device)
     per_lr = {f"{lr:g}": asyncio.run(_run_lr(source, lr, setup, seed, log)) for lr in setup.lrs}
     rows = [r for result in per_lr.values() for r in result["steps"]]
 
@@ -229,8 +234,8 @@ def run(quick: bool = False, json_path: Path | None = None, seed: int = 0, log: 
         "kl_engine_trainer": mean("kl_engine_trainer"),
         "peak_rss_gb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20,
     }
-    result = {"meta": meta(), "setup": setup.__dict__, "model": "smollm2-135m-instruct", "steps": rows,
-              "summary": summary}
+    result = {"meta": meta(), "setup": setup.__dict__, "model": "smollm2-135m-instruct", "device": where.as_dict(),
+              "steps": rows, "summary": summary}
     print_table(
         "rlbus bench llm — SmolLM2-135M-Instruct, engine → GRPO → delta → worker (per step)",
         ["lr / step", "reward", "gen tok/s", "train tok/s", "KL", "delta %", "xor+zstd %", "idx+val %", "exact"],
@@ -254,6 +259,6 @@ def run(quick: bool = False, json_path: Path | None = None, seed: int = 0, log: 
     return result
 
 
-def main(json_path: JsonPath = None, quick: Quick = False) -> None:
+def main(json_path: JsonPath = None, quick: Quick = False, device: Device = "auto") -> None:
     """SmolLM2 through the whole loop: engine, trainer, codec on real deltas."""
-    run(quick=quick, json_path=json_path)
+    run(quick=quick, json_path=json_path, device=device)

@@ -134,7 +134,8 @@ trainer's ``compute_dtype="bfloat16"`` mode (bf16 matmuls over the fp32 master w
 stream and norms); ``fp32`` is the fp32 master model."""
 
 
-def measure(master: Policy, setup: Setup, seed: int = 1, engine: EngineKind | None = None) -> list[dict[str, Any]]:
+def measure(master: Policy, setup: Setup, seed: int = 1, engine: EngineKind | None = None,
+            device: str = "cpu") -> list[dict[str, Any]]:
     """Generate with the bf16 engine, then re-score every way in `TRAINERS`, with and without replay.
 
     Two flip rates per case: ``router_flip_rate`` compares the experts the trainer's forward actually
@@ -143,6 +144,7 @@ def measure(master: Policy, setup: Setup, seed: int = 1, engine: EngineKind | No
     the right tokens; ``router_own_flip_rate`` is the trainer router's own top-k against the engine's,
     the number the GRPO step reports. ``engine`` serves the bf16 copy (default: the torch engine).
     """
+    master = master.to(device)
     served = (engine or engine_kind("torch")).serve(master, seed=seed)
     engine_model = served.weights
     samples, engine_lp, recorded = generate(served.engine, setup, seed)
@@ -150,21 +152,24 @@ def measure(master: Policy, setup: Setup, seed: int = 1, engine: EngineKind | No
     for name, dtype in TRAINERS:
         trainer = engine_model if name == "bf16" else master
         for replay in (False, True):
-            scored = rescore(samples, setup, partial(score, trainer, replay=replay, dtype=dtype), replay=replay)
+            scored = rescore(samples, setup, partial(score, trainer, replay=replay, dtype=dtype), replay=replay,
+                             device=device)
             cases.append(case(name, replay, engine_lp, recorded, *scored))
     return cases
 
 
 def measure_hf(
-    master: HFCausalLM, setup: Setup, seed: int = 1, engine: EngineKind | None = None
+    master: HFCausalLM, setup: Setup, seed: int = 1, engine: EngineKind | None = None, device: str = "cpu"
 ) -> list[dict[str, Any]]:
     """`measure` for an HF MoE: the bf16 engine copy generates, the fp32 master re-scores through the
     trainer's path (`HFCausalLM.features` and the LM head), with and without router replay."""
+    master = master.to(device)
     served = (engine or engine_kind("torch")).serve(master, seed=seed)
     samples, engine_lp, recorded = generate(served.engine, setup, seed)
     cases = []
     for replay in (False, True):
-        scored = rescore(samples, setup, partial(score_features, master, replay=replay), replay=replay)
+        scored = rescore(samples, setup, partial(score_features, master, replay=replay), replay=replay,
+                         device=device)
         cases.append(case("fp32", replay, engine_lp, recorded, *scored))
     return cases
 
@@ -192,21 +197,21 @@ Scorer = Callable[[PackedBatch], tuple[torch.Tensor, torch.Tensor | None]]
 
 
 def rescore(
-    samples: list[Sample], setup: Setup, scorer: Scorer, *, replay: bool
+    samples: list[Sample], setup: Setup, scorer: Scorer, *, replay: bool, device: str = "cpu"
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(trainer log-probs [N], experts used [L, N, k], own top-k [L, N, k]) at every generated token, scored
-    ``trainer_batch`` right-padded rows at a time."""
+    ``trainer_batch`` right-padded rows at a time on ``device`` (the figures come back to the CPU)."""
     trainer_lp, own, used = [], [], []
     for i in range(0, len(samples), setup.trainer_batch):
         chunk = samples[i : i + setup.trainer_batch]
-        batch = pack(chunk, torch.zeros(len(chunk)))
+        batch = pack(chunk, torch.zeros(len(chunk))).to(torch.device(device))
         logp, experts = scorer(batch)  # [B, S], [L, B, S, k]
         if experts is None or batch.routed_experts is None:
             raise RuntimeError("the benchmark model is an MoE: routing must be reported")
         mask = batch.loss_mask  # [B, S]
-        trainer_lp.append(logp[mask])
-        own.append(experts[:, mask])
-        used.append(batch.routed_experts[:, mask] if replay else experts[:, mask])
+        trainer_lp.append(logp[mask].cpu())
+        own.append(experts[:, mask].cpu())
+        used.append((batch.routed_experts[:, mask] if replay else experts[:, mask]).cpu())
     return torch.cat(trainer_lp), torch.cat(used, 1), torch.cat(own, 1)
 
 
@@ -267,8 +272,11 @@ from ``transformers``, routed through `rlbus.models.hf_moe.RouterTap`)."""
 
 
 def run(
-    quick: bool = False, json_path: Path | None = None, model: str = "policy", engine: str = "torch"
+    quick: bool = False, json_path: Path | None = None, model: str = "policy", engine: str = "torch",
+    device: str = "cpu",
 ) -> dict[str, Any]:
+    """The torch engine's mismatch on ``device`` (the warm-up trains on the CPU; the engine and the trainer's
+    re-scoring then run on ``device``), or another engine kind's."""
     kind = engine_kind(engine, field="--engine")
     if engine in OWN_RUNS:
         return OWN_RUNS[engine](quick=quick, json_path=json_path)
@@ -279,7 +287,7 @@ def run(
     if model == "hf-moe":
         hf = random_hf_moe(setup)
         t1 = time.perf_counter()
-        cases = measure_hf(hf, setup, engine=kind)
+        cases = measure_hf(hf, setup, engine=kind, device=device)
         cfg = hf.hf.config
         shape = {"kind": "hf-moe", "family": cfg.model_type, "d_model": cfg.hidden_size,
                  "n_layer": cfg.num_hidden_layers, "n_experts": cfg.num_experts, "top_k": cfg.num_experts_per_tok,
@@ -288,7 +296,7 @@ def run(
     else:
         policy = train(setup)
         t1 = time.perf_counter()
-        cases = measure(policy, setup, engine=kind)
+        cases = measure(policy, setup, engine=kind, device=device)
         pc = policy.config
         shape = {"kind": "policy", "d_model": pc.d_model, "n_layer": pc.n_layer, "n_experts": pc.n_experts,
                  "top_k": pc.top_k, "params": policy.num_params(), "warmup_steps": setup.train_steps}  # fmt: skip
@@ -321,6 +329,7 @@ def run(
         "engine": engine,
         "quick": quick,
         "meta": json_meta(),
+        "device": device,
         "model": shape,
         "setup": {
             "prompts": setup.prompts,
@@ -495,6 +504,7 @@ def main(
         help="A registered engine (rlbus.engines.kinds): torch, vllm (SmolLM2 and a random Mixtral on vLLM; run "
              "it with .venv-vllm's rlbus), or an installed package's, which serves the bf16 copy in place of "
              "the torch engine.")] = "torch",
+    device: Annotated[str, typer.Option(help="The torch engine's and the trainer's device: auto, cpu, cuda …")] = "cpu",
 ) -> None:
     """Training/inference mismatch: KL, |Δlogprob| and router flips, with and without router replay."""
     if model not in ("policy", "hf-moe"):
@@ -503,4 +513,6 @@ def main(
         engine_kind(engine, field="--engine")
     except ConfigError as exc:
         raise typer.BadParameter(exc.problem, param_hint="--engine") from None
-    run(quick=quick, json_path=json_path, model=model, engine=engine)
+    from rlbus.models.device import announce
+
+    run(quick=quick, json_path=json_path, model=model, engine=engine, device=str(announce(device, say=print).device))

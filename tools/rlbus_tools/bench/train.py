@@ -18,6 +18,14 @@ Publishing on and off: the ~11M model's trainer (`Trainer`) publishing every ste
 blob store, inline after each step and overlapped with the next step, against the same trainer without a
 publisher (`measure_publishing`; ``summary.overlapped_vs_off``, target ≥ 0.9).
 
+``--device cuda`` runs the same step on a GPU, bf16 compute over the fp32 master weights (``compute_dtype =
+"auto"``), and reports model FLOP utilisation: MFU = model FLOPs per second / the same run's measured
+matmul peak (a bf16 GEMM on random 8192² operands timed with CUDA events; on the CPU an fp32 GEMM), model
+FLOPs by the usual count — 6 FLOPs per matmul parameter per position fed (forward and backward), the LM
+head's 6·V·D per trained token, and 12·L·d·T per position for attention (Chowdhery et al., "PaLM", 2022,
+appendix B). ``--size 1.5b`` trains a ~1.5 B model with Qwen2.5-1.5B's configuration and random weights
+(transformers' ``Qwen2Config``; no download) on a larger batch instead of the policy sizes.
+
 ``--world-size 2`` measures the trainer on N ranks instead (FSDP2 over gloo on CPU,
 `rlbus.training.ranks`): the same seeded batches through a `Trainer` on 1 rank — the baseline, in the same
 run — and on N spawned ranks (`rlbus.training.spawn`), each step followed by `Trainer.publish` to a real
@@ -41,7 +49,7 @@ import typer
 from rlbus.models.policy import Policy, PolicyConfig
 from rlbus.training.batch import Group, Sample
 from rlbus.training.step import GRPOConfig, OptimConfig, build_optimizer, grpo_step
-from rlbus_tools.bench.common import JsonPath, Quick, print_table, require, write_json
+from rlbus_tools.bench.common import Device, JsonPath, Quick, print_table, require, write_json
 from rlbus_tools.bench.mismatch import json_meta
 
 
@@ -60,16 +68,106 @@ class Size:
     #: A Hugging Face model directory to train instead of a policy of ``config`` (the N-rank bench's
     #: ``--model``; ``config`` then only says the model is dense: no recorded experts in the batches).
     hf_dir: str | None = None
+    #: A ``transformers`` config to train with random weights instead (``--size 1.5b``; dense, like hf_dir).
+    hf_config: Any = None
+    #: Rows per forward/backward chunk (0: the whole batch at once).
+    micro_batch_rows: int = 0
 
 
-def build_model(size: Size) -> Any:
-    """The model ``size`` trains: the Hugging Face model in ``hf_dir`` (its weights), else a seeded policy."""
+def build_model(size: Size, device: str = "cpu") -> Any:
+    """The model ``size`` trains, on ``device``: the Hugging Face model in ``hf_dir`` (its weights), a random one
+    of ``hf_config`` (initialised on the device), else a seeded policy."""
+    from rlbus.models.hf import HFCausalLM
+
     if size.hf_dir is not None:
-        from rlbus.models.hf import HFCausalLM
-
-        return HFCausalLM.from_pretrained(size.hf_dir)
+        return HFCausalLM.from_pretrained(size.hf_dir, device=device)
+    if size.hf_config is not None:
+        with torch.device(device):
+            return HFCausalLM.from_config(size.hf_config, seed=0)
     torch.manual_seed(0)
-    return Policy(size.config)
+    return Policy(size.config).to(device)
+
+
+def qwen25_1p5b_config() -> Any:
+    """Qwen2.5-1.5B's configuration (28 layers, d 1536, GQA 12/2, SwiGLU 8960, vocabulary 151,936, tied
+    embeddings, q/k/v biases): 1.54 B parameters."""
+    from transformers import Qwen2Config
+
+    shape: dict[str, Any] = {  # rope_theta: the legacy key, which every transformers 5 release accepts
+        "vocab_size": 151936, "hidden_size": 1536, "intermediate_size": 8960, "num_hidden_layers": 28,
+        "num_attention_heads": 12, "num_key_value_heads": 2, "max_position_embeddings": 32768,
+        "rope_theta": 1_000_000.0, "rms_norm_eps": 1e-6, "tie_word_embeddings": True, "use_sliding_window": False,
+    }
+    return Qwen2Config(**shape)
+
+
+def size_1p5b(quick: bool) -> Size:
+    """The ~1.5 B row: 64 sequences of 128 + 384 tokens a step (16 rows per forward/backward); ``quick``, 16."""
+    if quick:
+        return Size("~1.5B", dense_config(True), groups=2, group_size=8, prompt=64, completion=192, steps=2,
+                    hf_config=qwen25_1p5b_config(), micro_batch_rows=16)
+    return Size("~1.5B", dense_config(True), groups=8, group_size=8, prompt=128, completion=384, steps=3,
+                hf_config=qwen25_1p5b_config(), micro_batch_rows=16)
+
+
+def matmul_peak(device: str, seconds: float = 1.0) -> dict[str, Any]:
+    """This run's measured matmul rate: a bf16 8192² GEMM on CUDA (random operands, three sets in rotation,
+    CUDA events, the median of the timed products after a warm-up), an fp32 1024² GEMM on the CPU."""
+    import statistics
+
+    cuda = torch.device(device).type == "cuda"
+    n, dtype = (8192, torch.bfloat16) if cuda else (1024, torch.float32)
+    operands = [(torch.randn(n, n, device=device, dtype=dtype), torch.randn(n, n, device=device, dtype=dtype))
+                for _ in range(3)]  # fmt: skip
+    times: list[float] = []
+    started = time.perf_counter()
+    for i in range(1000):
+        a, b = operands[i % 3]
+        if cuda:
+            begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            begin.record()
+            a @ b
+            end.record()
+            end.synchronize()
+            elapsed = begin.elapsed_time(end) / 1e3
+        else:
+            t0 = time.perf_counter()
+            a @ b
+            elapsed = time.perf_counter() - t0
+        if i >= 3:
+            times.append(elapsed)
+        if time.perf_counter() - started > seconds and len(times) >= 10:
+            break
+    median = statistics.median(times)
+    return {"gemm": f"{n}x{n}x{n} {str(dtype).removeprefix('torch.')}", "median_s": median,
+            "flops_per_s": 2 * n**3 / median, "samples": len(times)}
+
+
+def _rate(flops_per_s: float) -> str:
+    return f"{flops_per_s / 1e12:.1f} T" if flops_per_s >= 1e12 else f"{flops_per_s / 1e9:.1f} G"
+
+
+def train_flops(model: Any, size: Size) -> float:
+    """Model FLOPs of one step (see the module docstring): matmul parameters × positions fed × 6, the LM head
+    × trained tokens × 6, attention 12·L·d·T per position. MoE experts count at top_k / n_experts."""
+    embedding = model.hf.get_input_embeddings().weight if hasattr(model, "hf") else model.wte.weight
+    head = model.output_weight()
+    cfg = size.config
+    body = 0.0
+    for name, p in model.named_parameters():
+        if p.dim() != 2 or p is embedding or p is head:
+            continue
+        share = cfg.top_k / cfg.n_experts if (size.hf_dir is None and size.hf_config is None and ".experts." in name) \
+            else 1.0
+        body += share * p.numel()
+    if hasattr(model, "hf"):
+        layers, width = model.hf.config.num_hidden_layers, model.hf.config.hidden_size
+    else:
+        layers, width = cfg.n_layer, cfg.d_model
+    T = size.prompt + size.completion
+    positions = size.groups * size.group_size * (T - 1)
+    trained = size.groups * size.group_size * size.completion
+    return 6 * body * positions + 6 * head.numel() * trained + 12 * layers * width * T * positions
 
 
 def small_config() -> PolicyConfig:
@@ -109,25 +207,36 @@ def synthetic_groups(size: Size, seed: int, version: int = 0) -> list[Group]:
     return groups
 
 
-def measure(size: Size, *, replay: bool, seed: int = 0) -> dict[str, Any]:
-    """Time ``size.steps`` GRPO steps (after a warm-up) of a fresh model; returns one table row's figures."""
+def measure(size: Size, *, replay: bool, seed: int = 0, device: str = "cpu",
+            peak: float | None = None) -> dict[str, Any]:
+    """Time ``size.steps`` GRPO steps (after a warm-up) of a fresh model on ``device``; returns one table row's
+    figures (with MFU against ``peak`` FLOP/s when given)."""
+    from rlbus_tools.bench.common import synchronize
+
     torch.manual_seed(seed)
-    model = Policy(size.config)
+    model = build_model(size, device)
     optimizer = build_optimizer(model, OptimConfig(lr=1e-5))
-    config = GRPOConfig(router_replay=replay, normalize_std=False)
+    config = GRPOConfig(router_replay=replay, normalize_std=False, micro_batch_rows=size.micro_batch_rows)
     batches = [synthetic_groups(size, seed + i) for i in range(size.steps + 1)]
     grpo_step(model, optimizer, batches[0], config=config, version=0)
+    synchronize(device)
     started = time.perf_counter()
     trained = 0
     for groups in batches[1:]:
         trained += grpo_step(model, optimizer, groups, config=config, version=0).tokens
+    synchronize(device)
     elapsed = time.perf_counter() - started
     sequences = size.groups * size.group_size
     processed = size.steps * sequences * (size.prompt + size.completion - 1)
+    flops = size.steps * train_flops(model, size)
+    params = sum(p.numel() for p in model.parameters())
+    memory = torch.cuda.max_memory_allocated(device) / 2**30 if torch.device(device).type == "cuda" else None
     return {
         "model": size.name,
-        "params": model.num_params(),
+        "params": params,
         "replay": replay,
+        "device": device,
+        "compute": "bf16 autocast over fp32" if torch.device(device).type == "cuda" else "fp32",
         "steps": size.steps,
         "sequences_per_step": sequences,
         "tokens_per_sequence": size.prompt + size.completion,
@@ -135,6 +244,9 @@ def measure(size: Size, *, replay: bool, seed: int = 0) -> dict[str, Any]:
         "steps_per_s": size.steps / elapsed,
         "tokens_per_s": processed / elapsed,
         "trained_tokens_per_s": trained / elapsed,
+        "model_flops_per_s": flops / elapsed,
+        "mfu": None if peak is None else flops / elapsed / peak,
+        "peak_memory_gib": memory,
     }
 
 
@@ -190,18 +302,27 @@ def measure_publishing(size: Size) -> list[dict[str, Any]]:
 
 
 def run(
-    quick: bool = False, json_path: Path | None = None, world_size: int = 1, model: str | None = None
+    quick: bool = False, json_path: Path | None = None, world_size: int = 1, model: str | None = None,
+    device: str = "cpu", size: str = "policy",
 ) -> dict[str, Any]:
-    """The single-process table; with ``world_size`` > 1 the N-rank comparison (`run_ranks`) instead, on
-    ``model`` (a shipped model's name, e.g. ``smollm2-135m-instruct``) when given."""
+    """The single-process table on ``device`` (``size``: ``policy``, the two policy sizes with and without
+    replay, or ``1.5b``); with ``world_size`` > 1 the N-rank comparison (`run_ranks`) instead, on ``model``
+    (a shipped model's name, e.g. ``smollm2-135m-instruct``) when given."""
     if world_size > 1:
         return run_ranks(world_size, quick=quick, json_path=json_path, model=model)
     if model is not None:
         raise ValueError("--model is for the N-rank comparison (--world-size N)")
-    rows = [measure(size, replay=replay) for size in (QUICK if quick else FULL) for replay in (False, True)]
+    peak = matmul_peak(device)
+    if size == "1.5b":
+        rows = [measure(size_1p5b(quick), replay=False, device=device, peak=peak["flops_per_s"])]
+    else:
+        rows = [measure(s, replay=replay, device=device, peak=peak["flops_per_s"])
+                for s in (QUICK if quick else FULL) for replay in (False, True)]  # fmt: skip
+    where = f"CPU ({torch.get_num_threads()} threads), fp32" if torch.device(device).type == "cpu" else \
+        f"{torch.cuda.get_device_name(device)}, bf16 autocast over fp32 masters"
     print_table(
-        f"GRPO trainer step on CPU ({torch.get_num_threads()} threads), fp32",
-        ["model", "replay", "params", "steps/s", "tokens/s", "trained tok/s"],
+        f"GRPO trainer step on {where}; matmul peak measured {_rate(peak['flops_per_s'])}",
+        ["model", "replay", "params", "steps/s", "tokens/s", "trained tok/s", "model FLOP/s", "MFU"],
         [
             [
                 r["model"],
@@ -210,21 +331,28 @@ def run(
                 f"{r['steps_per_s']:.3f}",
                 f"{r['tokens_per_s']:,.0f}",
                 f"{r['trained_tokens_per_s']:,.0f}",
+                _rate(r["model_flops_per_s"]),
+                f"{r['mfu']:.1%}",
             ]
             for r in rows
         ],
+        width=120,
     )
-    publishing = [r for size in (QUICK if quick else FULL[:1]) for r in measure_publishing(replace(size, steps=6))]
-    print_table(
-        "the same trainer publishing every step (bf16, local blob store): steps/s against no publishing",
-        ["model", "publishing", "steps/s", "× off", "loop s/step", "encode s", "upload s"],
-        [[r["model"], r["publishing"], f"{r['steps_per_s']:.3f}", f"{r['vs_off']:.2f}", f"{r['loop_publish_s']:.3f}",
-          f"{r['encode_s']:.3f}", f"{r['upload_s']:.3f}"] for r in publishing],
-    )
-    overlapped = next(r for r in publishing if r["publishing"] == "overlapped")
-    result = {"benchmark": "train", "quick": quick, "meta": json_meta(), "rows": rows, "publishing": publishing,
-              "summary": {"overlapped_vs_off": overlapped["vs_off"],
-                          "overlapped_ge_0.9x_off": overlapped["vs_off"] >= 0.9}}
+    result: dict[str, Any] = {"benchmark": "train", "quick": quick, "meta": json_meta(), "device": device,
+                              "size": size, "matmul_peak": peak, "rows": rows,
+                              "summary": {"tokens_per_s": rows[-1]["tokens_per_s"], "mfu": rows[-1]["mfu"]}}
+    if size == "policy" and torch.device(device).type == "cpu":
+        publishing = [r for s in (QUICK if quick else FULL[:1]) for r in measure_publishing(replace(s, steps=6))]
+        print_table(
+            "the same trainer publishing every step (bf16, local blob store): steps/s against no publishing",
+            ["model", "publishing", "steps/s", "× off", "loop s/step", "encode s", "upload s"],
+            [[r["model"], r["publishing"], f"{r['steps_per_s']:.3f}", f"{r['vs_off']:.2f}",
+              f"{r['loop_publish_s']:.3f}", f"{r['encode_s']:.3f}", f"{r['upload_s']:.3f}"] for r in publishing],
+        )
+        overlapped = next(r for r in publishing if r["publishing"] == "overlapped")
+        result["publishing"] = publishing
+        result["summary"] |= {"overlapped_vs_off": overlapped["vs_off"],
+                              "overlapped_ge_0.9x_off": overlapped["vs_off"] >= 0.9}
     write_json(json_path, result)
     return result
 
@@ -450,11 +578,20 @@ def main(
                     "and memory per rank, publish and checkpoint times, exactness.")] = 1,
     model: Annotated[str | None, typer.Option(
         help="With --world-size N: a shipped model (smollm2-135m-instruct) instead of the dense policy.")] = None,
+    device: Device = "auto",
+    size: Annotated[str, typer.Option(
+        help="policy (the ~11M and ~95M policies, with and without replay) or 1.5b (Qwen2.5-1.5B's config, "
+             "random weights).")] = "policy",
 ) -> None:
     """The trainer: tokens/s per configuration, or N ranks against one."""
+    from rlbus.models.device import announce
+
     if model is not None and world_size == 1:
         raise typer.BadParameter("--model is for the N-rank comparison: add --world-size 2")
-    result = run(quick=quick, json_path=json_path, world_size=world_size, model=model)
+    if size not in ("policy", "1.5b"):
+        raise typer.BadParameter("--size is policy or 1.5b")
+    where = str(announce(device, say=print).device) if world_size == 1 else "cpu"
+    result = run(quick=quick, json_path=json_path, world_size=world_size, model=model, device=where, size=size)
     if world_size > 1:
         summary = result["summary"]
         require(summary["matches_single_process"] and summary["delta_chain_bit_exact"],

@@ -100,8 +100,10 @@ async def _roles(
     """The role processes; on a secure run each with only its own role's credentials."""
     config = local.config
     rollout_command = engine_rlbus_command(config.rollout.engine)  # vLLM's environment for engine = "vllm"
+    from rlbus.training.ranks import world_size_for
+
     children = worker_children(config_path, rollout_workers, local.env, regions, rollout_command=rollout_command,
-                               serve=serve, trainer_ranks=config.trainer.world_size, relays=relays)
+                               serve=serve, trainer_ranks=world_size_for(config.trainer.world_size), relays=relays)
     if local.cluster is not None:
         from rlbus_tools.up.secure import prepare
 
