@@ -9,9 +9,10 @@ position classes, one more pass at decode), which the per-class penalties stand 
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 
-import rlbus.weights.codec._kernels as _kernels
 from rlbus.weights.codec.format import LEVELS, MAX_CLASSES, MAX_VALUE_CLASSES
 
 CLASS_PENALTY_BITS = 96  # header bytes of one more class plus one more O(n) bitmap pass at decode
@@ -80,13 +81,17 @@ def _choose_thresholds(hist_all: np.ndarray, hist_changed: np.ndarray) -> list[i
     return [int(pop[i]) for i in _partition(cost, MAX_CLASSES, CLASS_PENALTY_BITS)]
 
 
-def _choose_value_thresholds(exp: np.ndarray, mag: np.ndarray, exp_count: int) -> list[int]:
+def _choose_value_thresholds(
+    cnt: np.ndarray, above: np.ndarray, tmax: int, tail_sums: Callable[[int], np.ndarray]
+) -> list[int]:
     """Value classes: exponent boundaries minimising the coded size of |d| (levels and Rice tail).
 
     Step sizes scale like (update size / rounding step), so small weights take larger steps; exponents
     of changed elements are known to the decoder once positions are decoded, so this costs no O(n) pass.
+    From the changed elements' statistics per exponent: ``cnt`` (int64), ``above[l]`` (those with
+    |d| > l + 1), the largest tail value ``tmax`` (−1: none), and ``tail_sums(kmax)``: Σ tail >> k per k in
+    0..kmax and exponent.
     """
-    cnt, above, tmax = _kernels.value_stats(exp, mag, exp_count, LEVELS)
     pop = np.flatnonzero(cnt)
     e = len(pop)
     if e <= 1:
@@ -97,7 +102,7 @@ def _choose_value_thresholds(exp: np.ndarray, mag: np.ndarray, exp_count: int) -
     cost = sum(_entropy_bits(rng[level - 1], rng[level]) for level in range(1, LEVELS + 1))
     if tmax >= 0:
         kmax = int(np.log2(float(tmax) + 1)) + 2
-        sums_k = _kernels.tail_sums(exp, mag, exp_count, LEVELS, kmax)
+        sums_k = tail_sums(kmax)
         tcum = rng[LEVELS]
         tail_best = np.full((e + 1, e + 1), np.inf)
         for k in range(kmax + 1):

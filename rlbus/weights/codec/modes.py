@@ -24,7 +24,7 @@ from rlbus.weights.codec.planes import (
     _put_planes,
     _read_planes,
 )
-from rlbus.weights.codec.sparse import _Bits, _decode_sparse, _encode_sparse
+from rlbus.weights.codec.sparse import decode_sparse, encode_sparse
 
 
 def _encode_delta_payload(old: torch.Tensor, new: torch.Tensor) -> tuple[int, bytes]:
@@ -33,15 +33,13 @@ def _encode_delta_payload(old: torch.Tensor, new: torch.Tensor) -> tuple[int, by
     raw_size = n * old.element_size()
     fmt = _FLOATS.get(old.dtype)
     if fmt is not None:
-        ob, nb = _Bits(old, fmt), _Bits(new, fmt)
-        changed = ob.changed(nb)
-        if len(changed) == 0:
+        old_np, new_np = np_bits(old), np_bits(new)
+        sparse = encode_sparse(old_np, new_np, fmt)
+        if sparse is None:
             return SAME, b""
-        best = (SPARSE, _encode_sparse(ob, nb, changed))
-        if len(best[1]) <= raw_size // 4:
+        best = (SPARSE, sparse)
+        if len(sparse) <= raw_size // 4:
             return best
-        old_np = ob.np if ob.np is not None else np_bits(old)
-        new_np = nb.np if nb.np is not None else np_bits(new)
     else:
         old_np, new_np = np_bits(old), np_bits(new)
         if np.array_equal(old_np, new_np):
@@ -65,7 +63,7 @@ def _decode_delta_payload(old: torch.Tensor, mode: int, r: Reader) -> tuple[np.n
         fmt = _FLOATS.get(old.dtype)
         if fmt is None:
             raise ChunkCorrupt(f"sparse mode for non-float dtype {old.dtype}")
-        return _decode_sparse(_Bits(old, fmt), r)
+        return decode_sparse(np_bits(old), fmt, r)
     if mode == XOR:
         planes = _read_planes(r, size, n)
         return None, np_bits(old) ^ _join_byte_planes(planes, n)
@@ -97,11 +95,25 @@ def _decode_keyframe_payload(dtype: torch.dtype, n: int, mode: int, r: Reader) -
 def _make_update(
     numel: int, dtype: torch.dtype, pos: np.ndarray | None, bits: np.ndarray | None, offset: int = 0
 ) -> SparseUpdate:
-    """Update from decoded positions/bits (``pos`` None: ``bits`` replaces elements from ``offset`` on)."""
-    no_pos = torch.zeros(0, dtype=torch.int64)
-    no_vals = torch.empty(0, dtype=dtype)
-    if bits is None:
-        return SparseUpdate(numel, dtype, no_pos, no_vals)
-    if pos is None:
-        return SparseUpdate(numel, dtype, no_pos, no_vals, tensor_from_bits(bits, dtype), offset)
-    return SparseUpdate(numel, dtype, torch.from_numpy(pos + offset), tensor_from_bits(bits, dtype))
+    """Update from decoded positions/bits (``pos`` None: ``bits`` replaces elements from ``offset`` on).
+
+    Positions are shifted by ``offset`` in place and both arrays are wrapped without a copy where they are
+    the decoder's own (writable) arrays."""
+    if bits is None or pos is None:
+        no_pos = torch.zeros(0, dtype=torch.int64)
+        no_vals = torch.empty(0, dtype=dtype)
+        dense = None if bits is None else _wrap_bits(bits, dtype)
+        return SparseUpdate(numel, dtype, no_pos, no_vals, dense, offset if dense is not None else 0)
+    if offset:
+        pos += offset
+    return SparseUpdate(numel, dtype, torch.from_numpy(pos), _wrap_bits(bits, dtype))
+
+
+def _wrap_bits(bits: np.ndarray, dtype: torch.dtype) -> torch.Tensor:
+    """``bits`` as a tensor of ``dtype``: a view of a writable, contiguous array, else a copy."""
+    if bits.flags.writeable and bits.flags.c_contiguous:
+        return torch.from_numpy(bits.view(_SIGNED[bits.dtype.itemsize])).view(dtype)
+    return tensor_from_bits(bits, dtype)
+
+
+_SIGNED = {1: np.uint8, 2: np.int16, 4: np.int32, 8: np.int64}

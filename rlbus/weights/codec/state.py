@@ -214,22 +214,27 @@ def _split(
     pos: np.ndarray | None,
     bits: np.ndarray | None,
 ) -> list[StagedUpdate]:
-    """Record-local results (SPARSE positions ascending) → one update per piece, in tensor coordinates."""
+    """Record-local results (SPARSE positions ascending) → one update per piece, in tensor coordinates
+    (views of the decoded arrays, positions shifted in place)."""
     if bits is None:
         return []
+    if pos is not None and len(pieces) == 1:
+        p = pieces[0]
+        t = state[p.name]
+        return [StagedUpdate(p.name, _make_update(t.numel(), t.dtype, pos, bits, p.start))] if len(pos) else []
     out = []
     offset = 0
-    for p in pieces:
+    bounds = None if pos is None else np.searchsorted(pos, np.cumsum([0] + [p.stop - p.start for p in pieces]))
+    for i, p in enumerate(pieces):
         t = state[p.name]
         count = p.stop - p.start
-        if pos is None:
+        if pos is None or bounds is None:
             update = _make_update(t.numel(), t.dtype, None, bits[offset : offset + count], p.start)
             out.append(StagedUpdate(p.name, update))
         else:
-            lo, hi = np.searchsorted(pos, [offset, offset + count]) if len(pieces) > 1 else (0, len(pos))
+            lo, hi = int(bounds[i]), int(bounds[i + 1])
             if hi > lo:
-                local = pos[lo:hi] - offset
-                update = _make_update(t.numel(), t.dtype, local, bits[lo:hi], p.start)
+                update = _make_update(t.numel(), t.dtype, pos[lo:hi], bits[lo:hi], p.start - offset)
                 out.append(StagedUpdate(p.name, update))
         offset += count
     return out
