@@ -129,6 +129,29 @@ def class_counts(key: np.ndarray, magmask: np.integer, thr: np.ndarray) -> np.nd
     return counts
 
 
+@njit(cache=True, nogil=True)
+def class_masks(key: np.ndarray, magmask: np.integer, thr: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Members per class, and every word's threshold masks (row j + 1: mask of ``key & magmask ≥ thr[j]``,
+    row 0 all ones, the last row none) for :func:`select` to reuse instead of comparing again."""
+    n = key.shape[0]
+    nthr = thr.shape[0]
+    nw = n // 64
+    gw = np.zeros((nthr + 2, max(nw, 1)), dtype=np.uint64)
+    gw[0, :] = ~np.uint64(0)
+    counts = np.zeros(nthr + 1, dtype=np.int64)
+    for t in range(nthr):
+        for w in range(nw):
+            gw[t + 1, w] = ge_mask64(key, 64 * w, magmask, thr[t])
+    for c in range(nthr + 1):
+        run = 0
+        for w in range(nw):
+            run += popcount(gw[c, w] & ~gw[c + 1, w])
+        counts[c] = run
+    for i in range(nw * 64, n):
+        counts[_class_of(np.int64(key[i] & magmask), thr)] += 1
+    return counts, gw
+
+
 # ------------------------------------------------------------------------------------------ encode
 
 
@@ -834,7 +857,7 @@ def decode_sparse(
         bounds[j] = thr[j] << mant
     typed = np.empty(1, dtype=key.dtype)
     typed[0] = magmask
-    counts = class_counts(key, typed[0], bounds)
+    counts, gw = class_masks(key, typed[0], bounds)
     lengths, ones, params, tail_k, at, err = parse_sequences(buf, at, end, counts, n_v, levels)
     if err:
         return no_pos, no_bits, at, err
@@ -850,7 +873,7 @@ def decode_sparse(
     offsets = np.zeros(k + 1, dtype=np.int64)
     for c in range(k):
         offsets[c + 1] = offsets[c] + ones[c]
-    pos, cm, old_cm, err = select(key, typed[0], mant, bounds, _lut(thr), counts, start, bm, offsets)
+    pos, cm, old_cm, err = select(key, typed[0], mant, bounds, _lut(thr), counts, gw, start, bm, offsets)
     if err:
         return no_pos, no_bits, at, err
     bits, err = values(old_cm, cm, _lut(vthr), n_v, lvl, lvl_start, tails, buf, spans[4], levels, mant, sign_bit,
@@ -868,13 +891,15 @@ def select(
     bounds: np.ndarray,
     lut: np.ndarray,
     counts: np.ndarray,
+    gw: np.ndarray,
     start: np.ndarray,
     bm: np.ndarray,
     offsets: np.ndarray,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, int]:
     """The changed elements from the position classes' rank bitmaps, in one pass over words: each class's
-    next bits are deposited onto its member mask (``pdep``) and the union's set bits are the positions.
-    Returns (positions ascending, class-major index of each, old bit patterns in class-major order, error)."""
+    next bits are deposited onto its member mask (``pdep``; ``gw``: the masks of :func:`class_masks`) and the
+    union's set bits are the positions. Returns (positions ascending, class-major index of each, old bit
+    patterns in class-major order, error)."""
     n = key.shape[0]
     ncls = bounds.shape[0] + 1
     m = offsets[ncls]
@@ -882,19 +907,17 @@ def select(
     cm = np.empty(m, dtype=np.int64)
     old_cm = np.empty(m, dtype=key.dtype)
     at = start[:ncls].copy()
-    gw = _class_words(ncls - 1)
     hits = np.zeros(_BLOCK, dtype=np.uint64)
     nw = n // 64
     j = 0  # every class's bitmap holds exactly its ones (decode_symbols), so j never passes m
     for w0 in range(0, nw, _BLOCK):
         w1 = min(w0 + _BLOCK, nw)
-        _fill_class_words(key, w0, w1, magmask, bounds, gw)
         for c in range(ncls):  # one class at a time: its bitmap cursor is the only dependency
             a = at[c]
-            for col in range(w1 - w0):
-                members = gw[c, col] & ~gw[c + 1, col]
+            for w in range(w0, w1):
+                members = gw[c, w] & ~gw[c + 1, w]
                 cnt = popcount(members)
-                hits[col] = (hits[col] if c else np.uint64(0)) | pdep(_take_bits(bm, a, cnt), members)
+                hits[w - w0] = (hits[w - w0] if c else np.uint64(0)) | pdep(_take_bits(bm, a, cnt), members)
                 a += cnt
             at[c] = a
         for col in range(w1 - w0):

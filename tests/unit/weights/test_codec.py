@@ -535,7 +535,9 @@ def test_class_kernels_match_a_brute_force_reference(seed: int, n: int, threshol
     bm = np.zeros(start[-1] // 64 + 1, dtype=np.uint64)
     for c, r in zip(cls_of[pos[order]], ranks, strict=True):
         bm[(start[c] + r) >> 6] |= np.uint64(1) << np.uint64((start[c] + r) & 63)
-    got, cm, old_cm, err = _kernels.select(key, magmask, 7, thr, lut, counts, start, bm, offsets)
+    sizes, masks = _kernels.class_masks(key, magmask, thr)
+    assert np.array_equal(sizes, counts)
+    got, cm, old_cm, err = _kernels.select(key, magmask, 7, thr, lut, counts, masks, start, bm, offsets)
     assert err == 0 and np.array_equal(got, pos)
     assert np.array_equal(pos[order][cm], pos) and np.array_equal(old_cm, key[pos[order]])
 
