@@ -18,8 +18,9 @@ counts, ranges and populations as tensor reductions, one host sync per batch) an
 
 from __future__ import annotations
 
-import functools
+import os
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -30,7 +31,7 @@ import rlbus.weights.codec._kernels as _k
 from rlbus.errors import ChunkCorrupt
 from rlbus.weights.bitview import int_flat
 from rlbus.weights.codec._bits import check
-from rlbus.weights.codec.classes import _choose_thresholds, _choose_value_thresholds, _class_lut
+from rlbus.weights.codec.classes import _class_lut, choose_thresholds, choose_value_thresholds, tail_kmax
 from rlbus.weights.codec.format import LEVELS, MAX_CLASSES, _Float
 from rlbus.weights.codec.sparse import rice_candidates, sample_stride, sequence_params, write_payload
 
@@ -38,6 +39,7 @@ from rlbus.weights.codec.sparse import rice_candidates, sample_stride, sequence_
 #: CPU one on the same records.
 ON_CPU = False
 _NO_BOUND = 1 << 40  # a threshold no magnitude reaches (unused class slots)
+_CHOICE_SLICE = 32  # records per class-choice task on the host's threads
 _I64 = torch.int64
 
 
@@ -167,24 +169,14 @@ def encode_records(olds: Sequence[torch.Tensor], news: Sequence[torch.Tensor], f
     stride = torch.tensor([sample_stride(n) for n in batch.sizes], dtype=_I64, device=dev)
     sampled = torch.bincount(srec * 256 + sexp, minlength=nrec * 256).reshape(nrec, 256) * stride[:, None]
     tmax_h = tmax.cpu().numpy()
-    kmax = int(np.log2(float(tmax_h.max()) + 1)) + 2 if tmax_h.max() >= 0 else 0
+    kmax = max(tail_kmax(int(tmax_h.max())), 0)  # the largest any record tries
     tvals = mag[tail_mask] - LEVELS - 1
     tkey = key[tail_mask]
     tsums = torch.stack([torch.zeros(nrec * e_count, dtype=_I64, device=dev).index_add_(0, tkey, tvals >> k)
                          for k in range(kmax + 1)]).reshape(kmax + 1, nrec, e_count)
     hist_h, above_h = hist.cpu().numpy(), above.reshape(LEVELS, nrec, e_count).cpu().numpy()
     sampled_h, tsums_h = sampled.cpu().numpy(), tsums.cpu().numpy()
-    changed = hist_h.sum(1)
-    thresholds: list[list[int]] = []
-    vthresholds: list[list[int]] = []
-    for r in range(nrec):
-        if changed[r] == 0:
-            thresholds.append([])
-            vthresholds.append([])
-            continue
-        thresholds.append(_choose_thresholds(sampled_h[r, :e_count], hist_h[r]))
-        vthresholds.append(_choose_value_thresholds(hist_h[r], above_h[:, r], int(tmax_h[r]),
-                                                    functools.partial(_tail_rows, tsums_h, r)))
+    thresholds, vthresholds = _choose_classes(sampled_h[:, :e_count], hist_h, above_h, tmax_h, tsums_h)
     ks_class = [len(t) + 1 for t in thresholds]
     vs_class = [len(t) + 1 for t in vthresholds]
 
@@ -304,9 +296,21 @@ def encode_records(olds: Sequence[torch.Tensor], news: Sequence[torch.Tensor], f
     return out
 
 
-def _tail_rows(tsums: np.ndarray, r: int, kmax: int) -> np.ndarray:
-    """Record r's tail sums for k in 0..kmax (the class choice's ``tail_sums``)."""
-    return tsums[: kmax + 1, r]
+def _choose_classes(
+    sampled: np.ndarray, hist: np.ndarray, above: np.ndarray, tmax: np.ndarray, tsums: np.ndarray
+) -> tuple[list[list[int]], list[list[int]]]:
+    """Every record's position and value classes, with the CPU coder's code (:mod:`.classes`), in slices of
+    records on host threads: the choice costs up to ~1 ms a record (records whose weights populate ~250
+    exponents), and numpy releases the GIL on arrays that size."""
+    def one(lo: int) -> tuple[list[list[int]], list[list[int]]]:
+        sl = slice(lo, lo + _CHOICE_SLICE)
+        return (choose_thresholds(sampled[sl], hist[sl]),
+                choose_value_thresholds(hist[sl], above[:, sl], tmax[sl], lambda r, km: tsums[: km + 1, lo + r]))
+
+    starts = range(0, hist.shape[0], _CHOICE_SLICE)
+    with ThreadPoolExecutor(max_workers=min(len(starts), os.cpu_count() or 1)) as pool:
+        parts = list(pool.map(one, starts))
+    return [t for p, _ in parts for t in p], [v for _, p in parts for v in p]
 
 
 def _pick_k(values: torch.Tensor, group: torch.Tensor, cand: np.ndarray, ngroups: int) -> torch.Tensor:

@@ -576,3 +576,33 @@ def test_decoding_runs_in_parallel_threads() -> None:
     with ThreadPoolExecutor(4) as pool:
         results = list(pool.map(decode, range(4)))
     assert all(state_digest(r) == state_digest(new) for r in results)
+
+
+def test_class_choices_of_a_batch_are_each_records_own() -> None:
+    """The GPU coder chooses every record's classes in one batched call; each must be what the record gets
+    alone (the CPU coder's call), so both write the same bytes."""
+    from rlbus.weights.codec import classes
+
+    stats = []
+    g = torch.Generator().manual_seed(0)
+    for seed in range(24):
+        master = torch.randn(2000 + 1000 * seed, generator=g) * 10.0 ** (-seed % 3)
+        step = (1e-3 if seed % 2 else 3e-2) * 10.0 ** (-seed % 3) * torch.randn(master.shape, generator=g)
+        old, new = master.to(torch.bfloat16), (master + step).to(torch.bfloat16)
+        stats.append(_kernels.scan_changes(bits(old).view(np.uint16), bits(new).view(np.uint16), 0x7FFF, 7, 15,
+                                           256, 3, 2))
+    hist = np.stack([s[3] for s in stats])
+    above = np.stack([s[4] for s in stats], axis=1)
+    tmax = np.array([s[6] for s in stats])
+    sampled = np.stack([s[5] for s in stats])
+
+    def tails(r: int, kmax: int) -> np.ndarray:
+        return _kernels.tail_sums(stats[r][1], stats[r][2], 256, 3, kmax)
+
+    batch_pos = classes.choose_thresholds(sampled, hist)
+    batch_val = classes.choose_value_thresholds(hist, above, tmax, tails)
+    assert len({len(t) for t in batch_pos}) > 1  # records of different class counts in one batch
+    for r in range(len(stats)):
+        assert batch_pos[r] == classes._choose_thresholds(sampled[r], hist[r])
+        assert batch_val[r] == classes._choose_value_thresholds(hist[r], above[:, r], int(tmax[r]),
+                                                                lambda k, r=r: tails(r, k))
