@@ -32,6 +32,7 @@ import triton
 import triton.language as tl
 
 BLOCK = 4096  # elements a program handles: < 2**16, so the packed 16-bit prefix counters cannot overflow
+WARPS = 8  # a block's scans are 4096 wide: spread over 256 threads
 NCLS = 8  # position classes a record may have (the format's limit)
 
 
@@ -187,13 +188,14 @@ def changes(
     grid = (blocks.count,)
     counts = torch.empty(blocks.count, dtype=torch.int32, device=old.device)
     kernel[grid](old, new, blocks.start, blocks.length, counts, counts, counts, counts, counts, WRITE=False,
-                 BLOCK=BLOCK)
+                 BLOCK=BLOCK, num_warps=WARPS)
     slots, m = _slots(counts)
     pos = torch.empty(m, dtype=torch.int64, device=old.device)
     old_c = torch.empty(m, dtype=old.dtype, device=old.device)
     new_c = torch.empty(m, dtype=old.dtype, device=old.device)
     if m:
-        kernel[grid](old, new, blocks.start, blocks.length, counts, slots, pos, old_c, new_c, WRITE=True, BLOCK=BLOCK)
+        kernel[grid](old, new, blocks.start, blocks.length, counts, slots, pos, old_c, new_c, WRITE=True, BLOCK=BLOCK,
+                     num_warps=WARPS)
     return pos, old_c, new_c, slots
 
 
@@ -201,7 +203,7 @@ def class_counts(key: torch.Tensor, blocks: Blocks, bounds: torch.Tensor, magmas
     """[blocks, 8] int32 members of each class per block; ``bounds``: [records, 7] shifted thresholds."""
     out = torch.empty((blocks.count, NCLS), dtype=torch.int32, device=key.device)
     _kernel("_class_counts_kernel", key)[(blocks.count,)](key, blocks.start, blocks.length, blocks.record, bounds,
-                                                          magmask, out, BLOCK=BLOCK)
+                                                          magmask, out, BLOCK=BLOCK, num_warps=WARPS)
     return out
 
 
@@ -225,7 +227,8 @@ def class_ranks(
     cls = torch.empty(m, dtype=torch.int32, device=old.device)
     if m:
         _kernel("_class_ranks_kernel", old)[(blocks.count,)](old, new, blocks.start, blocks.length, blocks.record,
-                                                             bounds, magmask, bases, slots, rank, cls, BLOCK=BLOCK)
+                                                             bounds, magmask, bases, slots, rank, cls, BLOCK=BLOCK,
+                                                             num_warps=WARPS)
     return rank, cls
 
 
@@ -239,10 +242,10 @@ def select(
     grid = (blocks.count,)
     counts = torch.empty(blocks.count, dtype=torch.int32, device=key.device)
     args = (key, blocks.start, blocks.length, blocks.record, bounds, magmask, bases, map_start, rank_map)
-    kernel[grid](*args, counts, counts, counts, counts, WRITE=False, BLOCK=BLOCK)
+    kernel[grid](*args, counts, counts, counts, counts, WRITE=False, BLOCK=BLOCK, num_warps=WARPS)
     slots, m = _slots(counts)
     pos = torch.empty(m, dtype=torch.int64, device=key.device)
     cls = torch.empty(m, dtype=torch.int32, device=key.device)
     if m:
-        kernel[grid](*args, counts, slots, pos, cls, WRITE=True, BLOCK=BLOCK)
+        kernel[grid](*args, counts, slots, pos, cls, WRITE=True, BLOCK=BLOCK, num_warps=WARPS)
     return pos, cls
