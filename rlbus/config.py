@@ -230,3 +230,8 @@ def build_bus(config: BusConfig) -> Bus:
             ssl_keyfile=config.ssl_keyfile,
         )
     )
+
+
+def rlbus_home() -> Path:
+    """``$RLBUS_HOME`` or ``~/.cache/rlbus`` (shared with the Kafka jar cache)."""
+    return Path(os.environ.get("RLBUS_HOME") or Path.home() / ".cache" / "rlbus").expanduser()

@@ -38,6 +38,7 @@ from typing import Any
 import torch
 import xxhash
 
+from rlbus.config import rlbus_home
 from rlbus.errors import ConfigError
 
 Progress = Callable[[str], None]
@@ -76,8 +77,6 @@ def converted_gguf(file: Path, *, progress: Progress | None = None) -> Path:
 
 def converted_dir(file: Path) -> Path:
     """Where the conversion of a GGUF file lives (the cache key: see the module docstring)."""
-    from rlbus.models.sources import rlbus_home
-
     key = f"{file_hash(file)}-c{CONVERTER_VERSION}-tf{transformers_version()}"
     return rlbus_home() / "models" / f"{file.stem}-{key}"
 

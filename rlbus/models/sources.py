@@ -34,7 +34,6 @@ Reading GGUF needs the ``models`` extra (``gguf``, ``accelerate``).
 from __future__ import annotations
 
 import importlib.metadata
-import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -43,6 +42,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from rlbus.config import did_you_mean
+from rlbus.config import rlbus_home as rlbus_home  # where caches live: the model conversions'
 from rlbus.errors import ConfigError
 from rlbus.models.gguf import converted_dir as converted_dir  # the GGUF conversion lives in rlbus.models.gguf
 from rlbus.models.gguf import converted_gguf
@@ -77,11 +77,6 @@ SHIPPED: dict[str, ShippedModel] = {
 }
 
 Progress = Callable[[str], None]
-
-
-def rlbus_home() -> Path:
-    """``$RLBUS_HOME`` or ``~/.cache/rlbus`` (shared with the Kafka jar cache)."""
-    return Path(os.environ.get("RLBUS_HOME") or Path.home() / ".cache" / "rlbus").expanduser()
 
 
 def shipped_gguf(name: str) -> Path:

@@ -16,9 +16,13 @@ from numba import njit
 def scatter(flat: np.ndarray, positions: np.ndarray, values: np.ndarray) -> bool:
     """``flat[positions[i]] = values[i]``; False (and nothing written) if a position is out of range."""
     n = flat.shape[0]
+    lo = 0
+    hi = 0
+    for i in range(positions.shape[0]):  # a min/max reduction: vectorised, unlike a branch per element
+        lo = min(lo, positions[i])
+        hi = max(hi, positions[i])
+    if lo < 0 or (positions.shape[0] and hi >= n):
+        return False
     for i in range(positions.shape[0]):
-        if positions[i] < 0 or positions[i] >= n:
-            return False
-    for i in range(positions.shape[0]):
-        flat[positions[i]] = values[i]
+        flat[np.uint64(positions[i])] = values[i]  # an unsigned index: no negative-index wrap-around
     return True

@@ -60,10 +60,11 @@ from rlbus.metrics import SYNC_REFUSED, count_in, record_sync
 from rlbus.models.base import weight_tensors
 from rlbus.schemas import WeightVersion, decode
 from rlbus.weights.apply import apply_update_
-from rlbus.weights.codec import StagedUpdate, decode_chunk
+from rlbus.weights.codec import StagedUpdate
 from rlbus.weights.codec.warm import warm_kernels
 from rlbus.weights.digest import state_digest
 from rlbus.weights.layout import manifest_key
+from rlbus.weights.staging import SHARED, StagingCache
 
 log = logging.getLogger("rlbus.weights.sync")
 
@@ -107,8 +108,10 @@ class WeightSync:
         fetch_parallelism: int = 8,
         clock: Callable[[], float] = time.time,
         worker_id: str = "",
+        staging: StagingCache = SHARED,
     ) -> None:
-        """``worker_id`` labels this worker's sync metrics and log lines."""
+        """``worker_id`` labels this worker's sync metrics and log lines; ``staging`` decodes each chunk once for
+        every worker of the process that holds the same weights (`rlbus.weights.staging`)."""
         self._bus = bus
         self._store = store
         self.worker_id = worker_id
@@ -123,6 +126,7 @@ class WeightSync:
         #: Set once the worker holds its first version: what a rollout worker waits for before it joins.
         self.ready = asyncio.Event()
         self._fetches = asyncio.Semaphore(fetch_parallelism)
+        self._staging = staging
         self._clock = clock
         self.version: int | None = None
         self.digest: str | None = None
@@ -319,14 +323,19 @@ class WeightSync:
             )
         self._check_layout(manifest)
 
+        base = self.digest if manifest.kind == "delta" else "keyframe"  # what the chunks decode against
+
         async def one(key: str, expected: str) -> tuple[list[StagedUpdate], int]:
             started = None if fetched is None else fetched.get(key)
             data = await (started if started is not None else self._get(key))
+            decode = self._staging.decode
             try:
-                return await asyncio.to_thread(decode_chunk, self.state, data, expected_hash=expected), len(data)
+                return await decode(self.state, data, expected, model_id=self.model_id, version=manifest.version,
+                                    base_digest=base), len(data)
             except ChunkCorrupt:
                 data = await self._get(key)  # one fresh download: the transport may have damaged it
-                return await asyncio.to_thread(decode_chunk, self.state, data, expected_hash=expected), len(data)
+                return await decode(self.state, data, expected, model_id=self.model_id, version=manifest.version,
+                                    base_digest=base), len(data)
 
         results = await asyncio.gather(*(one(c.key, c.hash) for c in manifest.chunks))
         return [u for updates, _ in results for u in updates], sum(n for _, n in results)

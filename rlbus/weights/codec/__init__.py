@@ -46,7 +46,6 @@ from rlbus.weights.bitview import int_flat as _int_flat  # noqa: F401
 from rlbus.weights.codec._bits import Reader  # noqa: F401
 from rlbus.weights.codec.classes import _class_lut  # noqa: F401
 from rlbus.weights.codec.format import _FLOATS, PLANES, SAME, SPARSE, _Float, _read_header  # noqa: F401
-from rlbus.weights.codec.sparse import _Bits  # noqa: F401
 
 __all__ = [
     "CHUNK_BYTES",

@@ -8,6 +8,7 @@ end to end. Packing is greedy against an upper bound of each record's framed siz
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
@@ -212,6 +213,7 @@ def _parse_chunk(data: bytes | memoryview, expected_hash: str | None) -> _Parsed
             raise ChunkCorrupt(f"implausible shape {shape} for {name!r}")
         table.append((name, dtype, shape))
     tr.expect_end()
+    numels = [math.prod(shape) for _, _, shape in table]
     records = []
     for _ in range(r.varint(1 << 24)):
         pieces = []
@@ -220,8 +222,8 @@ def _parse_chunk(data: bytes | memoryview, expected_hash: str | None) -> _Parsed
             if not table:
                 raise ChunkCorrupt("piece refers to an empty tensor table")
             ti = r.varint(len(table) - 1)
-            name, dtype, shape = table[ti]
-            numel = int(np.prod(shape, dtype=np.int64)) if shape else 1
+            name, dtype, _ = table[ti]
+            numel = numels[ti]
             start = r.varint(numel)
             count = r.varint(numel - start)
             pieces.append(TensorRange(name, start, start + count))

@@ -20,257 +20,106 @@ receiver cannot predict from what it already holds, the old weights S_{v-1}:
 
 On the bench corpus (all-MiniLM-L6-v2, Adam at lr 3e-6, step 10) this costs 6.6 bits per changed element
 against 9.3 for the order-blind entropy bound and ≥ 21 for the peers named in :mod:`rlbus.weights.codec`,
-i.e. 0.66 % of the bf16 model. The per-element loops run in compiled kernels (``_kernels``, behind
-``_bits``), none in Python.
+i.e. 0.66 % of the bf16 model. A record's per-element and per-change work runs in a few compiled calls
+(:mod:`._sparse_kernels`), none of it in Python; records on an accelerator are coded there
+(:mod:`.device`), to the same bytes.
 
 The payload's byte layout is the SPARSE table in :mod:`rlbus.weights.codec.format`.
 """
 
 from __future__ import annotations
 
-import itertools
-
 import numpy as np
-import torch
 
-import rlbus.weights.codec._kernels as _kernels
-from rlbus.errors import ChunkCorrupt
-from rlbus.weights.bitview import int_flat, np_bits
-from rlbus.weights.codec import device
-from rlbus.weights.codec._bits import (
-    NO_PARAM,
-    Reader,
-    as_u8,
-    best_rice_k,
-    check,
-    check_params,
-    coded_counts,
-    pack_bools,
-    put_bytes,
-    put_varint,
-    rice_decode,
-    rice_encode,
-    seq_decode,
-    seq_encode,
-)
+import rlbus.weights.codec._kernels as _sk
+from rlbus.weights.codec._bits import Reader, check, put_bytes, put_varint
 from rlbus.weights.codec.classes import _choose_thresholds, _choose_value_thresholds, _class_lut
-from rlbus.weights.codec.format import LEVELS, MAX_CLASSES, MAX_VALUE_CLASSES, _Float
+from rlbus.weights.codec.format import LEVELS, _Float
 
-#: Run the accelerator path (:mod:`.device`, torch ops) on CPU tensors too: the tests compare it with the kernels.
-FORCE_TORCH_OPS = False
-
-
-class _Bits:
-    """One record's bit patterns, the input of the O(n) passes (records are ≤ 2 M elements).
-
-    CPU tensors are read in place by the compiled kernels. Accelerator tensors stay on their device, where
-    torch ops (:mod:`.device`) find the changed positions, the exponent classes, their sizes, ranks and
-    selects; only compact results (m positions, ranks, gathered values, a sampled histogram) reach the host.
-    """
-
-    def __init__(self, t: torch.Tensor, fmt: _Float) -> None:
-        self.fmt = fmt
-        self.n = t.numel()
-        self.np: np.ndarray | None = None
-        self.dev: torch.Tensor | None = None
-        self._exp: torch.Tensor | None = None
-        self._cls: tuple[list[int], torch.Tensor] | None = None
-        if t.device.type == "cpu" and not FORCE_TORCH_OPS:
-            self.np = np_bits(t)
-        else:
-            self.dev = int_flat(t)
-
-    def changed(self, other: _Bits) -> np.ndarray:
-        """Sorted positions where the bit patterns differ."""
-        if self.np is not None and other.np is not None:
-            return _kernels.changed_positions(self.np, other.np)
-        return device.changed(self._device(), other._device())
-
-    def gather(self, pos: np.ndarray) -> np.ndarray:
-        if self.np is not None:
-            return self.np[pos]
-        return device.gather(self._device(), pos, self.fmt)
-
-    def key(self) -> tuple[np.ndarray, int, int]:
-        """(array, magmask, shift) of a host record: ``(array & magmask) >> shift`` is each element's biased
-        exponent, and ``array & magmask`` orders elements by it (the class boundaries compare against that)."""
-        assert self.np is not None
-        return self.np, self.fmt.mag_mask, self.fmt.mant
-
-    def boundaries(self, thresholds: list[int]) -> np.ndarray:
-        """Class thresholds on exponents, shifted to compare with ``array & magmask``."""
-        key, _, shift = self.key()
-        return np.asarray(thresholds, dtype=np.int64).astype(key.dtype) << key.dtype.type(shift)
-
-    def exp_histogram(self) -> np.ndarray:
-        """Exponent histogram of (a deterministic ~64 K sample of) the elements, scaled to n."""
-        stride = max(1, self.n // 65536)
-        if self.np is None:
-            return device.sampled_histogram(self._exponents(), stride, self.fmt.exp_count)
-        key, magmask, shift = self.key()
-        return _kernels.sampled_histogram(key, magmask, shift, 256, stride)[: self.fmt.exp_count]
-
-    def class_ranks(self, thresholds: list[int], pos: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """(members per position class, class of each sorted ``pos``, its rank within its class)."""
-        if self.np is None:
-            return device.class_ranks(self._classes(thresholds), len(thresholds) + 1, pos)
-        key, magmask, shift = self.key()
-        lut = _class_lut(thresholds)
-        return _kernels.class_ranks(key, key.dtype.type(magmask), key.dtype.type(shift), self.boundaries(thresholds),
-                                    lut, pos)
-
-    def class_counts(self, thresholds: list[int]) -> np.ndarray:
-        if self.np is None:
-            return device.class_counts(self._classes(thresholds), len(thresholds) + 1)
-        key, magmask, _ = self.key()
-        return _kernels.class_counts(key, key.dtype.type(magmask), self.boundaries(thresholds))
-
-    def class_select(
-        self, thresholds: list[int], counts: np.ndarray, ranks: np.ndarray, offsets: np.ndarray
-    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """Members of the given ranks (class c's in ``offsets[c]:offsets[c+1]``, ``counts[c]`` members):
-        (positions ascending, the class-major index of each, the old bit patterns in class-major order)."""
-        if self.np is None:
-            return device.class_select(self._device(), self._classes(thresholds), counts, ranks, offsets, self.fmt)
-        key, magmask, shift = self.key()
-        kind = key.dtype.type
-        bounds, lut = self.boundaries(thresholds), _class_lut(thresholds)
-        found = _kernels.class_select(key, kind(magmask), kind(shift), bounds, lut, counts, ranks, offsets)
-        pos, cm, old_cm, err = found
-        check(err)
-        return pos, cm, old_cm
-
-    def _exponents(self) -> torch.Tensor:
-        if self._exp is None:
-            self._exp = device.exponents(self._device(), self.fmt)
-        return self._exp
-
-    def _classes(self, thresholds: list[int]) -> torch.Tensor:
-        if self._cls is None or self._cls[0] != thresholds:
-            self._cls = (list(thresholds), device.classes(self._exponents(), thresholds))
-        return self._cls[1]
-
-    def _device(self) -> torch.Tensor:
-        if self.dev is None:
-            assert self.np is not None
-            signed = {16: np.int16, 32: np.int32}[self.fmt.bits]
-            self.dev = torch.from_numpy(self.np.view(signed))
-        return self.dev
+SAMPLE = 65536  # the position classes are chosen on a histogram of ~this many of a record's old elements
 
 
-def _encode_sparse(old: _Bits, new: _Bits, changed: np.ndarray) -> bytes:
-    fmt = old.fmt
-    old_c = old.gather(changed)
-    new_c = new.gather(changed)
-    hist_changed = np.bincount((old_c & fmt.mag_mask) >> fmt.mant, minlength=fmt.exp_count)
-    thresholds = _choose_thresholds(old.exp_histogram(), hist_changed)
-    k = len(thresholds) + 1
-    counts, cls, ranks = old.class_ranks(thresholds, changed)
+def sample_stride(n: int) -> int:
+    """Every how many elements the position-class histogram samples a record of ``n``."""
+    return max(1, n // SAMPLE)
 
-    # Changed elements in class-major order (by position within a class), d = ord(new) − ord(old).
-    order, exp_c, d = _kernels.sparse_encode_order(cls, old_c, new_c, k, fmt.mant, fmt.bits - 1, fmt.mag_mask)
-    mag = np.abs(d)
 
-    # Value classes, elements regrouped value-class-major; the level sequences of |d| and its tail.
-    vthr = _choose_value_thresholds(exp_c, mag, fmt.exp_count)
-    v = len(vthr) + 1
-    vlut = _class_lut(vthr)
-    lv_lengths, lv_seq, lv_local, tail, tcls, n_v = _kernels.level_sequences(vlut[exp_c], mag, v, k, LEVELS)
+def rice_candidates(count: np.ndarray, total: np.ndarray) -> np.ndarray:
+    """Three Rice k per group around log2(mean·ln 2), the optimum for geometric data; the coder keeps the
+    cheapest (first on ties). ``count``/``total``: values per group and their sum."""
+    mean = total.astype(np.float64) / np.maximum(count, 1).astype(np.float64)
+    guess = np.floor(np.log2(mean * 0.69 + 1.0)).astype(np.int64)
+    return np.clip(guess[:, None] + np.arange(-1, 2), 0, 62)
 
-    # All Bernoulli sequences: K position masks, then V sequences for each of the three levels.
-    all_lengths = np.concatenate([counts, lv_lengths])
-    ones, params, gaps, ks = seq_encode(
-        all_lengths, np.concatenate([cls[order], lv_seq]), np.concatenate([ranks[order], lv_local])
-    )
-    tail_k = best_rice_k(tail, tcls, v)
 
+def write_payload(
+    thresholds: list[int], vthr: list[int], n_v: np.ndarray, lengths: np.ndarray, ones: np.ndarray,
+    params: np.ndarray, tail_k: np.ndarray, unary: bytes, rem: bytes, neg: bytes,
+) -> bytes:
+    """The SPARSE payload from its parts (``params``: the parameter byte of each sequence, −1 for none)."""
+    k, v = len(thresholds) + 1, len(vthr) + 1
     out = bytearray([k, *thresholds, v, *vthr])
     for c in range(v):
         put_varint(out, int(n_v[c]))
-    for i, (length, count, param) in enumerate(zip(all_lengths.tolist(), ones.tolist(), params.tolist(), strict=True)):
+    for i, (length, count, param) in enumerate(zip(lengths.tolist(), ones.tolist(), params.tolist(), strict=True)):
         if i >= k and length == 0:
             continue  # a level sequence of an empty population is not written at all
         put_varint(out, count)
-        if param != NO_PARAM:
+        if param >= 0:
             out.append(param)
     for c in range(v):
         if ones[k + (LEVELS - 1) * v + c]:
             out.append(int(tail_k[c]))
-    unary, rem = rice_encode(np.concatenate([gaps, tail]), np.concatenate([ks, tail_k[tcls]]))
     put_bytes(out, unary)
     put_bytes(out, rem)
-    out += pack_bools(d < 0)
+    out += neg
     return bytes(out)
 
 
-def _read_thresholds(r: Reader, max_count: int, exp_count: int) -> list[int]:
-    count = r.u8()
-    if not 1 <= count <= max_count:
-        raise ChunkCorrupt(f"bad class count {count}")
-    thresholds = [r.u8() for _ in range(count - 1)]
-    if any(b <= a for a, b in itertools.pairwise(thresholds)) or any(t >= exp_count for t in thresholds):
-        raise ChunkCorrupt("bad class thresholds")
-    return thresholds
+def sequence_params(lengths: np.ndarray, ones: np.ndarray, invert: np.ndarray, ks: np.ndarray) -> np.ndarray:
+    """Each sequence's parameter byte ``invert << 7 | k``, or −1 when it codes nothing."""
+    coded = np.where(invert, lengths - ones, ones)
+    return np.where(coded > 0, (invert.astype(np.int64) << 7) | ks, -1)
 
 
-def _decode_sparse(old: _Bits, r: Reader) -> tuple[np.ndarray, np.ndarray]:
-    """(positions ascending, new bit patterns) of the changed elements."""
-    fmt = old.fmt
-    thresholds = _read_thresholds(r, MAX_CLASSES, fmt.exp_count)
-    k = len(thresholds) + 1
-    vthr = _read_thresholds(r, MAX_VALUE_CLASSES, fmt.exp_count)
-    v = len(vthr) + 1
-    n_v = np.array([r.varint(old.n) for _ in range(v)], dtype=np.int64)
-    if n_v.sum() > old.n:
-        raise ChunkCorrupt("more changes than elements")
+def encode_sparse(old: np.ndarray, new: np.ndarray, fmt: _Float) -> bytes | None:
+    """The SPARSE payload turning the host bit patterns ``old`` into ``new`` (None: nothing changed)."""
+    n = old.shape[0]
+    pos, exps, d, hist, above, sampled, tmax = _sk.scan_changes(
+        old, new, fmt.mag_mask, fmt.mant, fmt.bits - 1, fmt.exp_count, LEVELS, sample_stride(n)
+    )
+    if len(pos) == 0:
+        return None
+    thresholds = _choose_thresholds(sampled[: fmt.exp_count], hist)
+    vthr = _choose_value_thresholds(
+        hist, above, tmax, lambda kmax: _sk.tail_sums(exps, d, fmt.exp_count, LEVELS, kmax)
+    )
+    k, v = len(thresholds) + 1, len(vthr) + 1
+    lut = _class_lut(thresholds)
+    per_class = np.bincount(lut[: fmt.exp_count], weights=hist, minlength=k).astype(np.int64)
+    offsets = np.concatenate([[0], np.cumsum(per_class)])
+    bounds = (np.asarray(thresholds, dtype=np.int64) << fmt.mant).astype(old.dtype)
+    counts, ranks, cm_exp, cm_mag, neg = _sk.class_major(
+        old, old.dtype.type(fmt.mag_mask), bounds, lut, pos, exps, d, offsets
+    )
+    lengths, ones, invert, gaps, gcount, gsum, tail, tcls, tcount, tsum, n_v = _sk.sequences(
+        counts, offsets, ranks, cm_exp, cm_mag, _class_lut(vthr), v, LEVELS
+    )
+    unary, rem, ks, tail_k = _sk.rice_streams(
+        gaps, gcount, rice_candidates(gcount, gsum), tail, tcls, rice_candidates(tcount, tsum)
+    )
+    params = sequence_params(lengths, ones, invert, ks)
+    return write_payload(thresholds, vthr, n_v, lengths, ones, params, tail_k, unary.tobytes(), rem.tobytes(),
+                         neg.tobytes())
 
-    # Header: every sequence's length, ones and parameter, in stream order.
-    lengths = old.class_counts(thresholds).tolist() + [0] * (LEVELS * v)
-    ones = [0] * len(lengths)
-    params = [NO_PARAM] * len(lengths)
-    pops = n_v.tolist()
-    for i in range(len(lengths)):
-        if i >= k:
-            c = (i - k) % v
-            lengths[i] = pops[c]
-            if lengths[i] == 0:
-                continue
-        ones[i] = r.varint(lengths[i])
-        if 0 < ones[i] < lengths[i]:
-            params[i] = r.u8()
-        if i >= k:
-            pops[(i - k) % v] = ones[i]
-    tail_k = np.array([r.u8() if pops[c] else 0 for c in range(v)], dtype=np.int64)
-    la, oa, pa = (np.asarray(x, dtype=np.int64) for x in (lengths, ones, params))
-    check_params(la, oa, pa)
-    m = int(n_v.sum())
-    if int(oa[:k].sum()) != m:
-        raise ChunkCorrupt("position and value counts disagree")
-    counts = coded_counts(la, oa, pa)
-    pk = np.where(pa >= 0, pa & 0x3F, 0)
-    sym_k = np.concatenate([np.repeat(pk, counts), np.repeat(tail_k, np.asarray(pops, dtype=np.int64))])
-    symbols = rice_decode(r.blob(), r.blob(), sym_k)
-    neg = r.take((m + 7) // 8)
-    nseq_sym = int(counts.sum())
-    seq, local = seq_decode(la, oa, pa, symbols[:nseq_sym])
 
-    # Positions: class-local ranks → positions (class-major order), then the new values.
-    offsets = np.concatenate([[0], np.cumsum(oa[:k])])
-    pos, cm, old_cm = old.class_select(thresholds, la[:k], local[:m], offsets)
-    vlut = _class_lut(vthr)
-    bits, err = _kernels.sparse_decode_values(
-        old_cm,
-        cm,
-        vlut,
-        n_v,
-        seq[m:] - k,
-        local[m:],
-        symbols[nseq_sym:],
-        as_u8(neg),
-        LEVELS,
-        fmt.mant,
-        fmt.bits - 1,
-        fmt.mag_mask,
+def decode_sparse(old: np.ndarray, fmt: _Float, r: Reader) -> tuple[np.ndarray, np.ndarray]:
+    """(positions ascending, new bit patterns) of the changed elements of the host bit patterns ``old``, from
+    the SPARSE payload at ``r``'s position; ``r`` moves past it."""
+    buf = np.frombuffer(r.buf, dtype=np.uint8)
+    pos, bits, at, err = _sk.decode_sparse(
+        old, buf, r.pos, r.end, fmt.mag_mask, fmt.mant, fmt.bits - 1, fmt.exp_count, LEVELS
     )
     check(err)
+    r.pos = at
     return pos, bits

@@ -18,6 +18,7 @@ import torch
 from rlbus.errors import ChunkCorrupt, WeightSyncError
 from rlbus.weights.apply import SparseUpdate, apply_update_
 from rlbus.weights.bitview import int_flat
+from rlbus.weights.codec import device
 from rlbus.weights.codec._bits import Reader
 from rlbus.weights.codec.chunks import (
     Chunk,
@@ -29,8 +30,10 @@ from rlbus.weights.codec.chunks import (
     _ranges,
     _Record,
 )
-from rlbus.weights.codec.format import KIND_DELTA, KIND_KEYFRAME, RAW, SAME, _check_dtype
+from rlbus.weights.codec.format import _FLOATS, KIND_DELTA, KIND_KEYFRAME, RAW, SAME, SPARSE, _check_dtype
 from rlbus.weights.codec.modes import (
+    Decoded,
+    _choose_mode,
     _decode_delta_payload,
     _decode_keyframe_payload,
     _encode_delta_payload,
@@ -139,8 +142,52 @@ def encode_state_delta(
     def encode(rec: _Record) -> None:
         rec.mode, rec.payload = _encode_delta_payload(_gather(old, rec.pieces), _gather(new, rec.pieces))
 
-    _map(encode, records, threads)
+    if _on_device(new):
+        _encode_on_device(old, new, records)
+    else:
+        _map(encode, records, threads)
     return _pack_chunks(KIND_DELTA, [r for r in records if r.mode != SAME], new, chunk_bytes)
+
+
+#: Elements of one device batch: bounds the coder's working memory (≈ 12 bytes an element beside the records).
+DEVICE_BATCH = 1 << 28
+
+
+def _on_device(state: Mapping[str, torch.Tensor]) -> bool:
+    return any(device.wanted(t) for t in state.values())
+
+
+def _device_batches(state: Mapping[str, torch.Tensor], records: list[_Record]) -> list[list[_Record]]:
+    """Float records in runs of one dtype and at most ``DEVICE_BATCH`` elements (one coder call each)."""
+    batches: list[list[_Record]] = []
+    size = 0
+    for rec in records:
+        dtype = state[rec.pieces[0].name].dtype
+        if dtype not in _FLOATS:
+            continue
+        n = sum(p.stop - p.start for p in rec.pieces)
+        if not batches or size + n > DEVICE_BATCH or state[batches[-1][0].pieces[0].name].dtype != dtype:
+            batches.append([])
+            size = 0
+        batches[-1].append(rec)
+        size += n
+    return batches
+
+
+def _encode_on_device(old: Mapping[str, torch.Tensor], new: Mapping[str, torch.Tensor], records: list[_Record]) -> None:
+    """Every record of a state on an accelerator: float records in batches (:mod:`.device`), the others
+    through the host."""
+    done: set[int] = set()
+    for batch in _device_batches(new, records):
+        fmt = _FLOATS[new[batch[0].pieces[0].name].dtype]
+        olds = [_gather(old, r.pieces) for r in batch]
+        news = [_gather(new, r.pieces) for r in batch]
+        for rec, o, n, sparse in zip(batch, olds, news, device.encode_records(olds, news, fmt), strict=True):
+            rec.mode, rec.payload = _choose_mode(o, n, sparse)
+            done.add(id(rec))
+    for rec in records:
+        if id(rec) not in done:
+            rec.mode, rec.payload = _encode_delta_payload(_gather(old, rec.pieces), _gather(new, rec.pieces))
 
 
 def encode_state_keyframe(
@@ -187,18 +234,22 @@ def _decode_parsed(state: Mapping[str, torch.Tensor], parsed: _ParsedChunk, thre
         dtype = meta[pieces[0].name][0]
         n = sum(p.stop - p.start for p in pieces)
         r = Reader(payload)
-        pos: np.ndarray | None = None
-        bits: np.ndarray | None = None
-        if parsed.kind == KIND_DELTA:
+        pos: Decoded | None = None
+        bits: Decoded | None = None
+        if id(item) in on_device:
+            pos, bits = on_device[id(item)]
+        elif parsed.kind == KIND_DELTA:
             if n:
                 pos, bits = _decode_delta_payload(_gather(state, pieces), mode, r)
+            r.expect_end()
         else:
             bits = _decode_keyframe_payload(dtype, n, mode, r)
-        r.expect_end()
+            r.expect_end()
         return _split(state, pieces, pos, bits)
 
     try:
-        if threads > 1 and len(parsed.records) > 1:
+        on_device = _decode_on_device(state, parsed) if parsed.kind == KIND_DELTA and _on_device(state) else {}
+        if threads > 1 and len(parsed.records) > 1 and not on_device:
             with ThreadPoolExecutor(max_workers=threads) as pool:
                 parts = list(pool.map(decode, parsed.records))
         else:
@@ -208,28 +259,57 @@ def _decode_parsed(state: Mapping[str, torch.Tensor], parsed: _ParsedChunk, thre
     return [u for part in parts for u in part]
 
 
+def _decode_on_device(state: Mapping[str, torch.Tensor], parsed: _ParsedChunk) -> dict[int, tuple[Decoded, Decoded]]:
+    """A chunk's SPARSE records against a state on an accelerator, decoded there in batches (the payloads
+    are checked to end where the record does); by ``id`` of the parsed record."""
+    out: dict[int, tuple[Decoded, Decoded]] = {}
+    sparse = [item for item in parsed.records if item[1] == SPARSE and any(p.stop > p.start for p in item[0])]
+    recs = [_Record(item[0]) for item in sparse]
+    items = {id(rec): item for rec, item in zip(recs, sparse, strict=True)}
+    for batch in _device_batches(state, recs):
+        fmt = _FLOATS[state[batch[0].pieces[0].name].dtype]
+        views = [items[id(rec)][2] for rec in batch]
+        payloads = [device.Payload(np.frombuffer(v, dtype=np.uint8), 0, len(v)) for v in views]
+        found, ends = device.decode_records([_gather(state, rec.pieces) for rec in batch], payloads, fmt)
+        for rec, view, result, end in zip(batch, views, found, ends, strict=True):
+            if end != len(view):
+                raise ChunkCorrupt(f"{len(view) - end} unexpected trailing bytes")
+            out[id(items[id(rec)])] = result
+    return out
+
+
 def _split(
     state: Mapping[str, torch.Tensor],
     pieces: list[TensorRange],
-    pos: np.ndarray | None,
-    bits: np.ndarray | None,
+    pos: Decoded | None,
+    bits: Decoded | None,
 ) -> list[StagedUpdate]:
-    """Record-local results (SPARSE positions ascending) → one update per piece, in tensor coordinates."""
+    """Record-local results (SPARSE positions ascending) → one update per piece, in tensor coordinates
+    (views of the decoded arrays, positions shifted in place)."""
     if bits is None:
         return []
+    if pos is not None and len(pieces) == 1:
+        p = pieces[0]
+        t = state[p.name]
+        return [StagedUpdate(p.name, _make_update(t.numel(), t.dtype, pos, bits, p.start))] if len(pos) else []
     out = []
     offset = 0
-    for p in pieces:
+    edges = np.cumsum([0] + [p.stop - p.start for p in pieces])
+    bounds: np.ndarray | None = None
+    if isinstance(pos, torch.Tensor):
+        bounds = torch.searchsorted(pos, torch.from_numpy(edges).to(pos.device)).cpu().numpy()
+    elif pos is not None:
+        bounds = np.searchsorted(pos, edges)
+    for i, p in enumerate(pieces):
         t = state[p.name]
         count = p.stop - p.start
-        if pos is None:
+        if pos is None or bounds is None:
             update = _make_update(t.numel(), t.dtype, None, bits[offset : offset + count], p.start)
             out.append(StagedUpdate(p.name, update))
         else:
-            lo, hi = np.searchsorted(pos, [offset, offset + count]) if len(pieces) > 1 else (0, len(pos))
+            lo, hi = int(bounds[i]), int(bounds[i + 1])
             if hi > lo:
-                local = pos[lo:hi] - offset
-                update = _make_update(t.numel(), t.dtype, local, bits[lo:hi], p.start)
+                update = _make_update(t.numel(), t.dtype, pos[lo:hi], bits[lo:hi], p.start - offset)
                 out.append(StagedUpdate(p.name, update))
         offset += count
     return out

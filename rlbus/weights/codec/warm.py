@@ -28,9 +28,14 @@ import time
 from collections.abc import Iterable
 from pathlib import Path
 
+import numpy as np
 import torch
 
+import rlbus.weights.codec._kernels as _kernels
 from rlbus.errors import WeightSyncError
+from rlbus.weights.bitview import np_bits
+from rlbus.weights.codec.format import _FLOATS, LEVELS
+from rlbus.weights.codec.sparse import encode_sparse
 from rlbus.weights.codec.state import apply_chunk_, encode_state_delta, encode_state_keyframe, load_keyframe
 
 #: The dtypes weight sync ships (the inference copies); each compiles its own kernel specialisations.
@@ -77,6 +82,23 @@ def _exercise(dtype: torch.dtype) -> None:
     for name, t in old.items():
         if not torch.equal(held[name].view(torch.uint8), t.view(torch.uint8)):
             raise WeightSyncError(f"codec warm-up: {name} ({dtype}) did not round-trip bit-exactly")
+    _parse_headers(dtype)
+
+
+def _parse_headers(dtype: torch.dtype) -> None:
+    """The header parsers a GPU worker's decoder calls from Python (:mod:`.device`), on a real payload."""
+    fmt = _FLOATS[dtype]
+    old = _model(dtype, seed=2)["mlp"].reshape(-1)
+    new = next(iter(_steps({"mlp": old}, seed=3)))["mlp"]
+    blob = encode_sparse(np_bits(old), np_bits(new), fmt)
+    if blob is None:
+        raise WeightSyncError("codec warm-up: the step changed nothing")
+    buf = np.frombuffer(blob, dtype=np.uint8)
+    thr, _, n_v, at, _ = _kernels.parse_head(buf, 0, len(buf), old.numel(), fmt.exp_count)
+    bounds = (thr << fmt.mant).astype(np_bits(old).dtype)
+    sizes = _kernels.class_counts(np_bits(old), np_bits(old).dtype.type(fmt.mag_mask), bounds)
+    lengths, ones, params, tail_k, at, _ = _kernels.parse_sequences(buf, at, len(buf), sizes, n_v, LEVELS)
+    _kernels.parse_streams(buf, at, len(buf), int(n_v.sum()), len(sizes), lengths, ones, params, tail_k, LEVELS)
 
 
 def warm_kernels(dtypes: Iterable[torch.dtype] = DTYPES) -> float:

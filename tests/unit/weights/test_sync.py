@@ -285,3 +285,28 @@ async def test_a_chain_with_a_missing_version_fails_cleanly(setup: tuple[MemoryB
     assert sync.version == 4 and sync.refused and "BlobNotFound" in sync.refused[-1][1]
     pending = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
     assert not pending, pending
+
+
+async def test_workers_of_one_process_decode_each_chunk_once(setup: tuple[MemoryBus, LocalStore]) -> None:
+    """Three workers on the same weights share one decode of every delta chunk and end bit-identical."""
+    from rlbus.weights.staging import StagingCache
+
+    bus, store = setup
+    trainer = Trainer(seed=5)
+    publisher = WeightPublisher(bus=bus, store=store, keyframe_every=100, chunk_bytes=4096)
+    staging = StagingCache()
+    syncs = [WeightSync(bus=bus, store=store, state=worker_state(publisher, trainer), staging=staging)
+             for _ in range(3)]
+    stop = asyncio.Event()
+    tasks = [asyncio.create_task(s.run(stop)) for s in syncs]
+    digests = await publish(publisher, trainer, 1)
+    await until(lambda: all(s.version == 1 for s in syncs), "all on v1", timeout_s=10)
+    before = staging.decoded
+    digests += await publish(publisher, trainer, 2)
+    await until(lambda: all(s.version == 3 for s in syncs), "all on v3", timeout_s=10)
+    stop.set()
+    await asyncio.gather(*tasks)
+    chunks = sum([len(m.chunks) async for m in _weights(bus) if m.kind == "delta" and m.version > 1])
+    assert staging.decoded - before == chunks and staging.shared >= 2 * chunks
+    assert all(s.digest == digests[-1] for s in syncs)
+    assert all(torch.equal(s.state[k], syncs[0].state[k]) for s in syncs for k in s.state)

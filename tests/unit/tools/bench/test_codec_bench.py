@@ -28,3 +28,7 @@ def test_a_small_run_is_bit_exact_with_the_asked_share_changed(monkeypatch: pyte
     assert 0.03 < row["changed_fraction"] < 0.055
     assert set(row["floors_gb_s"]) == {"copy", "xor", "xor_nonzero_gather", "scatter"}
     assert row["encode_gb_s_1"] > 0 and row["decode_apply_gb_per_cpu_s_all"] > 0
+    judged = row["targets"]["decode_apply"]  # per core: one thread's bytes over its own CPU seconds
+    assert judged["gb_s"] == row["decode_apply_gb_per_cpu_s_1"] and judged["target_gb_s"] == 1.0
+    assert judged["met"] == (judged["gb_s"] >= 1.0)
+    assert set(result["summary"]["targets_met"]) == {"encode", "decode_apply"}
