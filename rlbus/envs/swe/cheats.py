@@ -15,6 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from rlbus.envs.swe.attacks import DESIGN_ATTACKS
 from rlbus.envs.swe.patch import split_patch, tree_diff
 from rlbus.envs.swe.task import RepoTask
 from rlbus.envs.swe.world import apply_trusted
@@ -444,6 +445,7 @@ ATTACK_KINDS: dict[str, str] = {
     "eq_subclass": "equality",
     "eq_typed": "equality",
     "eq_borrowed": "equality",
+    **{name: attack.kind for name, attack in DESIGN_ATTACKS.items()},
 }
 
 
@@ -462,9 +464,12 @@ def cheat_patches(task: RepoTask, base: Path, *, on_fixed: bool = False) -> list
     source = _library_file(task, base)
     test_file = next(iter(sorted(task.hidden_tests)), task.fail_to_pass[0].split("::")[0])
     tests = repr(list(task.tests))
-    attacks = [(name, why, text.replace("__TESTS__", tests)) for name, (text, why) in ATTACKS.items()]
+    attacks = [(name, why, _appender(source, text.replace("__TESTS__", tests))) for name, (text, why) in
+               ATTACKS.items()]  # fmt: skip
+    attacks += [(name, a.why, _attack_edit(source, a.source.replace("__TESTS__", tests), a.files))
+                for name, a in DESIGN_ATTACKS.items()]  # fmt: skip
     if on_fixed:
-        return [Cheat(name, why, _edited(base, task.solution, _appender(source, text))) for name, why, text in attacks]
+        return [Cheat(name, why, _edited(base, task.solution, edit)) for name, why, edit in attacks]
     edits: list[tuple[str, str, Callable[[Path], object]]] = [
         (
             "edit_tests",
@@ -566,7 +571,7 @@ def cheat_patches(task: RepoTask, base: Path, *, on_fixed: bool = False) -> list
             lambda r: _append_file(r, source, _FAKE_REPORT),
         ),
     ]
-    edits += [(name, why, _appender(source, text)) for name, why, text in attacks]
+    edits += attacks
     cheats = [Cheat(name, description, _edited(base, "", edit)) for name, description, edit in edits]
     cheats += [
         Cheat("path_outside", "a patch writing ../outside.py and an absolute path", _raw_new_file("../outside.py")
@@ -580,6 +585,14 @@ def cheat_patches(task: RepoTask, base: Path, *, on_fixed: bool = False) -> list
 
 def _appender(rel: str, text: str) -> Callable[[Path], None]:
     return lambda repo: _append_file(repo, rel, text)
+
+
+def _attack_edit(rel: str, text: str, files: dict[str, str]) -> Callable[[Path], None]:
+    def edit(repo: Path) -> None:
+        _append_file(repo, rel, text)
+        _write_all(repo, files)
+
+    return edit
 
 
 def _edited(base: Path, first: str, edit: Callable[[Path], object]) -> str:
