@@ -8,6 +8,8 @@ the reference solution changes (code there runs when the tests import the librar
 
 from __future__ import annotations
 
+import ast
+import re
 import shutil
 import tempfile
 import textwrap
@@ -466,7 +468,9 @@ def cheat_patches(task: RepoTask, base: Path, *, on_fixed: bool = False) -> list
     tests = repr(list(task.tests))
     attacks = [(name, why, _appender(source, text.replace("__TESTS__", tests))) for name, (text, why) in
                ATTACKS.items()]  # fmt: skip
-    attacks += [(name, a.why, _attack_edit(source, a.source.replace("__TESTS__", tests), a.files))
+    targets = repr(sorted(changed_functions(task, base)))
+    attacks += [(name, a.why, _attack_edit(source, a.source.replace("__TESTS__", tests).replace("__TARGETS__",
+                                                                                                  targets), a.files))
                 for name, a in DESIGN_ATTACKS.items()]  # fmt: skip
     if on_fixed:
         return [Cheat(name, why, _edited(base, task.solution, edit)) for name, why, edit in attacks]
@@ -604,6 +608,39 @@ def _edited(base: Path, first: str, edit: Callable[[Path], object]) -> str:
             apply_trusted(repo, first, "the reference solution")
         edit(repo)
         return tree_diff(base, repo).patch
+
+
+def changed_functions(task: RepoTask, base: Path) -> set[str]:
+    """The functions the issue is about (the reference solution changes them): the generated corpus names
+    one (``metadata.function``, a qualified name: its outermost and innermost parts); otherwise the
+    innermost ``def`` of the template around each line the solution removes or inserts at."""
+    qualname = task.metadata.get("function", "")
+    if qualname:
+        parts = [p for p in qualname.split(".") if p != "<locals>"]
+        return {parts[0], parts[-1]}
+    names: set[str] = set()
+    for section in split_patch(task.solution):
+        path = base / section.path
+        if not section.path.endswith(".py") or not path.is_file():
+            continue
+        lines, old = set(), 0
+        for line in section.text.splitlines():
+            hunk = re.match(r"@@ -(\d+)", line)
+            if hunk:
+                old = int(hunk.group(1))
+            elif line.startswith("-") and not line.startswith("---"):
+                lines.add(old)
+                old += 1
+            elif line.startswith("+") and not line.startswith("+++"):
+                lines.add(old)
+            elif line.startswith(" "):
+                old += 1
+        functions = [n for n in ast.walk(ast.parse(path.read_text())) if isinstance(n, ast.FunctionDef)]
+        for n in lines:
+            around = [f for f in functions if f.lineno <= n <= (f.end_lineno or f.lineno)]
+            if around:
+                names.add(max(around, key=lambda f: f.lineno).name)
+    return names
 
 
 def _library_file(task: RepoTask, base: Path) -> str:
