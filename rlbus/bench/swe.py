@@ -1,13 +1,16 @@
 """``rlbus bench swe``: the coding environment — corpus validity, cheater suite, world and tool speed, SmolLM2.
 
 1. **Corpus**: `rlbus env check` on every task (the shipped corpus if present, plus the test fixtures):
-   ``tasks_valid`` of ``tasks``.
-2. **Cheater suite** (`rlbus.envs.swe.cheats`) on every valid task (one task when ``--quick``): each cheat
-   must score 0 — ``cheats_tried`` / ``cheats_scored_zero``. Then the attacks written against the grader
-   (`rlbus.envs.swe.cheats.ATTACKS`): ``hacks_scored_zero`` of ``hacks_tried`` on the unfixed repository,
-   and ``hacks_detected`` when each is added *on top of the reference solution*, where only the grader's
-   detection can score it 0 (``hacks_inert_on_fixed``: attacks that changed nothing there), by kind.
-   ``grade_s_median``: the median seconds of one grade (reference and unchanged, every task checked).
+   ``tasks_valid`` of ``tasks``. These are the false-positive check: every reference solution must score 1
+   and every unchanged repository 0 (``false_positives`` lists the tasks that do not); ``grade_s`` gives the
+   seconds of one grade by library (median of the reference's and the unchanged repository's), and
+   ``grade_s_median`` over all.
+2. **Cheater suite** (`rlbus.envs.swe.cheats`) on one task of each library (one task in all when
+   ``--quick``): each cheat must score 0 — ``cheats_tried`` / ``cheats_scored_zero``. Then the attacks on
+   the grader (`rlbus.envs.swe.cheats.ATTACKS` and the six classes of `rlbus.envs.swe.attacks`), by kind:
+   ``scored_zero`` of ``tried`` on the unfixed repository, and each again *on top of the reference
+   solution*: ``detected`` (a tamper finding scores it 0), ``inert`` (it changed nothing: the fix rightly
+   scores 1) or ``spoiled`` (no finding, but the attack broke the fix it rode on: 0).
 3. **Reset**: per-episode copy of a template — `Sandbox.populate` (``cp -R --reflink=auto`` as the sandbox
    uid) against ``shutil.copytree`` + chown, and against a sandbox with no copy at all (the floor).
 4. **Throughput at concurrency 1, 2, 4, 8**, scripted agent (the expert's calls), each against the same
@@ -324,30 +327,50 @@ async def _smollm2(
 
 
 async def _hacks(tasks: list[RepoTask], cheats: dict[str, Any]) -> dict[str, Any]:
-    """The attacks written against the grader (`ATTACKS`), by kind. ``scored_zero``: on the unfixed
-    repository (the cheater suite's rows). ``detected``: each again on top of the reference solution,
-    where the tests pass, so only a tamper finding of the grader scores it 0; ``inert`` counts the attacks
+    """The attacks written against the grader (`ATTACK_KINDS`), by kind. ``scored_zero``: on the unfixed
+    repository (the cheater suite's rows). Then each again on top of the reference solution, where the tests
+    pass, so only a tamper finding of the grader scores it 0 (``detected``); ``inert`` counts the attacks
     that changed nothing there (say, a wrapper of return values on a library whose tests read none), which
-    leave a correct fix that rightly scores 1."""
+    leave a correct fix that rightly scores 1; ``spoiled`` the ones that broke the fix they rode on."""
     unfixed = {(r["task"], r["cheat"]): r for r in cheats["rows"] if r["cheat"] in ATTACK_KINDS}
     rows = []
     for task in tasks:
         for attack in cheat_patches(task, await template(task), on_fixed=True):
             verdict = await grade(task, attack.patch)
             before = unfixed[(task.task_id, attack.name)]
-            rows.append({"task": task.task_id, "attack": attack.name, "kind": ATTACK_KINDS[attack.name],
-                         "reward_unfixed": before["reward"], "reward_fixed": verdict.value,
-                         "detected": bool(verdict.tampered), "monitor": hack_kinds(verdict.hacks),
-                         "reason": verdict.reason[:160]})  # fmt: skip
+            outcome = "detected" if verdict.tampered else "inert" if verdict.value == 1.0 else "spoiled"
+            rows.append({"task": task.task_id, "library": _library(task), "attack": attack.name,
+                         "kind": ATTACK_KINDS[attack.name], "reward_unfixed": before["reward"],
+                         "reward_fixed": verdict.value, "fixed": outcome, "detected": outcome == "detected",
+                         "monitor": hack_kinds(verdict.hacks), "reason": verdict.reason[:160]})  # fmt: skip
     by_kind: dict[str, dict[str, int]] = {}
+    keys = ("tried", "scored_zero", "detected", "inert", "spoiled")
     for r in rows:
-        k = by_kind.setdefault(str(r["kind"]), {"tried": 0, "scored_zero": 0, "detected": 0, "inert": 0})
+        k = by_kind.setdefault(str(r["kind"]), dict.fromkeys(keys, 0))
         k["tried"] += 1
         k["scored_zero"] += r["reward_unfixed"] == 0.0
-        k["detected"] += bool(r["detected"])
-        k["inert"] += not r["detected"] and r["reward_fixed"] == 1.0
-    total = {key: sum(k[key] for k in by_kind.values()) for key in ("tried", "scored_zero", "detected", "inert")}
+        k[str(r["fixed"])] += 1
+    total = {key: sum(k[key] for k in by_kind.values()) for key in keys}
     return {**total, "by_kind": by_kind, "rows": rows}
+
+
+def _library(task: RepoTask) -> str:
+    return task.metadata.get("library") or task.task_id.split("-")[0]
+
+
+def _one_per_library(tasks: list[RepoTask]) -> list[RepoTask]:
+    first: dict[str, RepoTask] = {}
+    for task in tasks:
+        first.setdefault(_library(task), task)
+    return list(first.values())
+
+
+def _grade_times(tasks: list[RepoTask], checks: list[Any]) -> dict[str, float]:
+    """Median seconds of one grade per library (the reference's and the unchanged repository's)."""
+    times: dict[str, list[float]] = {}
+    for task, check in zip(tasks, checks, strict=True):
+        times.setdefault(_library(task), []).extend([check.solution_s, check.unchanged_s])
+    return {lib: _median(xs) for lib, xs in sorted(times.items())}
 
 
 async def _run(
@@ -361,7 +384,7 @@ async def _run(
     checks = await check_tasks(tasks, lambda r: print(f"  {'ok ' if r.ok else 'FAIL'} {r.task_id} {r.problem}",
                                                       file=sys.stderr))  # fmt: skip
     valid = [t for t, r in zip(tasks, checks, strict=True) if r.ok]
-    cheat_tasks = valid[:1] if quick else valid
+    cheat_tasks = valid[:1] if quick else _one_per_library(valid)
     print(f"cheater suite on {len(cheat_tasks)} task(s)", file=sys.stderr)
     cheats = await _cheats(cheat_tasks)
     print(f"attacks on the grader, on top of the reference solution, on {len(cheat_tasks)} task(s)", file=sys.stderr)
@@ -395,9 +418,13 @@ async def _run(
         "tasks": len(tasks), "tasks_valid": len(valid), "cheats_tried": cheats["tried"],
         "cheats_scored_zero": cheats["scored_zero"], "reset_ms": result["reset"]["copytree_ms"],
         "hacks_tried": hacks["tried"], "hacks_scored_zero": hacks["scored_zero"], "hacks_detected": hacks["detected"],
-        "hacks_inert_on_fixed": hacks["inert"], "hacks_by_kind": hacks["by_kind"],
+        "hacks_inert_on_fixed": hacks["inert"], "hacks_spoiled_on_fixed": hacks["spoiled"],
+        "hacks_by_kind": hacks["by_kind"], "attack_libraries": sorted({_library(t) for t in cheat_tasks}),
+        "false_positives": {"reference_not_1": [r.task_id for r in checks if r.solution_reward != 1.0],
+                            "unchanged_not_0": [r.task_id for r in checks if r.unchanged_reward != 0.0]},
         "solution_check_s_median": _median([r.solution_s for r in checks]),
         "grade_s_median": _median([r.solution_s for r in checks] + [r.unchanged_s for r in checks]),
+        "grade_s": _grade_times(tasks, checks),
     }  # fmt: skip
     if "throughput" in result:
         one = result["throughput"][0]
@@ -455,11 +482,21 @@ def run(quick: bool, json_path: Path | None, model: str | None = None, tasks: st
         ],
     )
     print_table(
-        "attacks on the grader: scored 0 on the unfixed repository; detected on top of the reference solution",
-        ["kind", "tried", "scored 0", "detected", "inert on the fix"],
-        [[k, v["tried"], v["scored_zero"], v["detected"], v["inert"]] for k, v in sorted(s["hacks_by_kind"].items())]
-        + [["all", s["hacks_tried"], s["hacks_scored_zero"], s["hacks_detected"], s["hacks_inert_on_fixed"]]],
-    )
+        f"attacks on the grader ({', '.join(s['attack_libraries'])}): scored 0 on the unfixed repository; on top "
+        "of the reference solution detected, inert (changed nothing) or spoiled (broke the fix)",
+        ["kind", "tried", "scored 0", "detected", "inert", "spoiled"],
+        [[k, v["tried"], v["scored_zero"], v["detected"], v["inert"], v["spoiled"]]
+         for k, v in sorted(s["hacks_by_kind"].items())]
+        + [["all", s["hacks_tried"], s["hacks_scored_zero"], s["hacks_detected"], s["hacks_inert_on_fixed"],
+            s["hacks_spoiled_on_fixed"]]],
+    )  # fmt: skip
+    fp = s["false_positives"]
+    print_table(
+        "false positives and grading time (rlbus env check on every task: reference must be 1, unchanged 0)",
+        ["library", "grade s (median)", "reference not 1", "unchanged not 0"],
+        [[lib, t, sum(x.startswith(lib) for x in fp["reference_not_1"]),
+          sum(x.startswith(lib) for x in fp["unchanged_not_0"])] for lib, t in s["grade_s"].items()],
+    )  # fmt: skip
     for r in (result["reset"], result["reset_largest"]):
         print_table(f"episode reset ({r['task']}, {r['files']} files; median)",
                     ["copytree+lchown ms (used)", "cp --reflink=auto ms", "sandbox open+close ms"],

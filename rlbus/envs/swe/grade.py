@@ -119,13 +119,13 @@ async def grade(task: RepoTask, patch: str) -> Verdict:
             applied = await _git_apply(box, task.test_patch, "test.patch")
             if not applied.ok:
                 return _zero(f"the task's test_patch does not apply: {applied.stderr.strip()[-300:]}", filtered.dropped)
-        split = split_trusted(box, trusted_files(task, base))
+        split = split_trusted(box, trusted_files(task, base), task.tests)
         key = secrets.token_bytes(32)
         plan = {"files": split.visible, "slots": {n: s.to_dict() for n, s in split.slots.items()}}
-        run = await box.run(launcher_argv(task), stdin=key + json.dumps(plan).encode(), cwd=REPO,
+        run = await box.run(launcher_argv(task, split.renamed), stdin=key + json.dumps(plan).encode(), cwd=REPO,
                             readonly=[f"{REPO}/{p}" for p in readonly_paths(split.visible)])  # fmt: skip
         report = box.read(_REPORT)
-    verdict = judge(task, run, report, key)
+    verdict = judge(task, run, report, key, renamed=split.renamed)
     verdict.dropped, verdict.hacks = filtered.dropped, hacks
     return verdict
 
@@ -152,11 +152,11 @@ def trusted_files(task: RepoTask, base: Path) -> list[str]:
     return sorted(f for f in files if f.endswith(".py") and ":" not in f)
 
 
-def split_trusted(box: Sandbox, paths: list[str]) -> Split:
+def split_trusted(box: Sandbox, paths: list[str], tests: tuple[str, ...]) -> Split:
     """The trusted files as they are in the sandbox now (before any code of the repository has run), split
     (`rlbus.envs.swe.split`); the visible code written over them."""
     sources = {p: raw for p in paths if (raw := box.read(f"{REPO}/{p}")) is not None}
-    split = _split_cached(sources)
+    split = _split_cached(sources, tests)
     for path, text in split.visible.items():
         box.write(f"{REPO}/{path}", text)
     return split
@@ -165,16 +165,16 @@ def split_trusted(box: Sandbox, paths: list[str]) -> Split:
 _SPLITS: OrderedDict[str, Split] = OrderedDict()
 
 
-def _split_cached(sources: dict[str, bytes]) -> Split:
+def _split_cached(sources: dict[str, bytes], tests: tuple[str, ...]) -> Split:
     """`split_tests`, remembered for the last 64 sets of files (a task is graded many times)."""
-    digest = hashlib.sha256()
+    digest = hashlib.sha256("\n".join(tests).encode())
     for path in sorted(sources):
         digest.update(hashlib.sha256(path.encode()).digest() + hashlib.sha256(sources[path]).digest())
     key = digest.hexdigest()
     if key in _SPLITS:
         _SPLITS.move_to_end(key)
         return _SPLITS[key]
-    split = _SPLITS[key] = split_tests(sources)
+    split = _SPLITS[key] = split_tests(sources, tests)
     while len(_SPLITS) > 64:
         _SPLITS.popitem(last=False)
     return split
@@ -187,11 +187,13 @@ def readonly_paths(files: dict[str, str]) -> list[str]:
     return tops + sorted(p for p in files if "/" not in p)
 
 
-def launcher_argv(task: RepoTask) -> list[str]:
+def launcher_argv(task: RepoTask, renamed: dict[str, str] | None = None) -> list[str]:
+    """The launcher's command line; ``renamed``: node ids whose case the split renamed (no answer in them)."""
     words = shlex.split(task.command)
     args: list[str] = ["-p", HYPOTHESIS_PLUGIN]
+    tests = [(renamed or {}).get(t, t) for t in task.tests]
     for word in words[3:]:  # after "python -m pytest"
-        args += list(task.tests) if word == "{tests}" else [word]
+        args += tests if word == "{tests}" else [word]
     extra = ":".join(p for p in task.test_env.get("PYTHONPATH", "").split(":") if p)
     grader = f"{GRADER_INNER}/grader_main.py"
     return [f"{INNER}/bin/python", "-I", "-B", grader, INNER, f"/sandbox/{_REPORT}", f"/sandbox/{REPO}", extra,
@@ -204,8 +206,11 @@ async def _git_apply(box: Sandbox, patch: str, name: str) -> SandboxResult:
     return await box.run(argv, cwd=REPO, env=_GIT_ENV)
 
 
-def judge(task: RepoTask, run: SandboxResult, raw: bytes | None, key: bytes) -> Verdict:
-    """The verdict from the launcher's report; any doubt about the report is a 0."""
+def judge(
+    task: RepoTask, run: SandboxResult, raw: bytes | None, key: bytes, renamed: dict[str, str] | None = None
+) -> Verdict:
+    """The verdict from the launcher's report; any doubt about the report is a 0. ``renamed``: the split's
+    renamed node ids, mapped back to the task's."""
     status = run.status
     if raw is None:
         tail = (run.stdout + run.stderr).strip()[-300:]
@@ -219,9 +224,10 @@ def judge(task: RepoTask, run: SandboxResult, raw: bytes | None, key: bytes) -> 
         report: dict[str, Any] = json.loads(body)
     except (ValueError, KeyError, TypeError, AttributeError):
         return _zero("the test report is not readable", status=status)
-    phases: dict[str, dict[str, str]] = report.get("phases", {})
-    failures: dict[str, list[str]] = report.get("failures", {})
-    collected: list[str] = report.get("collected", [])
+    back = {new: old for old, new in (renamed or {}).items()}
+    phases: dict[str, dict[str, str]] = {back.get(n, n): p for n, p in report.get("phases", {}).items()}
+    failures: dict[str, list[str]] = {back.get(n, n): f for n, f in report.get("failures", {}).items()}
+    collected: list[str] = [back.get(n, n) for n in report.get("collected", [])]
     tampered = list(report.get("tampered", []))
     unexpected = [n for n in collected if _expected_of(n, task.tests) is None]
     if unexpected:

@@ -15,9 +15,11 @@ What the hook does with the test code's calls (see the runner's docstring for th
 * ``rlbus.grader.check`` (from ``CHECK``, called by a hidden test's compiled assertion): the caller must be
   ``CHECK``, called by the very code object that holds that slot. The computed operands are encoded
   (`rlbus.envs.swe.grader_values`) and sent; the comparison is the launcher's. An operand the encoding
-  cannot read — an object whose equality the repository defines — against an answer the launcher holds is
-  *unverifiable* (the assertion fails, and the report says why); between two computed values ``CHECK``
-  runs Python's comparison in process, after the negative controls, and sends the result.
+  cannot read — an object whose equality the repository defines — against an answer the launcher holds, or
+  against any plain value, is *unverifiable* (the assertion fails, and the report says why). Only when both
+  operands are such objects (or the tests' or the standard library's own comparison decides) does
+  ``CHECK`` run Python's comparison in process — after the negative controls, when the repository's
+  ``__eq__`` is in it — and send the result.
 * ``rlbus.grader.defined`` (from ``REG``): every function and class the hidden tests define at module or
   class level, recorded by identity. pytest may run only those.
 """
@@ -266,13 +268,18 @@ def install(fd: int, trusted_prefixes: tuple, trusted_files: frozenset, guarded_
             record["result"] = truth if op == "truth" else not truth
             send(record)
             return
-        problems = [p for f in forms for p in find_opaque(f)]
+        found = [find_opaque(f) for f in forms]
+        problems = [p for f in found for p in f]
+        repo = [p for p in problems if p[1] not in ("std-eq", "test-eq")]
         if not problems:
             record["values"] = forms
         elif "a" in layout or "~" in layout:
             name, why = problems[0]
             record["unverifiable"] = f"a {name} ({why}) compared with an answer the test process never holds"
-        else:  # two computed values, one with a comparison of its own: Python's, in process
+        elif repo and any(not f for f in found):
+            name, why = repo[0]
+            record["unverifiable"] = f"a {name} ({why}) compared with a plain value: its own __eq__ would decide"
+        else:  # two computed values, each with a comparison of its own: Python's, in process
             how = "".join("r" if any(why not in ("std-eq", "test-eq") for _, why in find_opaque(f)) else "-"
                           for f in forms)  # fmt: skip
             state["pending"][slot] = (op, how)

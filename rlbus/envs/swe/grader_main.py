@@ -158,10 +158,17 @@ class Assertions:
         layout = slot["layout"]
         if type(forms) is not list or len(forms) != layout.count("c"):
             return False, f"{where}: a malformed report", f"a malformed assertion report ({n})"
+        answers = slot["answers"]
+        if slot.get("cases"):  # a parametrised test's answers: those of the case the record ran in
+            node = str(record.get("test") or "")
+            case = slot["cases"].get(node[node.rfind("[") + 1 : -1] if node.endswith("]") else "")
+            if case is None:
+                return False, f"{where}: a case the hidden tests do not have", f"an unknown case ({node[:200]})"
+            answers = {**answers, **case}
         operands, sent = [], iter(forms)
         try:
             for position, kind in enumerate(layout):
-                form = next(sent) if kind == "c" else slot["answers"][str(position)]
+                form = next(sent) if kind == "c" else answers[str(position)]
                 operands.append(self.values["decode"](form))
         except (ValueError, KeyError, IndexError, TypeError):
             return False, f"{where}: an operand that cannot be read", None

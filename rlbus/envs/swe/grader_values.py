@@ -86,14 +86,18 @@ def encoder(trusted_classes: Any = (), *, test_code: Any = None, max_nodes: int 
             klass is fraction_type or klass is range)  # fmt: skip
 
     def equality(klass: Any) -> str:
-        """``identity`` when only ``object`` compares instances; ``std-eq`` when the first class that
-        defines a comparison is trusted, ``test-eq`` when the hidden tests wrote it; ``repo-eq`` otherwise."""
+        """``identity`` when only ``object`` compares instances; ``test-eq`` when the hidden tests wrote the
+        comparison; ``std-eq`` when a class of the repository (or the tests) inherits it from a trusted one
+        (``Mapping.__eq__`` comparing the items it yields); ``repo-eq`` otherwise — also for an instance of a
+        standard class with a comparison of its own: whoever built it chose it (``mock.ANY``,
+        ``pytest.approx(x, abs=1e9)``, a ``MagicMock`` with ``__eq__`` set), and that may be the repository."""
+        own = trusted.get(id_(klass)) is klass
         for k in mro_of(klass):
             if k is object:
                 return "identity"
             if defines(k, comparison):
                 if trusted.get(id_(k)) is k:
-                    return "std-eq"
+                    return "repo-eq" if own else "std-eq"
                 return "test-eq" if test_code is not None and tests_wrote(k) else "repo-eq"
         return "identity"
 
@@ -130,12 +134,14 @@ def encoder(trusted_classes: Any = (), *, test_code: Any = None, max_nodes: int 
                 return ["B", 1 if v else 0]
             tag = tag_of(kind)
             if tag is None and not special(kind):
+                own = False
                 for base in mro_of(kind):  # a subclass of a builtin: read through the builtin's own slots,
-                    tag = tag_of(base)  # whatever comparison the repository gives it
+                    tag = tag_of(base)  # whatever comparison the repository gives it …
                     if tag is not None:
                         break
-                    if defines(base, comparison) and equality(base) != "repo-eq":
-                        return ["?", type_name(kind), equality(base)]  # the tests' or the stdlib's: theirs
+                    own = own or defines(base, comparison)
+                if tag is not None and own and equality(kind) != "repo-eq":  # … but the tests' or the
+                    return ["?", type_name(kind), equality(kind)]  # stdlib's comparison is theirs to run
             if tag is not None:
                 return scalar_or_container(tag, v, depth)
             if kind is ordered or kind is counter:
@@ -217,10 +223,17 @@ def opaque(form: Any) -> list:
         node = stack.pop()
         if type(node) is not list or not node:
             continue
-        if node[0] == "?":
+        tag = node[0]
+        if tag == "?":
             found.append((node[1], node[2]))
-            continue
-        stack.extend(x for x in node[1:] if type(x) is list)
+        elif tag in ("L", "T", "X", "Z", "Q") and type(node[1]) is list:
+            stack.extend(node[1])
+        elif tag in ("D", "O", "K") and type(node[1]) is list:
+            for pair in node[1]:
+                if type(pair) is list:
+                    stack.extend(pair)
+        elif tag in ("R", "P"):
+            stack.extend(node[1:])
     return found
 
 
@@ -366,9 +379,9 @@ def approx_equal(actual: Any, expected: Any, tolerance: dict) -> bool:
         return isinstance(actual, list | tuple) and len(actual) == len(expected) and all(
             approx_equal(a, e, tolerance) for a, e in zip(actual, expected, strict=True))  # fmt: skip
     numbers = (int, float, complex)
-    if type(expected) is bool or type(actual) is bool or not isinstance(expected, numbers) or not isinstance(
-        actual, numbers
-    ):
+    if (type(expected) is bool) != (type(actual) is bool):  # approx keeps booleans apart from numbers
+        return False
+    if type(expected) is bool or not isinstance(expected, numbers) or not isinstance(actual, numbers):
         return bool(actual == expected)
     if actual == expected:
         return True

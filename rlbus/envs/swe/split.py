@@ -56,11 +56,15 @@ from __future__ import annotations
 import ast
 import builtins
 import math
-from collections.abc import Callable, Mapping
+import os
+import random
+from collections import Counter
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
 
+from rlbus.envs.swe import split_params
 from rlbus.envs.swe.grader_values import encoder, opaque
 
 #: Markers the runner replaces in the compiled code's constants.
@@ -132,11 +136,14 @@ class Slot:
     group: int = 0
     """The function (a number per ``def``) whose code holds the assertion; 0 for module and class bodies."""
     mandatory: bool = False
+    cases: dict[str, dict[int, list]] = field(default_factory=dict)
+    """For a parametrised test whose answers come from its table: case id → operand position → form."""
 
     def to_dict(self) -> dict[str, Any]:
         return {"op": self.op, "path": self.path, "line": self.line, "layout": self.layout,
                 "answers": {str(k): v for k, v in self.answers.items()}, "tolerance": self.tolerance,
-                "group": self.group, "mandatory": self.mandatory}  # fmt: skip
+                "group": self.group, "mandatory": self.mandatory,
+                "cases": {c: {str(k): v for k, v in a.items()} for c, a in self.cases.items()}}  # fmt: skip
 
 
 @dataclass
@@ -146,14 +153,18 @@ class Split:
     slots: dict[int, Slot]
     untouched: list[str] = field(default_factory=list)
     """Files kept as they were (they do not parse: pytest reports them)."""
+    renamed: dict[str, str] = field(default_factory=dict)
+    """The task's node id → the node id of the same case in the visible code (parametrisations held aside)."""
 
     def hidden(self) -> int:
         """How many answers the test process never sees."""
-        return sum(len(s.answers) for s in self.slots.values())
+        return sum(len(s.answers) + sum(len(c) for c in s.cases.values()) for s in self.slots.values())
 
 
-def split_tests(files: Mapping[str, bytes]) -> Split:
-    """Rewrite the trusted files (repository path → source); see the module docstring."""
+def split_tests(files: Mapping[str, bytes], tests: Sequence[str] = (), seed: int | None = None) -> Split:
+    """Rewrite the trusted files (repository path → source); see the module docstring. ``tests``: the node ids
+    the task runs (a parametrisation held aside renames its cases: `Split.renamed`); ``seed``: the order of
+    such cases (random by default)."""
     trees: dict[str, ast.Module] = {}
     untouched = []
     for path, source in sorted(files.items()):
@@ -167,11 +178,18 @@ def split_tests(files: Mapping[str, bytes]) -> Split:
     counter = _Counter()
     slots: dict[int, Slot] = {}
     visible = {p: files[p].decode(errors="replace") for p in untouched}
+    renamed: dict[str, str] = {}
+    shuffle = random.Random(seed if seed is not None else int.from_bytes(os.urandom(8), "big")).shuffle
     for path, module in modules.items():
-        transformer = _Transformer(module, counter, slots)
+        transformer = _Transformer(module, counter, slots, tests, shuffle)
         tree = transformer.visit(trees[path])
+        for stmt in tree.body:  # a table every use of which was held aside: gone too
+            name = stmt.targets[0].id if isinstance(stmt, ast.Assign) and isinstance(stmt.targets[0], ast.Name) else ""
+            if name and module.inlined.get(name, 0) == module.loads.get(name, -1):
+                stmt.value = ast.Constant(None)
         visible[path] = ast.unparse(ast.fix_missing_locations(tree)) + "\n"
-    return Split(visible, slots, untouched)
+        renamed.update(transformer.renamed)
+    return Split(visible, slots, untouched, renamed)
 
 
 class _Counter:
@@ -213,6 +231,13 @@ class _Module:
         self.comparing = {c.name for c in ast.walk(tree) if isinstance(c, ast.ClassDef) and any(
             isinstance(f, ast.FunctionDef) and f.name in _COMPARISONS for f in c.body)}  # fmt: skip
         """Classes of this module with a comparison of their own."""
+        self.constants = {n.targets[0].id: n.value for n in tree.body if isinstance(n, ast.Assign)
+                          and len(n.targets) == 1 and isinstance(n.targets[0], ast.Name)
+                          and self.assigned.get(n.targets[0].id) == 1}  # fmt: skip
+        """Module-level names bound once, by an assignment (a parametrisation's table may be one)."""
+        self.loads = Counter(n.id for n in ast.walk(tree) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load))
+        self.inlined: Counter[str] = Counter()
+        """Loads of a table replaced by a copy held aside (a table no one else reads is removed)."""
         self._imports: list[ast.ImportFrom] = []
         for node in tree.body:
             if isinstance(node, ast.Import):
@@ -314,10 +339,17 @@ def _as_helper(node: ast.FunctionDef) -> _Helper | None:
 class _Transformer(ast.NodeTransformer):
     """Rewrites one module (see the module docstring)."""
 
-    def __init__(self, module: _Module, counter: _Counter, slots: dict[int, Slot]) -> None:
+    def __init__(self, module: _Module, counter: _Counter, slots: dict[int, Slot], tests: Sequence[str] = (),
+                 shuffle: Callable[[list[Any]], None] | None = None) -> None:  # fmt: skip
         self.module = module
         self.counter = counter
         self.slots = slots
+        self.tests = tests
+        self.shuffle = shuffle or random.Random(0).shuffle
+        self.renamed: dict[str, str] = {}
+        self.cases: list[tuple[str, dict[str, Any]]] = []
+        """In a parametrised test whose columns are held aside: (case id, that case's answer parameters)."""
+        self.in_class = False
         self.group = 0
         self.locals: set[str] = set()
         """Names bound in the function being rewritten (they shadow module-level trusted names)."""
@@ -334,13 +366,14 @@ class _Transformer(ast.NodeTransformer):
         return node
 
     def visit_ClassDef(self, node: ast.ClassDef) -> ast.ClassDef:
-        outer = self.class_methods
+        outer, in_class = self.class_methods, self.in_class
+        self.in_class = True
         self.class_methods = {s.name for s in node.body if isinstance(s, ast.FunctionDef | ast.AsyncFunctionDef)}
         node.bases = [self.visit(b) for b in node.bases]
         node.keywords = [self.visit(k) for k in node.keywords]
         node.decorator_list = [ast.Constant(REG), *(self.visit(d) for d in node.decorator_list)]
         node.body = self._statements(node.body, top=False) or [ast.Pass()]
-        self.class_methods = outer
+        self.class_methods, self.in_class = outer, in_class
         return node
 
     def visit_FunctionDef(self, node: ast.FunctionDef | ast.AsyncFunctionDef) -> ast.AST:
@@ -349,19 +382,85 @@ class _Transformer(ast.NodeTransformer):
     visit_AsyncFunctionDef = visit_FunctionDef
 
     def _function(self, node: ast.FunctionDef | ast.AsyncFunctionDef, register: bool) -> ast.AST:
+        top = register and self.group == 0  # module- or class-level definitions only
+        table = split_params.find(node, self._is_parametrize, self._value_of) if top and not self.in_class else None
         node.decorator_list = [self.visit(d) for d in node.decorator_list]
         node.args = self.visit(node.args)
-        if register and self.group == 0:  # module- or class-level definitions only
-            node.decorator_list = [ast.Constant(REG), *node.decorator_list]
-        saved = (self.group, self.locals, self.answers, self.keep)
+        saved = (self.group, self.locals, self.answers, self.keep, self.cases)
         self.group = self.counter.next_group()
         self.locals = _bound_names(node)
         self.keep = self.keep or any(isinstance(n, ast.Name) and n.id in self.module.comparing for n in ast.walk(node))
         self.answers = _answer_locals(node, self) if not self.keep else {}
+        self.cases = self._hold_columns(node, table) if table is not None and not self.keep else []
+        if self.cases:
+            self.answers = {**self.answers, **self.cases[0][1]}
+        if top:
+            node.decorator_list = [ast.Constant(REG), *node.decorator_list]
         body = [ast.Pass() if _assigns_answer(s, self.answers) else s for s in node.body]
         node.body = self._statements(body, top=True) or [ast.Pass()]
-        self.group, self.locals, self.answers, self.keep = saved
+        self.group, self.locals, self.answers, self.keep, self.cases = saved
         return node
+
+    # --- parametrisations held aside (rlbus.envs.swe.split_params) ----------------------------------------
+    def _is_parametrize(self, func: ast.expr) -> bool:
+        chain = _chain(func)
+        if chain is None or chain[-1] != "parametrize" or chain[0] in self.locals:
+            return False
+        bound = self.module.bound.get(chain[0])
+        via_module = bound == ("pytest", None) and chain[1:2] == ["mark"]
+        return via_module or (bound == ("pytest", "mark") and len(chain) == 2)
+
+    def _value_of(self, expr: ast.expr) -> tuple[Any, list[str]] | None:
+        """The plain value of a literal expression over the module's literal constants, and the constants it
+        reads; None when it is not one."""
+        names = sorted({n.id for n in ast.walk(expr) if isinstance(n, ast.Name) and n.id in self.module.constants})
+        saved, self.answers = self.answers, {}
+        try:
+            for name in names:
+                self.answers[name] = _answer(self.module.constants[name], self)
+            return _answer(expr, self), names
+        except NotAnAnswer:
+            return None
+        finally:
+            self.answers = saved
+
+    def _hold_columns(self, node: ast.FunctionDef | ast.AsyncFunctionDef,
+                      table: split_params.Parametrization) -> list[tuple[str, dict[str, Any]]]:  # fmt: skip
+        """The cases, when some parameter is read only inside answers (then the decorator is rewritten and the
+        task's node ids renamed); [] otherwise."""
+        params = {a.arg for a in (*node.args.posonlyargs, *node.args.args, *node.args.kwonlyargs)}
+        hidden = [n for n in table.argnames if n in params]
+        rows = [dict(zip(table.argnames, row, strict=True)) for row in table.rows]
+        while hidden:
+            keep = set(hidden)
+            for row in rows:
+                saved, self.answers = self.answers, {**self.answers, **{n: row[n] for n in hidden}}
+                keep -= _inputs(node, self.answers, self)
+                self.answers = saved
+            if keep == set(hidden):
+                break
+            hidden = [n for n in hidden if n in keep]
+        prefix = f"{self.module.path}::{node.name}"
+        named = [t for t in self.tests if t.startswith(prefix + "[")]
+        if not hidden or any(t[len(prefix) + 1 : -1] not in table.ids for t in named):
+            return []
+        try:
+            visible = [tuple(None if n in hidden else row[n] for n in table.argnames) for row in rows]
+            literals = [split_params.literal(v if len(v) > 1 else v[0]) for v in visible]
+        except ValueError:
+            return []
+        order = list(range(len(rows)))
+        self.shuffle(order)
+        cases = [(f"c{position}", {n: rows[i][n] for n in hidden}) for position, i in enumerate(order)]
+        for position, i in enumerate(order):
+            self.renamed[f"{prefix}[{table.ids[i]}]"] = f"{prefix}[c{position}]"
+        call = node.decorator_list[table.decorator]
+        assert isinstance(call, ast.Call)
+        call.args[1] = ast.List([literals[i] for i in order], ast.Load())
+        call.keywords = [ast.keyword("ids", ast.List([ast.Constant(c) for c, _ in cases], ast.Load()))]
+        self.module.inlined.update(table.tables)
+        return cases
+
 
     def visit_Lambda(self, node: ast.Lambda) -> ast.AST:
         saved = (self.locals, self.answers)
@@ -463,18 +562,26 @@ class _Transformer(ast.NodeTransformer):
     def _check(self, op: str, operands: list[ast.expr], line: int, mandatory: bool) -> ast.expr:
         slot = self.counter.next_slot()
         layout, answers, tolerance, sent = "", {}, {}, []
+        cases: dict[str, dict[int, list]] = {}
+        params = set(self.cases[0][1]) if self.cases else set()
         for position, operand in enumerate(operands):
             kind, value = self.classify(op, operand)
             if kind == "c":
                 sent.append(self.visit(operand))
             elif kind == "~":
                 value, tolerance = value
-            if kind != "c":
+            if kind != "c" and params & {n.id for n in ast.walk(operand) if isinstance(n, ast.Name)}:
+                for case, row in self.cases:  # this operand's answer, case by case
+                    saved, self.answers = self.answers, {**self.answers, **row}
+                    form = self.classify(op, operand)[1]
+                    self.answers = saved
+                    cases.setdefault(case, {})[position] = form[0] if kind == "~" else form
+            elif kind != "c":
                 answers[position] = value
             layout += kind
         if "~" in layout:
             op = "approx"
-        self.slots[slot] = Slot(op, self.module.path, line, layout, answers, tolerance, self.group, mandatory)
+        self.slots[slot] = Slot(op, self.module.path, line, layout, answers, tolerance, self.group, mandatory, cases)
         args: list[ast.expr] = [ast.Constant(f"{SLOT}{slot}"), ast.Constant(op), ast.Constant(layout), *sent]
         return ast.Call(ast.Constant(CHECK), args, [])
 
