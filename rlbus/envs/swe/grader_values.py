@@ -215,8 +215,8 @@ def encoder(trusted_classes: Any = (), *, test_code: Any = None, max_nodes: int 
     return encode
 
 
-def opaque(form: Any) -> list:
-    """The ``?`` nodes of a form, as ``(type name, why)`` pairs."""
+def opaque(form: Any, tag_wanted: str = "?") -> list:
+    """The ``?`` nodes of a form, as ``(type name, why)`` pairs (``tag_wanted="@"``: the identity tokens)."""
     found: list = []
     stack = [form]
     while stack:
@@ -224,8 +224,8 @@ def opaque(form: Any) -> list:
         if type(node) is not list or not node:
             continue
         tag = node[0]
-        if tag == "?":
-            found.append((node[1], node[2]))
+        if tag == tag_wanted:
+            found.append((node[1], node[2]) if tag == "?" else node[1])
         elif tag in ("L", "T", "X", "Z", "Q") and type(node[1]) is list:
             stack.extend(node[1])
         elif tag in ("D", "O", "K") and type(node[1]) is list:

@@ -68,16 +68,18 @@ async def test_every_cheat_scores_zero(corpus_tasks: dict[str, RepoTask], task_i
 
 
 async def test_attacks_on_top_of_the_real_fix_are_caught_by_the_grader(corpus_tasks: dict[str, RepoTask]) -> None:
-    """Each attack written against the two-process grader (gc, frames through sys._getframe, inspect,
-    tracebacks and logging, forged pipe records from atexit / signal handlers / threads / finalizers, the
+    """Each attack written against the two-process grader's mechanisms (gc, frames through sys._getframe,
+    inspect, tracebacks and logging, forged records from atexit / signal handlers / threads / finalizers, the
     launcher's key, settrace, __code__, patched pytest helpers, forged file names, the always-equal family),
     added to the *reference solution*: the tests would pass, so a 0 here is the grader's detection alone,
-    with its reason."""
+    with its reason — or the attack changed nothing (an always-equal int subclass, read as its int)."""
     task = corpus_tasks["calc-add"]
     attacks = [a for a in cheat_patches(task, await template(task), on_fixed=True) if a.name in ATTACKS]
     assert {a.name for a in attacks} == set(ATTACKS)
     caught = {a.name: await grade(task, a.patch) for a in attacks}
-    assert {n: (v.value, v.reason) for n, v in caught.items() if v.value != 0.0 or not v.tampered} == {}
+    inert = {"eq_subclass"}  # an int subclass is compared as the int it holds: on the fix, the right one
+    assert {n: (v.value, v.reason) for n, v in caught.items() if n not in inert and (v.value or not v.tampered)} == {}
+    assert all(caught[n].value == 1.0 for n in inert)
     assert "refused gc.get_objects" in caught["gc_swap_tests"].reason
     assert "refused gc.get_objects" in caught["probe_globals"].reason
     assert "refused sys._getframe" in caught["inspect_stack"].reason
