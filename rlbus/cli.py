@@ -1709,6 +1709,10 @@ def bench(
         typer.Option(help="train only: N ≥ 2 runs the trainer on N gloo ranks (FSDP2, CPU) against 1 rank on the "
                           "same batches: tokens/s and memory per rank, publish and checkpoint times, exactness."),
     ] = 1,
+    grader: Annotated[
+        bool, typer.Option(help="swe only: the grader's phases alone (corpus check, cheats and attacks on every "
+                                "library), no reset, throughput or SmolLM2.")
+    ] = False,
 ) -> None:
     """Run a benchmark: prints a short table (with its same-run baseline) and optionally writes JSON."""
     if name not in BENCHMARKS:
@@ -1733,6 +1737,10 @@ def bench(
         if name != "swe":
             raise typer.BadParameter("--tasks is for the swe benchmark")
         kwargs["tasks"] = tasks
+    if grader:
+        if name != "swe":
+            raise typer.BadParameter("--grader is for the swe benchmark")
+        kwargs["grader"] = True
     if engine is not None:
         if name != "mismatch" or engine not in ("torch", "vllm"):
             raise typer.BadParameter("--engine is torch or vllm, for the mismatch benchmark only")

@@ -25,6 +25,7 @@
    trajectories` → `rlbus pretrain`): base SmolLM2 is the same-run baseline of the warm start. ``--tasks
    PREFIX`` draws the prompts from one library, e.g. one left out of the warm-start data.
 
+``--grader`` runs phases 1 and 2 only (the grader's measurements, about an hour on two busy cores).
 Absolute figures drift on shared machines; the ratios against the same-run baselines are the point.
 """
 
@@ -374,8 +375,9 @@ def _grade_times(tasks: list[RepoTask], checks: list[Any]) -> dict[str, float]:
 
 
 async def _run(
-    quick: bool, json_path: Path | None = None, model: str | None = None, tasks_prefix: str | None = None
-) -> dict[str, Any]:
+    quick: bool, json_path: Path | None = None, model: str | None = None, tasks_prefix: str | None = None,
+    grader: bool = False,
+) -> dict[str, Any]:  # fmt: skip
     corpora = _corpora()
     tasks = load_tasks(corpora)
     if tasks_prefix is not None and not any(t.task_id.startswith(tasks_prefix) for t in tasks):
@@ -396,9 +398,10 @@ async def _run(
     )
     sizes = {t.task_id: sum(len(f) for _, _, f in os.walk(await template(t))) for t in valid}
     largest = max(valid, key=lambda t: sizes[t.task_id])
-    result["reset"] = await _reset(probe, 5 if quick else 20)
-    result["reset_largest"] = await _reset(largest, 5 if quick else 20)
-    if not quick:
+    if not grader:
+        result["reset"] = await _reset(probe, 5 if quick else 20)
+        result["reset_largest"] = await _reset(largest, 5 if quick else 20)
+    if not quick and not grader:
         print("throughput at concurrency 1, 2, 4, 8", file=sys.stderr)
         result["throughput"] = await _throughput(probe, quick)
         _partial(json_path, result)
@@ -416,7 +419,8 @@ async def _run(
             result["warm_start"] = await _smollm2(ids, where, 16, model, prefix_cache_tokens=PREFIX_CACHE_TOKENS)
     result["summary"] = {
         "tasks": len(tasks), "tasks_valid": len(valid), "cheats_tried": cheats["tried"],
-        "cheats_scored_zero": cheats["scored_zero"], "reset_ms": result["reset"]["copytree_ms"],
+        "cheats_scored_zero": cheats["scored_zero"],
+        "reset_ms": result["reset"]["copytree_ms"] if "reset" in result else None,
         "hacks_tried": hacks["tried"], "hacks_scored_zero": hacks["scored_zero"], "hacks_detected": hacks["detected"],
         "hacks_inert_on_fixed": hacks["inert"], "hacks_spoiled_on_fixed": hacks["spoiled"],
         "hacks_by_kind": hacks["by_kind"], "attack_libraries": sorted({_library(t) for t in cheat_tasks}),
@@ -455,14 +459,17 @@ def _partial(json_path: Path | None, result: dict[str, Any]) -> None:
         json_path.with_suffix(".partial.json").write_text(json.dumps(result, indent=1, default=str))
 
 
-def run(quick: bool, json_path: Path | None, model: str | None = None, tasks: str | None = None) -> dict[str, Any]:
+def run(
+    quick: bool, json_path: Path | None, model: str | None = None, tasks: str | None = None, grader: bool = False
+) -> dict[str, Any]:
     """``model``: a checkpoint directory (`rlbus pretrain --out`) that plays the SmolLM2 phase's 16 prompts
-    after base SmolLM2; ``tasks``: draw those prompts from task ids with this prefix (a held-out library)."""
-    if quick and (model is not None or tasks is not None):
-        raise ConfigError("model", "--model and --tasks choose the SmolLM2 phase, which --quick skips")
+    after base SmolLM2; ``tasks``: draw those prompts from task ids with this prefix (a held-out library);
+    ``grader``: only the grader's phases (1 and 2)."""
+    if (quick or grader) and (model is not None or tasks is not None):
+        raise ConfigError("model", "--model and --tasks choose the SmolLM2 phase, which --quick and --grader skip")
     if model is not None and (not Path(model).is_dir() or latest_checkpoint(Path(model)) is None):
         raise ConfigError("model", f"{model} holds no checkpoint (write one with rlbus pretrain --out)")
-    result = asyncio.run(_run(quick, json_path, model, tasks))
+    result = asyncio.run(_run(quick, json_path, model, tasks, grader))
     result["meta"] = {**{k: str(v) if isinstance(v, str) else v for k, v in meta().items()}, "quick": quick,
                       "worker_uid": os.geteuid(),
                       "note": "compare with the same-run baselines; bench/RESULTS.md gives the load"}  # fmt: skip
@@ -497,7 +504,7 @@ def run(quick: bool, json_path: Path | None, model: str | None = None, tasks: st
         [[lib, t, sum(x.startswith(lib) for x in fp["reference_not_1"]),
           sum(x.startswith(lib) for x in fp["unchanged_not_0"])] for lib, t in s["grade_s"].items()],
     )  # fmt: skip
-    for r in (result["reset"], result["reset_largest"]):
+    for r in [result[k] for k in ("reset", "reset_largest") if k in result]:
         print_table(f"episode reset ({r['task']}, {r['files']} files; median)",
                     ["copytree+lchown ms (used)", "cp --reflink=auto ms", "sandbox open+close ms"],
                     [[r["copytree_ms"], r["cp_reflink_ms"], r["sandbox_open_close_ms"]]])  # fmt: skip

@@ -51,7 +51,8 @@ paths and walk them one component at a time with ``O_NOFOLLOW`` (a symlink anywh
 refused, so the program cannot point the worker at a host file); `populate` copies a template directory
 into the world (as the sandbox uid, so the program owns its copy); ``binds`` mounts extra host directories
 read-only at fixed inner paths (the test runtime), ``env`` adds variables, and `run` takes an inner
-``cwd``. Each `run` is its own PID namespace: a background process a command starts dies when that
+``cwd`` and world paths to mount read-only over themselves for that run (``readonly``: the grader's
+tests). Each `run` is its own PID namespace: a background process a command starts dies when that
 command returns, so nothing outlives a tool call, let alone the episode.
 
 Known limits: without a delegated cgroup, memory is bounded per process (address space × processes) and
