@@ -119,7 +119,10 @@ async def grade(task: RepoTask, patch: str) -> Verdict:
             applied = await _git_apply(box, task.test_patch, "test.patch")
             if not applied.ok:
                 return _zero(f"the task's test_patch does not apply: {applied.stderr.strip()[-300:]}", filtered.dropped)
-        split = split_trusted(box, trusted_files(task, base), task.tests)
+        try:
+            split = split_trusted(box, trusted_files(task, base), task.tests)
+        except ValueError as exc:  # a grader bug: never a pass
+            return _zero(f"the grader could not split the hidden tests: {exc}", filtered.dropped)
         key = secrets.token_bytes(32)
         plan = {"files": split.visible, "slots": {n: s.to_dict() for n, s in split.slots.items()}}
         run = await box.run(launcher_argv(task, split.renamed), stdin=key + json.dumps(plan).encode(), cwd=REPO,

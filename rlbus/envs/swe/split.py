@@ -187,7 +187,12 @@ def split_tests(files: Mapping[str, bytes], tests: Sequence[str] = (), seed: int
             name = stmt.targets[0].id if isinstance(stmt, ast.Assign) and isinstance(stmt.targets[0], ast.Name) else ""
             if name and module.inlined.get(name, 0) == module.loads.get(name, -1):
                 stmt.value = ast.Constant(None)
-        visible[path] = ast.unparse(ast.fix_missing_locations(tree)) + "\n"
+        text = ast.unparse(ast.fix_missing_locations(tree)) + "\n"
+        try:
+            compile(text, path, "exec", ast.PyCF_ONLY_AST)
+        except SyntaxError as exc:  # never seen; a bug here must not turn into a passing grade
+            raise ValueError(f"the split of {path} does not parse: {exc}") from exc
+        visible[path] = text
         renamed.update(transformer.renamed)
     return Split(visible, slots, untouched, renamed)
 
