@@ -64,8 +64,8 @@ from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
 
-from rlbus.envs.swe import split_params
 from rlbus.envs.swe.grader_values import encoder, opaque
+from rlbus.envs.swe.split_params import Parametrization, find_parametrization, literal
 
 #: Markers the runner replaces in the compiled code's constants.
 CHECK = "\x00rlbus:check"
@@ -117,8 +117,9 @@ _SINGLETONS = (None, True, False, ...)
 _COMPARISONS = frozenset({"__eq__", "__ne__", "__lt__", "__le__", "__gt__", "__ge__"})
 
 
-class NotAnAnswer(Exception):
-    """The operand needs the repository (or is not a plain value): it is computed in the test process."""
+#: Raised inside the evaluation of an operand that needs the repository (or is not a plain value): the
+#: operand is computed in the test process. Internal: it never leaves this module.
+NotAnAnswer = ValueError
 
 
 @dataclass
@@ -388,7 +389,7 @@ class _Transformer(ast.NodeTransformer):
 
     def _function(self, node: ast.FunctionDef | ast.AsyncFunctionDef, register: bool) -> ast.AST:
         top = register and self.group == 0  # module- or class-level definitions only
-        table = split_params.find(node, self._is_parametrize, self._value_of) if top and not self.in_class else None
+        table = find_parametrization(node, self._is_parametrize, self._value_of) if top and not self.in_class else None
         node.decorator_list = [self.visit(d) for d in node.decorator_list]
         node.args = self.visit(node.args)
         saved = (self.group, self.locals, self.answers, self.keep, self.cases)
@@ -430,7 +431,7 @@ class _Transformer(ast.NodeTransformer):
             self.answers = saved
 
     def _hold_columns(self, node: ast.FunctionDef | ast.AsyncFunctionDef,
-                      table: split_params.Parametrization) -> list[tuple[str, dict[str, Any]]]:  # fmt: skip
+                      table: Parametrization) -> list[tuple[str, dict[str, Any]]]:  # fmt: skip
         """The cases, when some parameter is read only inside answers (then the decorator is rewritten and the
         task's node ids renamed); [] otherwise."""
         params = {a.arg for a in (*node.args.posonlyargs, *node.args.args, *node.args.kwonlyargs)}
@@ -451,7 +452,7 @@ class _Transformer(ast.NodeTransformer):
             return []
         try:
             visible = [tuple(None if n in hidden else row[n] for n in table.argnames) for row in rows]
-            literals = [split_params.literal(v if len(v) > 1 else v[0]) for v in visible]
+            literals = [literal(v if len(v) > 1 else v[0]) for v in visible]
         except ValueError:
             return []
         order = list(range(len(rows)))

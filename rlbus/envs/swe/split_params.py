@@ -32,7 +32,9 @@ class Parametrization:
     """The module-level names the rows come from."""
 
 
-def find(node: ast.FunctionDef | ast.AsyncFunctionDef, is_parametrize: Any, value_of: Any) -> Parametrization | None:
+def find_parametrization(
+    node: ast.FunctionDef | ast.AsyncFunctionDef, is_parametrize: Any, value_of: Any
+) -> Parametrization | None:
     """The function's parametrisation when it can be held aside (see the module docstring). ``is_parametrize``:
     whether a decorator's callee is ``pytest.mark.parametrize``; ``value_of(expr)``: the plain value of a
     literal expression over module-level literals (``(value, the names it reads)``), or None."""
