@@ -252,23 +252,31 @@ def install(fd: int, trusted_prefixes: tuple, trusted_files: frozenset, guarded_
                 or type(op) is not str or type(layout) is not str):  # fmt: skip
             refuse(caller, "an assertion report from outside the hidden tests")
         record = {"check": slot, "test": state["current"], "op": op}
-        if op.removeprefix("not:") in ("is", "is not") and layout == "cc":  # identity: no code under test runs
-            same = (values[0] is values[1]) == (op.removeprefix("not:") == "is")
-            record["result"] = not same if op.startswith("not:") else same
+        base = op.removeprefix("not:")
+        if base in ("is", "is not"):  # identity: no code under test runs
+            if layout == "cc":
+                same = (values[0] is values[1]) == (base == "is")
+                record["result"] = not same if op.startswith("not:") else same
+            else:  # against a singleton answer: which singleton the value is, if any
+                record["values"] = [singleton(v) for v in values]
             send(record)
             return
-        encode = state["encode"]
-        forms = [encode(v) for v in values]
+        forms = [state["encode"](v) for v in values]
         if op in ("truth", "falsy") and forms and forms[0][0] in ("@", "?"):
             truth = defaults_truth(values[0])
             if truth is None:  # __bool__ / __len__ of the repository's: asked in process, by CHECK
-                state["pending"][slot] = (op, "truth")
-                out.append("truth")
+                ask(slot, op, "truth", out)
                 return
             record["result"] = truth if op == "truth" else not truth
             send(record)
             return
+        if base in ("in", "not in") and forms[-1][0] in ("@", "?"):  # an object's own __contains__ decides:
+            ask(slot, op, "--", out)  # in process (never an answer here: split leaves both operands visible)
+            return
         found = [find_opaque(f) for f in forms]
+        if base in ("<", "<=", ">", ">="):  # an object compared by identity may still order itself
+            found = [f + [("an object", "its own ordering")] * bool(find_opaque(form, "@"))
+                     for f, form in zip(found, forms, strict=True)]  # fmt: skip
         problems = [p for f in found for p in f]
         repo = [p for p in problems if p[1] not in ("std-eq", "test-eq")]
         if not problems:
@@ -276,16 +284,26 @@ def install(fd: int, trusted_prefixes: tuple, trusted_files: frozenset, guarded_
         elif "a" in layout or "~" in layout:
             name, why = problems[0]
             record["unverifiable"] = f"a {name} ({why}) compared with an answer the test process never holds"
-        elif repo and any(not f and not find_opaque(form, "@") for f, form in zip(found, forms, strict=True)):
-            name, why = repo[0]  # against builtin data (the kind of value an answer is): no
+        elif op not in ("!=", "not:==") and repo and any(
+            not f and not find_opaque(form, "@") for f, form in zip(found, forms, strict=True)
+        ):  # equality with builtin data (the kind of value an answer is) that the repository would decide: no
+            name, why = repo[0]
             record["unverifiable"] = f"a {name} ({why}) compared with a plain value: its own __eq__ would decide"
         else:  # two computed values, each with a comparison of its own: Python's, in process
-            how = "".join("r" if any(why not in ("std-eq", "test-eq") for _, why in find_opaque(f)) else "-"
-                          for f in forms)  # fmt: skip
-            state["pending"][slot] = (op, how)
-            out.append(how)  # the operands whose comparison is the repository's get the negative controls
+            how = "".join("r" if any(why not in ("std-eq", "test-eq") for _, why in f) else "-" for f in found)
+            ask(slot, op, how, out)  # the operands whose comparison is the repository's get the controls
             return
         send(record)
+
+    def ask(slot: int, op: str, how: str, out: list) -> None:
+        state["pending"][slot] = (op, how)
+        out.append(how)
+
+    def singleton(value) -> list:
+        for form, known in ((["N"], None), (["B", 1], True), (["B", 0], False), (["E"], ...)):
+            if value is known:
+                return form
+        return ["@", 0]
 
     def on_inproc(args: tuple, caller) -> None:
         slot, result, finding = args

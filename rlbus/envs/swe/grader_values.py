@@ -57,7 +57,8 @@ def encoder(trusted_classes: Any = (), *, test_code: Any = None, max_nodes: int 
     ordered_items, deque_iter, deque_maxlen = ordered.items, deque.__iter__, deque.maxlen.__get__
     decimal_type, decimal_str = decimal.Decimal, decimal.Decimal.__str__
     fraction_type = fractions.Fraction
-    numerator, denominator = fraction_type.numerator.__get__, fraction_type.denominator.__get__
+    numerator = fraction_type.__dict__["_numerator"].__get__  # the slots themselves: no property, no
+    denominator = fraction_type.__dict__["_denominator"].__get__  # __getattribute__ of a subclass runs
     trusted = {id(k): k for k in trusted_classes}
     function_type = type(encoder)
     function_code = function_type.__dict__["__code__"].__get__
@@ -87,17 +88,16 @@ def encoder(trusted_classes: Any = (), *, test_code: Any = None, max_nodes: int 
 
     def equality(klass: Any) -> str:
         """``identity`` when only ``object`` compares instances; ``test-eq`` when the hidden tests wrote the
-        comparison; ``std-eq`` when a class of the repository (or the tests) inherits it from a trusted one
-        (``Mapping.__eq__`` comparing the items it yields); ``repo-eq`` otherwise — also for an instance of a
-        standard class with a comparison of its own: whoever built it chose it (``mock.ANY``,
-        ``pytest.approx(x, abs=1e9)``, a ``MagicMock`` with ``__eq__`` set), and that may be the repository."""
-        own = trusted.get(id_(klass)) is klass
+        comparison; ``std-eq`` when it is a trusted class's (``Mapping.__eq__`` comparing the items the
+        object yields); ``repo-eq`` otherwise, and also for an instance of a standard class that defines its
+        comparison itself: what that compares is whatever its builder chose (``mock.ANY``,
+        ``pytest.approx(x, abs=1e9)``), and the builder may be the repository."""
         for k in mro_of(klass):
             if k is object:
                 return "identity"
             if defines(k, comparison):
                 if trusted.get(id_(k)) is k:
-                    return "repo-eq" if own else "std-eq"
+                    return "repo-eq" if k is klass else "std-eq"
                 return "test-eq" if test_code is not None and tests_wrote(k) else "repo-eq"
         return "identity"
 
@@ -132,29 +132,31 @@ def encoder(trusted_classes: Any = (), *, test_code: Any = None, max_nodes: int 
                 return ["E"]
             if kind is bool:
                 return ["B", 1 if v else 0]
-            tag = tag_of(kind)
+            tag, base = tag_of(kind), kind
             if tag is None and not special(kind):
                 own = False
-                for base in mro_of(kind):  # a subclass of a builtin: read through the builtin's own slots,
-                    tag = tag_of(base)  # whatever comparison the repository gives it …
-                    if tag is not None:
+                for base in mro_of(kind):  # a subclass of a builtin or of a standard value type: read
+                    tag = tag_of(base)  # through the base's own slots, whatever comparison the repository
+                    if tag is not None or special(base):  # gives it …
                         break
                     own = own or defines(base, comparison)
-                if tag is not None and own and equality(kind) != "repo-eq":  # … but the tests' or the
+                else:
+                    base = kind
+                if base is not kind and own and equality(kind) != "repo-eq":  # … but the tests' or the
                     return ["?", type_name(kind), equality(kind)]  # stdlib's comparison is theirs to run
             if tag is not None:
                 return scalar_or_container(tag, v, depth)
-            if kind is ordered or kind is counter:
-                return ["O" if kind is ordered else "K", pairs(ordered_items(v) if kind is ordered else dict_items(v),
+            if base is ordered or base is counter:
+                return ["O" if base is ordered else "K", pairs(ordered_items(v) if base is ordered else dict_items(v),
                                                               v, depth)]  # fmt: skip
-            if kind is deque:
+            if base is deque:
                 maxlen = deque_maxlen(v)
                 return ["Q", items(deque_iter(v), v, depth), maxlen if type_(maxlen) is int else None]
             if kind is range:
                 return ["R", walk(v.start, depth + 1), walk(v.stop, depth + 1), walk(v.step, depth + 1)]
-            if kind is decimal_type:
+            if base is decimal_type:
                 return ["M", decimal_str(v)]
-            if kind is fraction_type:
+            if base is fraction_type:
                 return ["P", walk(numerator(v), depth + 1), walk(denominator(v), depth + 1)]
             if kind is type:
                 entry = builtin_types.get(id_(v))

@@ -32,6 +32,8 @@ treatment:
     ``assert a == b`` (``!=``, ``<`` …)    a comparison: answers held, computed operands sent
     ``assert a in b``                     a comparison; its operands are never answers (the container may be
                                           the repository's own, whose ``__contains__`` decides in process)
+    ``assert a != b``                     a comparison; what a value must not be is no answer: both operands
+                                          stay visible, and an object's own ``__ne__`` decides in process
     ``assert a is None`` (True, False)    identity with a singleton answer, decided by the launcher;
                                           ``a is b`` of two computed values: identity, taken in process
     ``assert not (a == b)``               the comparison, negated (``not:==``): not ``!=``, whose method may differ
@@ -593,8 +595,9 @@ class _Transformer(ast.NodeTransformer):
 
     def classify(self, op: str, operand: ast.expr) -> tuple[str, Any]:
         """``("a", form)`` for an answer, ``("~", (form, tolerance))`` for an approx answer, ``("c", None)``."""
+        inequality = op in ("!=", "not:==")  # what a value must not be is no answer to hold aside
         op = op.removeprefix("not:")
-        if op in ("in", "not in") or self.keep:
+        if op in ("in", "not in") or inequality or self.keep:
             return "c", None
         approx = self._approx(operand) if op == "==" else None
         if approx is not None:
