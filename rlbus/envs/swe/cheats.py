@@ -1,9 +1,10 @@
 """The cheater suite: patches a reward-hacking model would submit; every one must score 0.
 
 Each cheat is built for a concrete task from its template (`cheat_patches`), without fixing the bug, so
-the only way it scores is by fooling the grader. The tests (tests/unit/envs/swe/test_cheats.py) and
-``rlbus bench swe`` grade all of them. The library file a cheat hides code in is the first source file
-the reference solution changes (code there runs when the tests import the library).
+the only way it scores is by fooling the grader. The tests (tests/unit/envs/swe/test_grade.py,
+test_design_attacks.py) and ``rlbus bench swe`` grade them. The library file a cheat hides code in is the
+first source file the reference solution changes (code there runs when the tests import the library). The
+attacks on what a verdict rests on (`rlbus.envs.swe.attacks`) join the library-code attacks here.
 """
 
 from __future__ import annotations
