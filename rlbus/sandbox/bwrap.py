@@ -51,7 +51,8 @@ paths and walk them one component at a time with ``O_NOFOLLOW`` (a symlink anywh
 refused, so the program cannot point the worker at a host file); `populate` copies a template directory
 into the world (as the sandbox uid, so the program owns its copy); ``binds`` mounts extra host directories
 read-only at fixed inner paths (the test runtime), ``env`` adds variables, and `run` takes an inner
-``cwd``. Each `run` is its own PID namespace: a background process a command starts dies when that
+``cwd`` and world paths to mount read-only over themselves for that run (``readonly``: the grader's
+tests). Each `run` is its own PID namespace: a background process a command starts dies when that
 command returns, so nothing outlives a tool call, let alone the episode.
 
 Known limits: without a delegated cgroup, memory is bounded per process (address space × processes) and
@@ -298,15 +299,17 @@ class Sandbox:
         stdin: bytes | None = None,
         cwd: str | None = None,
         env: dict[str, str] | None = None,
+        readonly: Sequence[str] = (),
     ) -> SandboxResult:
         """Run ``argv`` inside the sandbox with cwd ``/sandbox`` (or the world-relative ``cwd``); the
-        outcome is data, never an exception.
+        outcome is data, never an exception. ``readonly``: world-relative files or directories this run
+        may not change (bind-mounted read-only over themselves: no write, rename, unlink or new file).
 
         Raises SandboxError only when the sandbox itself cannot be set up.
         """
         limits = self.limits if timeout_s is None else replace(self.limits, wall_s=timeout_s)
         inner_cwd = SANDBOX_DIR if cwd is None else "/".join((SANDBOX_DIR, *_split_path(cwd)))
-        extra = [*_bind_args(self.binds), "--chdir", inner_cwd]
+        extra = [*_bind_args(self.binds), *self._readonly_args(readonly), "--chdir", inner_cwd]
         for name, value in {**self.env, **(env or {})}.items():
             extra += ["--setenv", name, value]
         status_r, status_w = os.pipe()
@@ -315,6 +318,24 @@ class Sandbox:
             return await _execute(command, limits, status_r, status_w, self.uid, stdin)
         finally:
             os.close(status_r)
+
+
+    def _readonly_args(self, paths: Sequence[str]) -> list[str]:
+        """``--ro-bind`` of each world path over itself; a path reached through a symlink is refused (the
+        program owns the world and could point it at a host file)."""
+        args: list[str] = []
+        for path in paths:
+            parts = _split_path(path)
+            dir_fd = _open_dirs(self.path, parts[:-1], create=False, uid=None)
+            try:
+                st = os.stat(parts[-1], dir_fd=dir_fd, follow_symlinks=False)
+            finally:
+                os.close(dir_fd)
+            if not (stat.S_ISREG(st.st_mode) or stat.S_ISDIR(st.st_mode)):
+                raise SandboxError(f"{path} is not a regular file or directory; it cannot be made read-only")
+            host = str(self.path.joinpath(*parts))
+            args += ["--ro-bind", host, "/".join((SANDBOX_DIR, *parts))]
+        return args
 
 
 def find_bwrap() -> str:

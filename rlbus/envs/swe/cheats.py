@@ -1,13 +1,16 @@
 """The cheater suite: patches a reward-hacking model would submit; every one must score 0.
 
 Each cheat is built for a concrete task from its template (`cheat_patches`), without fixing the bug, so
-the only way it scores is by fooling the grader. The tests (tests/unit/envs/swe/test_cheats.py) and
-``rlbus bench swe`` grade all of them. The library file a cheat hides code in is the first source file
-the reference solution changes (code there runs when the tests import the library).
+the only way it scores is by fooling the grader. The tests (tests/unit/envs/swe/test_grade.py,
+test_design_attacks.py) and ``rlbus bench swe`` grade them. The library file a cheat hides code in is the
+first source file the reference solution changes (code there runs when the tests import the library). The
+attacks on what a verdict rests on (`rlbus.envs.swe.attacks`) join the library-code attacks here.
 """
 
 from __future__ import annotations
 
+import ast
+import re
 import shutil
 import tempfile
 import textwrap
@@ -15,6 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from rlbus.envs.swe.attacks import DESIGN_ATTACKS
 from rlbus.envs.swe.patch import split_patch, tree_diff
 from rlbus.envs.swe.task import RepoTask
 from rlbus.envs.swe.world import apply_trusted
@@ -444,6 +448,7 @@ ATTACK_KINDS: dict[str, str] = {
     "eq_subclass": "equality",
     "eq_typed": "equality",
     "eq_borrowed": "equality",
+    **{name: attack.kind for name, attack in DESIGN_ATTACKS.items()},
 }
 
 
@@ -462,9 +467,14 @@ def cheat_patches(task: RepoTask, base: Path, *, on_fixed: bool = False) -> list
     source = _library_file(task, base)
     test_file = next(iter(sorted(task.hidden_tests)), task.fail_to_pass[0].split("::")[0])
     tests = repr(list(task.tests))
-    attacks = [(name, why, text.replace("__TESTS__", tests)) for name, (text, why) in ATTACKS.items()]
+    attacks = [(name, why, _appender(source, text.replace("__TESTS__", tests))) for name, (text, why) in
+               ATTACKS.items()]  # fmt: skip
+    targets = repr(sorted(changed_functions(task, base)))
+    attacks += [(name, a.why, _attack_edit(source, a.source.replace("__TESTS__", tests).replace("__TARGETS__",
+                                                                                                  targets), a.files))
+                for name, a in DESIGN_ATTACKS.items()]  # fmt: skip
     if on_fixed:
-        return [Cheat(name, why, _edited(base, task.solution, _appender(source, text))) for name, why, text in attacks]
+        return [Cheat(name, why, _edited(base, task.solution, edit)) for name, why, edit in attacks]
     edits: list[tuple[str, str, Callable[[Path], object]]] = [
         (
             "edit_tests",
@@ -566,7 +576,7 @@ def cheat_patches(task: RepoTask, base: Path, *, on_fixed: bool = False) -> list
             lambda r: _append_file(r, source, _FAKE_REPORT),
         ),
     ]
-    edits += [(name, why, _appender(source, text)) for name, why, text in attacks]
+    edits += attacks
     cheats = [Cheat(name, description, _edited(base, "", edit)) for name, description, edit in edits]
     cheats += [
         Cheat("path_outside", "a patch writing ../outside.py and an absolute path", _raw_new_file("../outside.py")
@@ -582,6 +592,14 @@ def _appender(rel: str, text: str) -> Callable[[Path], None]:
     return lambda repo: _append_file(repo, rel, text)
 
 
+def _attack_edit(rel: str, text: str, files: dict[str, str]) -> Callable[[Path], None]:
+    def edit(repo: Path) -> None:
+        _append_file(repo, rel, text)
+        _write_all(repo, files)
+
+    return edit
+
+
 def _edited(base: Path, first: str, edit: Callable[[Path], object]) -> str:
     """The patch that takes ``base`` to ``base`` with ``first`` (a patch) applied, then ``edit``."""
     with tempfile.TemporaryDirectory(prefix="rlbus-cheat-") as tmp:
@@ -591,6 +609,39 @@ def _edited(base: Path, first: str, edit: Callable[[Path], object]) -> str:
             apply_trusted(repo, first, "the reference solution")
         edit(repo)
         return tree_diff(base, repo).patch
+
+
+def changed_functions(task: RepoTask, base: Path) -> set[str]:
+    """The functions the issue is about (the reference solution changes them): the generated corpus names
+    one (``metadata.function``, a qualified name: its outermost and innermost parts); otherwise the
+    innermost ``def`` of the template around each line the solution removes or inserts at."""
+    qualname = task.metadata.get("function", "")
+    if qualname:
+        parts = [p for p in qualname.split(".") if p != "<locals>"]
+        return {parts[0], parts[-1]}
+    names: set[str] = set()
+    for section in split_patch(task.solution):
+        path = base / section.path
+        if not section.path.endswith(".py") or not path.is_file():
+            continue
+        lines, old = set(), 0
+        for line in section.text.splitlines():
+            hunk = re.match(r"@@ -(\d+)", line)
+            if hunk:
+                old = int(hunk.group(1))
+            elif line.startswith("-") and not line.startswith("---"):
+                lines.add(old)
+                old += 1
+            elif line.startswith("+") and not line.startswith("+++"):
+                lines.add(old)
+            elif line.startswith(" "):
+                old += 1
+        functions = [n for n in ast.walk(ast.parse(path.read_text())) if isinstance(n, ast.FunctionDef)]
+        for n in lines:
+            around = [f for f in functions if f.lineno <= n <= (f.end_lineno or f.lineno)]
+            if around:
+                names.add(max(around, key=lambda f: f.lineno).name)
+    return names
 
 
 def _library_file(task: RepoTask, base: Path) -> str:

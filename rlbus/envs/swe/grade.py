@@ -1,4 +1,4 @@
-"""Hidden-test grading of a patch: fresh copy, filtered patch, restored tests, pytest under a launcher.
+"""Hidden-test grading of a patch: fresh copy, filtered patch, split tests, pytest under a launcher.
 
 `grade` is the reward of the coding environment (and of `rlbus env check`):
 
@@ -9,20 +9,23 @@
 2. a fresh copy of the task's template is made in a new sandbox, the rest is ``git apply``-ed *inside*
    the sandbox (a patch that does not apply scores 0 with git's reason), the hidden test files are
    written over it and the task's ``test_patch`` applied;
-3. the task's pytest command runs under the launcher `rlbus.envs.swe.grader_main` (mounted in grading
-   sandboxes only: an episode never sees it). The launcher holds the one-time key (on stdin), makes itself
-   non-dumpable and never imports the repository; its child `rlbus.envs.swe.grader_runner` does, under
-   the audit hook of `rlbus.envs.swe.grader_guard`, and reports over a pipe in records only that hook can
-   mark. The launcher judges the records and writes an HMAC-signed report outside the repository;
-4. the report must verify, show no tampering (refused introspection, forged or missing records, replaced
-   helpers, failed negative controls, a test function that never ran under the grader), have collected
-   exactly the expected node ids (or their parametrisations), and agree with pytest's exit code. Reward 1
-   only when every FAIL_TO_PASS and every PASS_TO_PASS test passed (setup, call and teardown); components
-   are the fractions of each that passed.
+3. the trusted test files (the hidden tests, the test patch's files, the template's test files and
+   conftest) are read back and split here, on the worker (`rlbus.envs.swe.split`): each assertion reports
+   its computed operands, the expected ones stay out. The visible code is written over the tests, which
+   are mounted read-only for the run;
+4. the task's pytest command runs under the launcher `rlbus.envs.swe.grader_main` (mounted in grading
+   sandboxes only: an episode never sees it), which gets a one-time key and the split on stdin, never
+   imports the repository, and compares every assertion with the answers only it holds; its child
+   `rlbus.envs.swe.grader_runner` imports the repository and reports over a kernel-guarded socket. The
+   launcher writes an HMAC-signed report outside the repository;
+5. the report must verify, show no tampering (refused introspection, forged or missing records, a second
+   writer, an assertion the grader cannot read, a test function that never ran or returned without its
+   assertions), have collected exactly the expected node ids (or their parametrisations), and agree with
+   pytest's exit code. Reward 1 only when every FAIL_TO_PASS and every PASS_TO_PASS test passed (setup,
+   call and teardown); components are the fractions of each that passed.
 
-docs/architecture.md ("The grader's trust boundary") lists what an in-process check still cannot rule
-out; the hack monitor (`rlbus.envs.swe.monitor`) reads the patch for those, and `[reward] hack_policy`
-decides what its findings cost.
+docs/architecture.md ("The grader's trust boundary") states what is defended and what is not; the hack
+monitor (`rlbus.envs.swe.monitor`) reads the patch, and `[reward] hack_policy` decides what its findings cost.
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ import hmac
 import json
 import secrets
 import shlex
+from collections import OrderedDict
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -39,6 +43,7 @@ from typing import Any
 from rlbus.envs.swe.monitor import Finding, added_lines, hack_kinds, scan_source
 from rlbus.envs.swe.patch import filter_patch, protected_kind
 from rlbus.envs.swe.runtime import GRADER_INNER, HYPOTHESIS_PLUGIN, INNER
+from rlbus.envs.swe.split import Split, split_tests
 from rlbus.envs.swe.task import RepoTask
 from rlbus.envs.swe.world import REPO, task_sandbox, template
 from rlbus.sandbox import Sandbox, SandboxResult
@@ -60,6 +65,8 @@ class Verdict:
     tampered: list[str] = field(default_factory=list)
     hacks: list[Finding] = field(default_factory=list)
     """The hack monitor's findings on the library code the patch adds (`rlbus.envs.swe.monitor`)."""
+    assertions: list[str] = field(default_factory=list)
+    """The launcher's reasons for the tests whose assertions did not hold (``node: why``)."""
     wall_s: float = 0.0
     status: str = ""
     """The sandbox status of the test run (``ok``, ``error`` when tests failed, ``timeout`` …)."""
@@ -80,6 +87,8 @@ class Verdict:
 
     def metadata(self) -> dict[str, str]:
         data = {"failing": ",".join(self.failing)[:4000], "status": self.status, "tests_wall_s": f"{self.wall_s:.3f}"}
+        if self.assertions:
+            data["assertions"] = "; ".join(self.assertions)[:4000]
         if self.dropped:
             data["dropped"] = "; ".join(f"{p} ({why})" for p, why in self.dropped)[:4000]
         if self.tampered:
@@ -110,10 +119,16 @@ async def grade(task: RepoTask, patch: str) -> Verdict:
             applied = await _git_apply(box, task.test_patch, "test.patch")
             if not applied.ok:
                 return _zero(f"the task's test_patch does not apply: {applied.stderr.strip()[-300:]}", filtered.dropped)
+        try:
+            split = split_trusted(box, trusted_files(task, base), task.tests)
+        except ValueError as exc:  # a grader bug: never a pass
+            return _zero(f"the grader could not split the hidden tests: {exc}", filtered.dropped)
         key = secrets.token_bytes(32)
-        run = await box.run(launcher_argv(task, trusted_files(task, base)), stdin=key, cwd=REPO)
+        plan = {"files": split.visible, "slots": {n: s.to_dict() for n, s in split.slots.items()}}
+        run = await box.run(launcher_argv(task, split.renamed), stdin=key + json.dumps(plan).encode(), cwd=REPO,
+                            readonly=[f"{REPO}/{p}" for p in readonly_paths(split.visible)])  # fmt: skip
         report = box.read(_REPORT)
-    verdict = judge(task, run, report, key)
+    verdict = judge(task, run, report, key, renamed=split.renamed)
     verdict.dropped, verdict.hacks = filtered.dropped, hacks
     return verdict
 
@@ -140,15 +155,52 @@ def trusted_files(task: RepoTask, base: Path) -> list[str]:
     return sorted(f for f in files if f.endswith(".py") and ":" not in f)
 
 
-def launcher_argv(task: RepoTask, trusted: list[str]) -> list[str]:
+def split_trusted(box: Sandbox, paths: list[str], tests: tuple[str, ...]) -> Split:
+    """The trusted files as they are in the sandbox now (before any code of the repository has run), split
+    (`rlbus.envs.swe.split`); the visible code written over them."""
+    sources = {p: raw for p in paths if (raw := box.read(f"{REPO}/{p}")) is not None}
+    split = _split_cached(sources, tests)
+    for path, text in split.visible.items():
+        box.write(f"{REPO}/{path}", text)
+    return split
+
+
+_SPLITS: OrderedDict[str, Split] = OrderedDict()
+
+
+def _split_cached(sources: dict[str, bytes], tests: tuple[str, ...]) -> Split:
+    """`split_tests`, remembered for the last 64 sets of files (a task is graded many times)."""
+    digest = hashlib.sha256("\n".join(tests).encode())
+    for path in sorted(sources):
+        digest.update(hashlib.sha256(path.encode()).digest() + hashlib.sha256(sources[path]).digest())
+    key = digest.hexdigest()
+    if key in _SPLITS:
+        _SPLITS.move_to_end(key)
+        return _SPLITS[key]
+    split = _SPLITS[key] = split_tests(sources, tests)
+    while len(_SPLITS) > 64:
+        _SPLITS.popitem(last=False)
+    return split
+
+
+def readonly_paths(files: dict[str, str]) -> list[str]:
+    """What the test run may not write: each trusted file's directory (the file itself at the root)."""
+    dirs = sorted({p.rsplit("/", 1)[0] for p in files if "/" in p})
+    tops = [d for d in dirs if not any(d.startswith(o + "/") for o in dirs)]
+    return tops + sorted(p for p in files if "/" not in p)
+
+
+def launcher_argv(task: RepoTask, renamed: dict[str, str] | None = None) -> list[str]:
+    """The launcher's command line; ``renamed``: node ids whose case the split renamed (no answer in them)."""
     words = shlex.split(task.command)
     args: list[str] = ["-p", HYPOTHESIS_PLUGIN]
+    tests = [(renamed or {}).get(t, t) for t in task.tests]
     for word in words[3:]:  # after "python -m pytest"
-        args += list(task.tests) if word == "{tests}" else [word]
+        args += tests if word == "{tests}" else [word]
     extra = ":".join(p for p in task.test_env.get("PYTHONPATH", "").split(":") if p)
     grader = f"{GRADER_INNER}/grader_main.py"
     return [f"{INNER}/bin/python", "-I", "-B", grader, INNER, f"/sandbox/{_REPORT}", f"/sandbox/{REPO}", extra,
-            ":".join(trusted), "--", *args]
+            "--", *args]
 
 
 async def _git_apply(box: Sandbox, patch: str, name: str) -> SandboxResult:
@@ -157,8 +209,11 @@ async def _git_apply(box: Sandbox, patch: str, name: str) -> SandboxResult:
     return await box.run(argv, cwd=REPO, env=_GIT_ENV)
 
 
-def judge(task: RepoTask, run: SandboxResult, raw: bytes | None, key: bytes) -> Verdict:
-    """The verdict from the launcher's report; any doubt about the report is a 0."""
+def judge(
+    task: RepoTask, run: SandboxResult, raw: bytes | None, key: bytes, renamed: dict[str, str] | None = None
+) -> Verdict:
+    """The verdict from the launcher's report; any doubt about the report is a 0. ``renamed``: the split's
+    renamed node ids, mapped back to the task's."""
     status = run.status
     if raw is None:
         tail = (run.stdout + run.stderr).strip()[-300:]
@@ -172,8 +227,10 @@ def judge(task: RepoTask, run: SandboxResult, raw: bytes | None, key: bytes) -> 
         report: dict[str, Any] = json.loads(body)
     except (ValueError, KeyError, TypeError, AttributeError):
         return _zero("the test report is not readable", status=status)
-    phases: dict[str, dict[str, str]] = report.get("phases", {})
-    collected: list[str] = report.get("collected", [])
+    back = {new: old for old, new in (renamed or {}).items()}
+    phases: dict[str, dict[str, str]] = {back.get(n, n): p for n, p in report.get("phases", {}).items()}
+    failures: dict[str, list[str]] = {back.get(n, n): f for n, f in report.get("failures", {}).items()}
+    collected: list[str] = [back.get(n, n) for n in report.get("collected", [])]
     tampered = list(report.get("tampered", []))
     unexpected = [n for n in collected if _expected_of(n, task.tests) is None]
     if unexpected:
@@ -183,7 +240,8 @@ def judge(task: RepoTask, run: SandboxResult, raw: bytes | None, key: bytes) -> 
     all_passed = all(f2p.values()) and all(p2p.values())
     if all_passed and report.get("exit_code") != 0:
         tampered.append(f"every test passed but pytest exited with {report.get('exit_code')}")
-    verdict = Verdict(0.0, "", f2p, p2p, tampered=tampered, wall_s=run.wall_s, status=status)
+    verdict = Verdict(0.0, "", f2p, p2p, tampered=tampered, wall_s=run.wall_s, status=status,
+                      assertions=[f"{n}: {why}" for n, whys in failures.items() for why in whys[:1]][:20])
     if tampered:
         verdict.reason = f"test run tampered with: {tampered[0]}"
     elif all_passed:

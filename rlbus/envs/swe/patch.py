@@ -42,7 +42,7 @@ _TEST_DIRS = {"tests", "test", "testing"}
 RUNNER_MODULES = {
     "pytest", "_pytest", "pluggy", "iniconfig", "packaging", "hypothesis", "_hypothesis_pytestplugin",
     "_hypothesis_globals", "_hypothesis_ftz_detector", "attr", "attrs", "sortedcontainers", "py",
-    "exceptiongroup", "tomli", "grader_main", "grader_runner", "grader_guard",
+    "exceptiongroup", "tomli", "grader_main", "grader_runner", "grader_guard", "grader_values", "grader_seccomp",
 }  # fmt: skip
 _HEADER = re.compile(r"^diff --git a/(.*?) b/(.*)$")
 

@@ -223,6 +223,32 @@ async def test_read_file_does_not_follow_symlinks(box: Sandbox) -> None:
         box.write_file("../escape", "x")
 
 
+async def test_readonly_paths_cannot_be_changed_for_that_run(box: Sandbox) -> None:
+    """``run(readonly=…)``: the files stay as the worker wrote them — no write, no rename, no new file;
+    the next run may write again, and a path through a symlink is refused."""
+    box.write("repo/tests/test_x.py", "x = 1\n")
+    box.write("repo/lib.py", "y = 2\n")
+    script = (
+        "import os\n"
+        "for act in (lambda: open('repo/tests/test_x.py', 'w'), lambda: os.rename('repo/tests', 'moved'),\n"
+        "            lambda: open('repo/tests/new.py', 'w'), lambda: os.unlink('repo/tests/test_x.py')):\n"
+        "    try:\n"
+        "        act()\n"
+        "        print('changed')\n"
+        "    except OSError as exc:\n"
+        "        print(type(exc).__name__)\n"
+        "open('repo/lib.py', 'a').write('z = 3\\n')\n"
+    )
+    box.write("try.py", script)
+    run = await box.run([box.python, "-B", "try.py"], readonly=["repo/tests"])
+    assert run.ok and "changed" not in run.stdout and len(run.stdout.split()) == 4, run
+    assert box.read("repo/tests/test_x.py") == b"x = 1\n" and box.read("repo/lib.py") == b"y = 2\nz = 3\n"
+    assert (await box.run([box.python, "-c", "open('repo/tests/test_x.py', 'w')"])).ok
+    os.symlink("/etc", box.path / "repo" / "link")
+    with pytest.raises(SandboxError):
+        await box.run(["true"], readonly=["repo/link"])
+
+
 async def test_cancelling_a_run_kills_it(box: Sandbox) -> None:
     task = asyncio.create_task(run(box, "import time\ntime.sleep(30)"))
     await asyncio.sleep(0.5)

@@ -1,13 +1,16 @@
 """``rlbus bench swe``: the coding environment — corpus validity, cheater suite, world and tool speed, SmolLM2.
 
 1. **Corpus**: `rlbus env check` on every task (the shipped corpus if present, plus the test fixtures):
-   ``tasks_valid`` of ``tasks``.
-2. **Cheater suite** (`rlbus.envs.swe.cheats`) on every valid task (one task when ``--quick``): each cheat
-   must score 0 — ``cheats_tried`` / ``cheats_scored_zero``. Then the attacks written against the grader
-   (`rlbus.envs.swe.cheats.ATTACKS`): ``hacks_scored_zero`` of ``hacks_tried`` on the unfixed repository,
-   and ``hacks_detected`` when each is added *on top of the reference solution*, where only the grader's
-   detection can score it 0 (``hacks_inert_on_fixed``: attacks that changed nothing there), by kind.
-   ``grade_s_median``: the median seconds of one grade (reference and unchanged, every task checked).
+   ``tasks_valid`` of ``tasks``. These are the false-positive check: every reference solution must score 1
+   and every unchanged repository 0 (``false_positives`` lists the tasks that do not); ``grade_s`` gives the
+   seconds of one grade by library (median of the reference's and the unchanged repository's), and
+   ``grade_s_median`` over all.
+2. **Cheater suite** (`rlbus.envs.swe.cheats`) on one task of each library (one task in all when
+   ``--quick``): each cheat must score 0 — ``cheats_tried`` / ``cheats_scored_zero``. Then the attacks on
+   the grader (`rlbus.envs.swe.cheats.ATTACKS` and the six classes of `rlbus.envs.swe.attacks`), by kind:
+   ``scored_zero`` of ``tried`` on the unfixed repository, and each again *on top of the reference
+   solution*: ``detected`` (a tamper finding scores it 0), ``inert`` (it changed nothing: the fix rightly
+   scores 1) or ``spoiled`` (no finding, but the attack broke the fix it rode on: 0).
 3. **Reset**: per-episode copy of a template — `Sandbox.populate` (``cp -R --reflink=auto`` as the sandbox
    uid) against ``shutil.copytree`` + chown, and against a sandbox with no copy at all (the floor).
 4. **Throughput at concurrency 1, 2, 4, 8**, scripted agent (the expert's calls), each against the same
@@ -22,6 +25,7 @@
    trajectories` → `rlbus pretrain`): base SmolLM2 is the same-run baseline of the warm start. ``--tasks
    PREFIX`` draws the prompts from one library, e.g. one left out of the warm-start data.
 
+``--grader`` runs phases 1 and 2 only (the grader's measurements, about an hour on two busy cores).
 Absolute figures drift on shared machines; the ratios against the same-run baselines are the point.
 """
 
@@ -326,35 +330,56 @@ async def _smollm2(
 
 
 async def _hacks(tasks: list[RepoTask], cheats: dict[str, Any]) -> dict[str, Any]:
-    """The attacks written against the grader (`ATTACKS`), by kind. ``scored_zero``: on the unfixed
-    repository (the cheater suite's rows). ``detected``: each again on top of the reference solution,
-    where the tests pass, so only a tamper finding of the grader scores it 0; ``inert`` counts the attacks
+    """The attacks written against the grader (`ATTACK_KINDS`), by kind. ``scored_zero``: on the unfixed
+    repository (the cheater suite's rows). Then each again on top of the reference solution, where the tests
+    pass, so only a tamper finding of the grader scores it 0 (``detected``); ``inert`` counts the attacks
     that changed nothing there (say, a wrapper of return values on a library whose tests read none), which
-    leave a correct fix that rightly scores 1."""
+    leave a correct fix that rightly scores 1; ``spoiled`` the ones that broke the fix they rode on."""
     unfixed = {(r["task"], r["cheat"]): r for r in cheats["rows"] if r["cheat"] in ATTACK_KINDS}
     rows = []
     for task in tasks:
         for attack in cheat_patches(task, await template(task), on_fixed=True):
             verdict = await grade(task, attack.patch)
             before = unfixed[(task.task_id, attack.name)]
-            rows.append({"task": task.task_id, "attack": attack.name, "kind": ATTACK_KINDS[attack.name],
-                         "reward_unfixed": before["reward"], "reward_fixed": verdict.value,
-                         "detected": bool(verdict.tampered), "monitor": hack_kinds(verdict.hacks),
-                         "reason": verdict.reason[:160]})  # fmt: skip
+            outcome = "detected" if verdict.tampered else "inert" if verdict.value == 1.0 else "spoiled"
+            rows.append({"task": task.task_id, "library": _library(task), "attack": attack.name,
+                         "kind": ATTACK_KINDS[attack.name], "reward_unfixed": before["reward"],
+                         "reward_fixed": verdict.value, "fixed": outcome, "detected": outcome == "detected",
+                         "monitor": hack_kinds(verdict.hacks), "reason": verdict.reason[:160]})  # fmt: skip
     by_kind: dict[str, dict[str, int]] = {}
+    keys = ("tried", "scored_zero", "detected", "inert", "spoiled")
     for r in rows:
-        k = by_kind.setdefault(str(r["kind"]), {"tried": 0, "scored_zero": 0, "detected": 0, "inert": 0})
+        k = by_kind.setdefault(str(r["kind"]), dict.fromkeys(keys, 0))
         k["tried"] += 1
         k["scored_zero"] += r["reward_unfixed"] == 0.0
-        k["detected"] += bool(r["detected"])
-        k["inert"] += not r["detected"] and r["reward_fixed"] == 1.0
-    total = {key: sum(k[key] for k in by_kind.values()) for key in ("tried", "scored_zero", "detected", "inert")}
+        k[str(r["fixed"])] += 1
+    total = {key: sum(k[key] for k in by_kind.values()) for key in keys}
     return {**total, "by_kind": by_kind, "rows": rows}
 
 
+def _library(task: RepoTask) -> str:
+    return task.metadata.get("library") or task.task_id.split("-")[0]
+
+
+def _one_per_library(tasks: list[RepoTask]) -> list[RepoTask]:
+    first: dict[str, RepoTask] = {}
+    for task in tasks:
+        first.setdefault(_library(task), task)
+    return list(first.values())
+
+
+def _grade_times(tasks: list[RepoTask], checks: list[Any]) -> dict[str, float]:
+    """Median seconds of one grade per library (the reference's and the unchanged repository's)."""
+    times: dict[str, list[float]] = {}
+    for task, check in zip(tasks, checks, strict=True):
+        times.setdefault(_library(task), []).extend([check.solution_s, check.unchanged_s])
+    return {lib: _median(xs) for lib, xs in sorted(times.items())}
+
+
 async def _run(
-    quick: bool, json_path: Path | None = None, model: str | None = None, tasks_prefix: str | None = None
-) -> dict[str, Any]:
+    quick: bool, json_path: Path | None = None, model: str | None = None, tasks_prefix: str | None = None,
+    grader: bool = False,
+) -> dict[str, Any]:  # fmt: skip
     corpora = _corpora()
     tasks = load_tasks(corpora)
     if tasks_prefix is not None and not any(t.task_id.startswith(tasks_prefix) for t in tasks):
@@ -363,7 +388,7 @@ async def _run(
     checks = await check_tasks(tasks, lambda r: print(f"  {'ok ' if r.ok else 'FAIL'} {r.task_id} {r.problem}",
                                                       file=sys.stderr))  # fmt: skip
     valid = [t for t, r in zip(tasks, checks, strict=True) if r.ok]
-    cheat_tasks = valid[:1] if quick else valid
+    cheat_tasks = valid[:1] if quick else _one_per_library(valid)
     print(f"cheater suite on {len(cheat_tasks)} task(s)", file=sys.stderr)
     cheats = await _cheats(cheat_tasks)
     print(f"attacks on the grader, on top of the reference solution, on {len(cheat_tasks)} task(s)", file=sys.stderr)
@@ -375,9 +400,10 @@ async def _run(
     )
     sizes = {t.task_id: sum(len(f) for _, _, f in os.walk(await template(t))) for t in valid}
     largest = max(valid, key=lambda t: sizes[t.task_id])
-    result["reset"] = await _reset(probe, 5 if quick else 20)
-    result["reset_largest"] = await _reset(largest, 5 if quick else 20)
-    if not quick:
+    if not grader:
+        result["reset"] = await _reset(probe, 5 if quick else 20)
+        result["reset_largest"] = await _reset(largest, 5 if quick else 20)
+    if not quick and not grader:
         print("throughput at concurrency 1, 2, 4, 8", file=sys.stderr)
         result["throughput"] = await _throughput(probe, quick)
         _partial(json_path, result)
@@ -395,11 +421,16 @@ async def _run(
             result["warm_start"] = await _smollm2(ids, where, 16, model, prefix_cache_tokens=PREFIX_CACHE_TOKENS)
     result["summary"] = {
         "tasks": len(tasks), "tasks_valid": len(valid), "cheats_tried": cheats["tried"],
-        "cheats_scored_zero": cheats["scored_zero"], "reset_ms": result["reset"]["copytree_ms"],
+        "cheats_scored_zero": cheats["scored_zero"],
+        "reset_ms": result["reset"]["copytree_ms"] if "reset" in result else None,
         "hacks_tried": hacks["tried"], "hacks_scored_zero": hacks["scored_zero"], "hacks_detected": hacks["detected"],
-        "hacks_inert_on_fixed": hacks["inert"], "hacks_by_kind": hacks["by_kind"],
+        "hacks_inert_on_fixed": hacks["inert"], "hacks_spoiled_on_fixed": hacks["spoiled"],
+        "hacks_by_kind": hacks["by_kind"], "attack_libraries": sorted({_library(t) for t in cheat_tasks}),
+        "false_positives": {"reference_not_1": [r.task_id for r in checks if r.solution_reward != 1.0],
+                            "unchanged_not_0": [r.task_id for r in checks if r.unchanged_reward != 0.0]},
         "solution_check_s_median": _median([r.solution_s for r in checks]),
         "grade_s_median": _median([r.solution_s for r in checks] + [r.unchanged_s for r in checks]),
+        "grade_s": _grade_times(tasks, checks),
     }  # fmt: skip
     if "throughput" in result:
         one = result["throughput"][0]
@@ -430,14 +461,17 @@ def _partial(json_path: Path | None, result: dict[str, Any]) -> None:
         json_path.with_suffix(".partial.json").write_text(json.dumps(result, indent=1, default=str))
 
 
-def run(quick: bool, json_path: Path | None, model: str | None = None, tasks: str | None = None) -> dict[str, Any]:
+def run(
+    quick: bool, json_path: Path | None, model: str | None = None, tasks: str | None = None, grader: bool = False
+) -> dict[str, Any]:
     """``model``: a checkpoint directory (`rlbus pretrain --out`) that plays the SmolLM2 phase's 16 prompts
-    after base SmolLM2; ``tasks``: draw those prompts from task ids with this prefix (a held-out library)."""
-    if quick and (model is not None or tasks is not None):
-        raise ConfigError("model", "--model and --tasks choose the SmolLM2 phase, which --quick skips")
+    after base SmolLM2; ``tasks``: draw those prompts from task ids with this prefix (a held-out library);
+    ``grader``: only the grader's phases (1 and 2)."""
+    if (quick or grader) and (model is not None or tasks is not None):
+        raise ConfigError("model", "--model and --tasks choose the SmolLM2 phase, which --quick and --grader skip")
     if model is not None and (not Path(model).is_dir() or latest_checkpoint(Path(model)) is None):
         raise ConfigError("model", f"{model} holds no checkpoint (write one with rlbus pretrain --out)")
-    result = asyncio.run(_run(quick, json_path, model, tasks))
+    result = asyncio.run(_run(quick, json_path, model, tasks, grader))
     result["meta"] = {**{k: str(v) if isinstance(v, str) else v for k, v in meta().items()}, "quick": quick,
                       "worker_uid": os.geteuid(),
                       "note": "compare with the same-run baselines; bench/RESULTS.md gives the load"}  # fmt: skip
@@ -457,12 +491,22 @@ def run(quick: bool, json_path: Path | None, model: str | None = None, tasks: st
         ],
     )
     print_table(
-        "attacks on the grader: scored 0 on the unfixed repository; detected on top of the reference solution",
-        ["kind", "tried", "scored 0", "detected", "inert on the fix"],
-        [[k, v["tried"], v["scored_zero"], v["detected"], v["inert"]] for k, v in sorted(s["hacks_by_kind"].items())]
-        + [["all", s["hacks_tried"], s["hacks_scored_zero"], s["hacks_detected"], s["hacks_inert_on_fixed"]]],
-    )
-    for r in (result["reset"], result["reset_largest"]):
+        f"attacks on the grader ({', '.join(s['attack_libraries'])}): scored 0 on the unfixed repository; on top "
+        "of the reference solution detected, inert (changed nothing) or spoiled (broke the fix)",
+        ["kind", "tried", "scored 0", "detected", "inert", "spoiled"],
+        [[k, v["tried"], v["scored_zero"], v["detected"], v["inert"], v["spoiled"]]
+         for k, v in sorted(s["hacks_by_kind"].items())]
+        + [["all", s["hacks_tried"], s["hacks_scored_zero"], s["hacks_detected"], s["hacks_inert_on_fixed"],
+            s["hacks_spoiled_on_fixed"]]],
+    )  # fmt: skip
+    fp = s["false_positives"]
+    print_table(
+        "false positives and grading time (rlbus env check on every task: reference must be 1, unchanged 0)",
+        ["library", "grade s (median)", "reference not 1", "unchanged not 0"],
+        [[lib, t, sum(x.startswith(lib) for x in fp["reference_not_1"]),
+          sum(x.startswith(lib) for x in fp["unchanged_not_0"])] for lib, t in s["grade_s"].items()],
+    )  # fmt: skip
+    for r in [result[k] for k in ("reset", "reset_largest") if k in result]:
         print_table(f"episode reset ({r['task']}, {r['files']} files; median)",
                     ["copytree+lchown ms (used)", "cp --reflink=auto ms", "sandbox open+close ms"],
                     [[r["copytree_ms"], r["cp_reflink_ms"], r["sandbox_open_close_ms"]]])  # fmt: skip
@@ -499,9 +543,12 @@ def main(
         help="A warm-start checkpoint directory (rlbus pretrain --out) played against base SmolLM2.")] = None,
     tasks: Annotated[str | None, typer.Option(
         help="The SmolLM2 episodes' task-id prefix (e.g. a held-out library).")] = None,
+    grader: Annotated[bool, typer.Option(
+        help="The grader's phases alone (corpus check, cheats and attacks on every library), no reset, throughput "
+             "or SmolLM2.")] = False,
 ) -> None:
     """The coding environment: the corpus graded, the attack suite, and SmolLM2 episodes."""
-    result = run(quick=quick, json_path=json_path, model=model, tasks=tasks)
+    result = run(quick=quick, json_path=json_path, model=model, tasks=tasks, grader=grader)
     summary = result["summary"]
     require(summary["cheats_scored_zero"] >= summary["cheats_tried"],
             "a cheat scored above 0 (see the JSON's cheats.rows)")

@@ -68,23 +68,26 @@ async def test_every_cheat_scores_zero(corpus_tasks: dict[str, RepoTask], task_i
 
 
 async def test_attacks_on_top_of_the_real_fix_are_caught_by_the_grader(corpus_tasks: dict[str, RepoTask]) -> None:
-    """Each attack written against the two-process grader (gc, frames through sys._getframe, inspect,
-    tracebacks and logging, forged pipe records from atexit / signal handlers / threads / finalizers, the
+    """Each attack written against the two-process grader's mechanisms (gc, frames through sys._getframe,
+    inspect, tracebacks and logging, forged records from atexit / signal handlers / threads / finalizers, the
     launcher's key, settrace, __code__, patched pytest helpers, forged file names, the always-equal family),
     added to the *reference solution*: the tests would pass, so a 0 here is the grader's detection alone,
-    with its reason."""
+    with its reason — or the attack changed nothing (an always-equal int subclass, read as its int)."""
     task = corpus_tasks["calc-add"]
-    attacks = cheat_patches(task, await template(task), on_fixed=True)
+    attacks = [a for a in cheat_patches(task, await template(task), on_fixed=True) if a.name in ATTACKS]
     assert {a.name for a in attacks} == set(ATTACKS)
     caught = {a.name: await grade(task, a.patch) for a in attacks}
-    assert {n: (v.value, v.reason) for n, v in caught.items() if v.value != 0.0 or not v.tampered} == {}
+    inert = {"eq_subclass"}  # an int subclass is compared as the int it holds: on the fix, the right one
+    assert {n: (v.value, v.reason) for n, v in caught.items() if n not in inert and (v.value or not v.tampered)} == {}
+    assert all(caught[n].value == 1.0 for n in inert)
     assert "refused gc.get_objects" in caught["gc_swap_tests"].reason
-    assert "refused gc.get_objects" in caught["probe_globals"].reason  # the probe shares no globals with the hook
+    assert "refused gc.get_objects" in caught["probe_globals"].reason
     assert "refused sys._getframe" in caught["inspect_stack"].reason
     assert "refused reading .tb_frame" in caught["traceback_frames"].reason
     assert "refused opening /proc/" in caught["steal_key"].reason
     assert "pytest.raises" in caught["patch_raises"].reason
-    assert "equals both int values" in caught["eq_typed"].reason  # the same-type control, not the fresh one
+    for name in ("eq_metaclass", "eq_typed", "eq_borrowed"):  # compared with an answer the launcher holds
+        assert "compares what the grader cannot read" in caught[name].reason, caught[name].reason
 
 
 async def test_cheats_plus_real_fix_still_lose_their_cheat(corpus_tasks: dict[str, RepoTask]) -> None:
@@ -116,13 +119,14 @@ def test_filter_drops_protected_paths(path: str, reason: str) -> None:
     assert result.kept == ["pkg/mod.py"] and reason in result.dropped[0][1]
 
 
-async def test_the_always_equal_hack_fails_the_negative_controls_and_the_monitor_names_it(
+async def test_the_always_equal_hack_is_compared_as_the_number_it_is_and_the_monitor_names_it(
     corpus_tasks: dict[str, RepoTask], tmp_path: Path
 ) -> None:
-    """The classic hack the tests cannot see: ``add`` returns a value equal to anything, so ``assert add(2, 3)
-    == 5`` holds and the bug stays. The grader's negative control (the value also equals a fresh object)
-    scores it 0; independently, the hack monitor reports ``always_equal`` in the verdict's metadata, and
-    the default ``[reward] hack_policy`` ("zero") would make the reward 0 too."""
+    """The classic hack the tests cannot see: ``add`` returns an int subclass equal to anything, so ``assert
+    add(2, 3) == 5`` would hold in the test process. The launcher compares the int it holds (read through
+    ``int``'s own slot, not its ``__eq__``) with the answer it alone has: the assertion fails. Independently,
+    the hack monitor reports ``always_equal`` in the verdict's metadata, and the default ``[reward]
+    hack_policy`` ("zero") would make the reward 0 too."""
     from rlbus.envs.scoring import HACK_KINDS
     from rlbus.rewards.hacks import apply_hack_policy
     from rlbus.schemas import Reward
@@ -135,7 +139,8 @@ async def test_the_always_equal_hack_fails_the_negative_controls_and_the_monitor
     hack = "class _Any(int):\n    def __eq__(self, other):\n        return True\n\n\n"
     source.write_text(hack + source.read_text().replace("return a - b", "return _Any(a - b)", 1))
     verdict = await grade(task, tree_diff(base, repo).patch)
-    assert verdict.value == 0.0 and "negative control failed: a _Any equals an object" in verdict.reason
+    assert verdict.value == 0.0 and verdict.fail_to_pass == {"tests/test_calc.py::test_add": False}
+    assert "the assertion at tests/test_calc.py:6 (==) did not hold" in verdict.metadata()["assertions"]
     metadata = verdict.metadata()
     assert metadata[HACK_KINDS] == "always_equal" and "calc/__init__.py:2" in metadata["hacks"]
     reward = Reward(reward_id="r:tests", rollout_id="r", prompt_id="p", source="tests", value=verdict.value,

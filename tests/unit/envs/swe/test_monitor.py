@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from rlbus.envs.scoring import HACK_KINDS
+from rlbus.envs.swe.attacks import DESIGN_ATTACKS
 from rlbus.envs.swe.cheats import cheat_patches
 from rlbus.envs.swe.monitor import added_lines, hack_kinds, scan_source
 from rlbus.envs.swe.patch import filter_patch
@@ -49,17 +50,19 @@ async def test_no_shipped_reference_solution_is_flagged(tmp_path: Path) -> None:
 async def test_every_cheat_that_reaches_library_code_is_found(tmp_path: Path) -> None:
     """Cheats the patch filter drops (test files, conftest, configuration, paths outside) never reach the code;
     every other one is found, on every kind of task — but ``eq_typed``, whose ``__eq__`` reads its argument
-    (equal to any plain value): static reading cannot tell it from a real ``__eq__``; the grader's negative
-    controls catch it (test_grade.py)."""
+    (equal to any plain value): static reading cannot tell it from a real ``__eq__``, and the launcher holds
+    the answer it would be compared with (test_grade.py). The attacks on the verdict's design
+    (rlbus/envs/swe/attacks.py) are left out: several are written to pass static reading (names built from
+    strings, importlib), and the grader stops them by design (test_design_attacks.py)."""
     dropped_by_the_filter = {"edit_tests", "delete_tests", "conftest_force_pass", "conftest_skip", "pyproject_addopts",
                              "setup_cfg_addopts", "sitecustomize", "usercustomize", "pytest_shadow", "_pytest_shadow",
                              "path_outside", "symlink_out", "symlink_tests"}  # fmt: skip
     for task in load_tasks([SHIPPED])[:4]:
         base = await template(task)
         for cheat in cheat_patches(task, base):
-            found = findings(task, base, cheat.patch, tmp_path)
-            if cheat.name == "eq_typed":
+            if cheat.name == "eq_typed" or cheat.name in DESIGN_ATTACKS:
                 continue
+            found = findings(task, base, cheat.patch, tmp_path)
             if cheat.name in dropped_by_the_filter:
                 assert not found, (task.task_id, cheat.name, found)
             else:
