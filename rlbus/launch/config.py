@@ -372,7 +372,7 @@ class RewardSection(msgspec.Struct, **_STRUCT):
     #: package (installed, or on PYTHONPATH): `rlbus.rewards.function.RewardFunction`.
     function: str | None = None
     #: What a reward becomes when its environment's hack monitor found reward hacking in the rollout (the
-    #: coding environment: `rlbus.envs.swe.monitor`): ``zero`` (0, the default), ``penalty`` (the value less
+    #: coding environment: `rlbus.envs.swe.grading.monitor`): ``zero`` (0, the default), ``penalty`` (the value less
     #: ``hack_penalty``, not below 0) or ``flag`` (unchanged; only counted and reported).
     hack_policy: Literal["zero", "penalty", "flag"] = "zero"
     #: With ``hack_policy = "penalty"``: what is taken off the reward, in [0, 1].

@@ -158,7 +158,7 @@ def _notes(role: str, info: Mapping[str, Any]) -> str:
     if "scored" in info:
         parts.append(f"scored {info['scored']}")
     hacks = {k: v for k, v in (info.get("hacks") or {}).items() if isinstance(v, int) and v}
-    if hacks:  # the reward worker's hack monitor counts (rlbus/envs/swe/monitor.py), and what it does to them
+    if hacks:  # the reward worker's hack monitor counts (rlbus/envs/swe/grading/monitor.py), and what it does to them
         kinds = " ".join(f"{k} {v}" for k, v in sorted(hacks.items()))
         parts.append(f"[yellow]hacks {kinds} ({info.get('hack_policy', '?')})[/yellow]")
     if "admitted" in info:

@@ -1,6 +1,6 @@
 """What a reward becomes when its environment's hack monitor found reward hacking (``[reward] hack_policy``).
 
-The coding environment's monitor (`rlbus.envs.swe.monitor`) names what it found in the reward's metadata
+The coding environment's monitor (`rlbus.envs.swe.grading.monitor`) names what it found in the reward's metadata
 (`Reward.hack_kinds`); the reward worker applies the run's policy to every reward before it is published, and
 counts what was found by kind.
 """

@@ -14,8 +14,8 @@ import msgspec
 from rlbus.schemas.base import Message
 
 #: Metadata keys in which a reward reports reward hacking found in its rollout: ``hack_kinds``, the kinds an
-#: environment's hack monitor found, comma-separated (``always_equal,exit``: rlbus/envs/swe/monitor.py), and
-#: ``tampered``, what a grader found changed in the test run it relied on (rlbus/envs/swe/grade.py).
+#: environment's hack monitor found, comma-separated (``always_equal,exit``: rlbus/envs/swe/grading/monitor.py), and
+#: ``tampered``, what a grader found changed in the test run it relied on (rlbus/envs/swe/grading/grade.py).
 HACK_KINDS = "hack_kinds"
 TAMPERED = "tampered"
 

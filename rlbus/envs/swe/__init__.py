@@ -5,15 +5,9 @@
     world.py        per-task templates (materialised once) and per-episode sandboxed copies
     tools.py        bash, view, str_replace, insert, create, search, submit (JSON parameter schemas)
     patch.py        the final diff of a world, and the filter every graded patch passes
-    grade.py        hidden tests on a fresh copy, under grader_main.py (runs inside the sandbox)
-    split.py        the hidden tests split: assertions report computed operands, the answers stay out
-    split_params.py ... a parametrisation's answer columns held aside
-    grader_*.py     the launcher (main), the test process (runner), its audit hook (guard), canonical
-                    values (values) and the seccomp filter (seccomp): mounted in grading sandboxes only
+    grading/        the grader: hidden tests split and run under a launcher in the sandbox, the hack
+                    monitor, ``rlbus env check``, and the cheats and attacks that must all score 0
     expert.py       the scripted expert: the reference patch as tool calls
-    cheats.py       the cheater suite: patches that try to game the grader (all must score 0)
-    attacks.py      attacks on what a verdict rests on, by class (also on top of the fix)
-    check.py        ``rlbus env check``: reference solution must score 1, the unchanged repo 0
     trajectories.py ``rlbus env trajectories``: expert replays as chat-format SFT rows
     env.py          SweEnv, registered as ``swe``
 

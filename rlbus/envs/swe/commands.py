@@ -9,7 +9,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from rlbus.envs.swe.check import CheckResult, check_tasks
+from rlbus.envs.swe.grading.check import CheckResult, check_tasks
 from rlbus.envs.swe.task import load_tasks
 from rlbus.envs.swe.trajectories import ObservationCut, write_trajectories
 

@@ -5,7 +5,7 @@ the shipped one at ``rlbus/data/swe_tasks/``). The world is the task's repositor
 (`rlbus.envs.swe.world`), the tools are `rlbus.envs.swe.tools`, and the episode's result is the
 repository's final diff against the template, carried in the rollout's metadata as ``swe.patch`` (a
 rollout too large for Kafka goes through the claim check like any other). The reward worker grades it
-from the rollout alone (`rlbus.envs.swe.grade`): 1 only when every FAIL_TO_PASS and PASS_TO_PASS test
+from the rollout alone (`rlbus.envs.swe.grading.grade`): 1 only when every FAIL_TO_PASS and PASS_TO_PASS test
 passes, with the fractions as components and the failing ids in the metadata. Defaults suit long
 sessions: 30 turns, self-summarisation on, 8 K-token contexts.
 """
@@ -28,7 +28,7 @@ from rlbus.envs.chat import format_tool_call
 from rlbus.envs.episode import Episode
 from rlbus.envs.scoring import make_reward
 from rlbus.envs.swe.expert import expert_calls
-from rlbus.envs.swe.grade import grade
+from rlbus.envs.swe.grading.grade import grade
 from rlbus.envs.swe.patch import tree_diff
 from rlbus.envs.swe.task import RepoTask, load_tasks
 from rlbus.envs.swe.tools import repo_tools

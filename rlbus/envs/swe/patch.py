@@ -210,7 +210,7 @@ def _problem(section: Section, protected: set[str]) -> str | None:
 def protected_kind(path: str) -> str | None:
     """Why a repository path is the test harness's and never the patch's (tests, test directories, test
     configuration, start-up hooks, runner shadows), or None for library code. The grader trusts the
-    template's files of these kinds (`rlbus.envs.swe.grade.trusted_files`): no patch can have changed them."""
+    template's files of these kinds (`rlbus.envs.swe.grading.grade.trusted_files`): no patch can have changed them."""
     parts = PurePosixPath(path).parts
     name = parts[-1]
     if (name.startswith("test_") and name.endswith(".py")) or name.endswith("_test.py"):

@@ -39,7 +39,9 @@ GRADER_INNER = "/opt/rlbus-grader"
 #: Distributions copied into the runtime: pytest and its dependencies, hypothesis and its.
 DISTRIBUTIONS = ("pytest", "pluggy", "iniconfig", "packaging", "hypothesis", "attrs", "sortedcontainers")
 _OPTIONAL = ("exceptiongroup", "tomli")  # pytest's backports on Python < 3.11
-_LAUNCHER = tuple(Path(__file__).with_name(f"grader_{n}.py") for n in ("main", "runner", "guard", "values", "seccomp"))
+_LAUNCHER = tuple(
+    Path(__file__).parent / "grading" / f"grader_{n}.py" for n in ("main", "runner", "guard", "values", "seccomp")
+)
 #: hypothesis's pytest plugin (an entry point, but plugin autoloading is off: the repository's own
 #: ``*.dist-info`` could otherwise register plugins), loaded by name instead.
 HYPOTHESIS_PLUGIN = "_hypothesis_pytestplugin"

@@ -19,7 +19,7 @@ from typing import Any
 from rlbus.envs.chat import ChatFormat
 from rlbus.envs.swe.env import SYSTEM, prompt_text
 from rlbus.envs.swe.expert import expert_calls
-from rlbus.envs.swe.grade import grade
+from rlbus.envs.swe.grading.grade import grade
 from rlbus.envs.swe.patch import tree_diff
 from rlbus.envs.swe.task import RepoTask
 from rlbus.envs.swe.tools import repo_tools

@@ -5,9 +5,10 @@
    and every unchanged repository 0 (``false_positives`` lists the tasks that do not); ``grade_s`` gives the
    seconds of one grade by library (median of the reference's and the unchanged repository's), and
    ``grade_s_median`` over all.
-2. **Cheater suite** (`rlbus.envs.swe.cheats`) on one task of each library (one task in all when
+2. **Cheater suite** (`rlbus.envs.swe.grading.cheats`) on one task of each library (one task in all when
    ``--quick``): each cheat must score 0 — ``cheats_tried`` / ``cheats_scored_zero``. Then the attacks on
-   the grader (`rlbus.envs.swe.cheats.ATTACKS` and the six classes of `rlbus.envs.swe.attacks`), by kind:
+   the grader (`rlbus.envs.swe.grading.cheats.ATTACKS` and the six classes of
+   `rlbus.envs.swe.grading.attacks`), by kind:
    ``scored_zero`` of ``tried`` on the unfixed repository, and each again *on top of the reference
    solution*: ``detected`` (a tamper finding scores it 0), ``inert`` (it changed nothing: the fix rightly
    scores 1) or ``spoiled`` (no finding, but the attack broke the fix it rode on: 0).
@@ -47,12 +48,12 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 
 from rlbus.envs.chat import ToolCall
-from rlbus.envs.swe.cheats import ATTACK_KINDS, cheat_patches
-from rlbus.envs.swe.check import check_tasks
 from rlbus.envs.swe.env import SHIPPED_CORPUS, SweEnv
 from rlbus.envs.swe.expert import expert_calls
-from rlbus.envs.swe.grade import grade
-from rlbus.envs.swe.monitor import hack_kinds
+from rlbus.envs.swe.grading.cheats import ATTACK_KINDS, cheat_patches
+from rlbus.envs.swe.grading.check import check_tasks
+from rlbus.envs.swe.grading.grade import grade
+from rlbus.envs.swe.grading.monitor import hack_kinds
 from rlbus.envs.swe.patch import tree_diff
 from rlbus.envs.swe.runtime import runtime_dir
 from rlbus.envs.swe.task import RepoTask, load_tasks

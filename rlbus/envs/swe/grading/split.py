@@ -7,9 +7,9 @@ protected test files) on the worker, before anything reaches the sandbox. Each a
     self.assertEqual(got, expected)  →  CHECK(SLOT, "==", "cc", got, expected)
 
 ``CHECK`` and ``SLOT`` are constants of the compiled code (the runner binds them when it compiles the file,
-`rlbus.envs.swe.grader_runner`): nothing is looked up by name, so nothing a module or ``builtins`` holds
+`rlbus.envs.swe.grading.grader_runner`): nothing is looked up by name, so nothing a module or ``builtins`` holds
 can stand in for them. ``CHECK`` sends the computed operands out, encoded by the trusted side
-(`rlbus.envs.swe.grader_values`); the launcher compares them with the operands it holds. The layout says
+(`rlbus.envs.swe.grading.grader_values`); the launcher compares them with the operands it holds. The layout says
 which operand is which: ``c`` computed here and sent, ``a`` an *answer* held by the launcher, ``~`` an
 answer compared the way ``pytest.approx`` compares. An operand is an answer when the worker can evaluate it
 without the repository — literals, containers of them, arithmetic and builtin-type methods on them
@@ -66,8 +66,8 @@ from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
 
-from rlbus.envs.swe.grader_values import encoder, opaque
-from rlbus.envs.swe.split_params import Parametrization, find_parametrization, literal
+from rlbus.envs.swe.grading.grader_values import encoder, opaque
+from rlbus.envs.swe.grading.split_params import Parametrization, find_parametrization, literal
 
 #: Markers the runner replaces in the compiled code's constants.
 CHECK = "\x00rlbus:check"
@@ -409,7 +409,7 @@ class _Transformer(ast.NodeTransformer):
         self.group, self.locals, self.answers, self.keep, self.cases = saved
         return node
 
-    # --- parametrisations held aside (rlbus.envs.swe.split_params) ----------------------------------------
+    # --- parametrisations held aside (rlbus.envs.swe.grading.split_params) ----------------------------------------
     def _is_parametrize(self, func: ast.expr) -> bool:
         chain = _chain(func)
         if chain is None or chain[-1] != "parametrize" or chain[0] in self.locals:

@@ -1,5 +1,5 @@
 """Splitting the hidden tests: what the test process sees has no answer in it, and every assertion becomes a
-report the launcher can check (rlbus/envs/swe/split.py)."""
+report the launcher can check (rlbus/envs/swe/grading/split.py)."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ import types
 import warnings
 from typing import Any
 
-from rlbus.envs.swe.grader_values import decode
-from rlbus.envs.swe.split import CHECK, OBJ, REG, SLOT, split_tests
+from rlbus.envs.swe.grading.grader_values import decode
+from rlbus.envs.swe.grading.split import CHECK, OBJ, REG, SLOT, split_tests
 
 TESTS = '''
 import pytest

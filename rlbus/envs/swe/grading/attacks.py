@@ -1,6 +1,6 @@
 """Attacks on the verdict's design: the six classes of issue 43, each as library code a policy could submit.
 
-The cheater suite (`rlbus.envs.swe.cheats`) holds attacks on the grader's mechanisms; these go after what a
+The cheater suite (`rlbus.envs.swe.grading.cheats`) holds attacks on the grader's mechanisms; these go after what a
 verdict *rests on*: the probe the hidden tests' assertions report through, the equality the comparisons run,
 the expected values themselves, the report channel, the order in which the test process starts, and the
 hidden test files. They were written for a grader whose assertions call a probe found by name, compare in

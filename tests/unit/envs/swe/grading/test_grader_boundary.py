@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from rlbus.envs.swe import grader_main, grader_values
+from rlbus.envs.swe.grading import grader_main, grader_values
 from rlbus.envs.swe.runtime import GRADER_INNER, INNER
 from rlbus.envs.swe.task import RepoTask
 from rlbus.envs.swe.world import task_sandbox

@@ -1,5 +1,5 @@
 """Canonical values: read by exact type without running a method of the value, compared by the launcher with
-Python's own semantics for builtins (rlbus/envs/swe/grader_values.py)."""
+Python's own semantics for builtins (rlbus/envs/swe/grading/grader_values.py)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from typing import Any, ClassVar
 
 import pytest
 
-from rlbus.envs.swe.grader_values import compare, decode, encoder, opaque
+from rlbus.envs.swe.grading.grader_values import compare, decode, encoder, opaque
 
 ENCODE = encoder()
 

@@ -1,4 +1,4 @@
-"""A parametrisation's answer columns, held aside: the part of `rlbus.envs.swe.split` for
+"""A parametrisation's answer columns, held aside: the part of `rlbus.envs.swe.grading.split` for
 ``@pytest.mark.parametrize`` tables.
 
 ``@pytest.mark.parametrize(("singular", "plural"), TABLE)`` hands each case's expected value to the test as

@@ -1,4 +1,4 @@
-"""What a verdict rests on, attacked (rlbus/envs/swe/attacks.py): one attack of each class on a library where
+"""What a verdict rests on, attacked (rlbus/envs/swe/grading/attacks.py): one attack of each class on a library where
 it beat the grader before these defences, graded on the unfixed repository (must score
 0) and on top of the reference solution (must be caught, or change nothing); and the false-positive check on
 a task of each library. ``rlbus bench swe`` runs every attack on every library, and every reference solution;
@@ -10,15 +10,15 @@ from pathlib import Path
 
 import pytest
 
-from rlbus.envs.swe.attacks import DESIGN_ATTACKS
-from rlbus.envs.swe.cheats import cheat_patches
-from rlbus.envs.swe.check import check_task
 from rlbus.envs.swe.env import SHIPPED_CORPUS
-from rlbus.envs.swe.grade import grade
+from rlbus.envs.swe.grading.attacks import DESIGN_ATTACKS
+from rlbus.envs.swe.grading.cheats import cheat_patches
+from rlbus.envs.swe.grading.check import check_task
+from rlbus.envs.swe.grading.grade import grade
 from rlbus.envs.swe.task import RepoTask, load_tasks
 from rlbus.envs.swe.world import template
 
-FIXTURES = Path(__file__).resolve().parents[3] / "fixtures" / "swe" / "corpus"
+FIXTURES = Path(__file__).resolve().parents[4] / "fixtures" / "swe" / "corpus"
 
 #: class → (attack, task): each pair scored 1 on the unfixed repository with the grader of 68cc229.
 REPRESENTATIVE = {

@@ -4,7 +4,7 @@ Each cheat is built for a concrete task from its template (`cheat_patches`), wit
 the only way it scores is by fooling the grader. The tests (tests/unit/envs/swe/test_grade.py,
 test_design_attacks.py) and ``rlbus bench swe`` grade them. The library file a cheat hides code in is the
 first source file the reference solution changes (code there runs when the tests import the library). The
-attacks on what a verdict rests on (`rlbus.envs.swe.attacks`) join the library-code attacks here.
+attacks on what a verdict rests on (`rlbus.envs.swe.grading.attacks`) join the library-code attacks here.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from rlbus.envs.swe.attacks import DESIGN_ATTACKS
+from rlbus.envs.swe.grading.attacks import DESIGN_ATTACKS
 from rlbus.envs.swe.patch import split_patch, tree_diff
 from rlbus.envs.swe.task import RepoTask
 from rlbus.envs.swe.world import apply_trusted

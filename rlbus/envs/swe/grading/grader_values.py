@@ -1,7 +1,7 @@
 """Canonical values: an assertion's operands read without running the code under test, compared elsewhere.
 
 The hidden tests' assertions send their *computed* operands out of the test process; the launcher, which
-alone holds the expected values, compares them (`rlbus.envs.swe.grader_main`). What crosses is a *form*: a
+alone holds the expected values, compares them (`rlbus.envs.swe.grading.grader_main`). What crosses is a *form*: a
 JSON-able tree of builtins that the trusted side builds by walking the value by exact type, never calling a
 method of an object the repository built (no ``__eq__``, ``__repr__``, ``__hash__``, ``__iter__``, no
 ``isinstance`` that could consult ``__class__``). A subclass of a builtin is read through the builtin's own
@@ -27,7 +27,7 @@ builtin value: an ``int`` subclass equal to everything is, here, the number it h
     ==================  ===========================================================================
 
 The file is run three ways: imported on the worker (the host encodes the answers), by the launcher (decode
-and `compare`), and into the test process's private namespace (`rlbus.envs.swe.grader_guard`), where
+and `compare`), and into the test process's private namespace (`rlbus.envs.swe.grading.grader_guard`), where
 `encoder` is called once, before any repository code exists, and binds every builtin it needs.
 """
 

@@ -1,4 +1,4 @@
-"""The hack monitor (`rlbus.envs.swe.monitor`): findings on the library code a patch adds, no false alarm on any
+"""The hack monitor (`rlbus.envs.swe.grading.monitor`): findings on the library code a patch adds, no false alarm on any
 shipped reference solution, every cheat that reaches library code caught, and ``[reward] hack_policy``."""
 
 from __future__ import annotations
@@ -10,16 +10,17 @@ from pathlib import Path
 import pytest
 
 from rlbus.envs.scoring import HACK_KINDS
-from rlbus.envs.swe.attacks import DESIGN_ATTACKS
-from rlbus.envs.swe.cheats import cheat_patches
-from rlbus.envs.swe.monitor import added_lines, hack_kinds, scan_source
+from rlbus.envs.swe.env import SHIPPED_CORPUS
+from rlbus.envs.swe.grading.attacks import DESIGN_ATTACKS
+from rlbus.envs.swe.grading.cheats import cheat_patches
+from rlbus.envs.swe.grading.monitor import added_lines, hack_kinds, scan_source
 from rlbus.envs.swe.patch import filter_patch
 from rlbus.envs.swe.task import RepoTask, load_tasks
 from rlbus.envs.swe.world import template
 from rlbus.rewards.hacks import apply_hack_policy
 from rlbus.schemas import Reward
 
-SHIPPED = Path(__file__).resolve().parents[4] / "rlbus" / "data" / "swe_tasks"
+SHIPPED = SHIPPED_CORPUS
 
 
 def findings(task: RepoTask, base: Path, patch: str, tmp: Path) -> list[str] | None:
@@ -52,7 +53,7 @@ async def test_every_cheat_that_reaches_library_code_is_found(tmp_path: Path) ->
     every other one is found, on every kind of task — but ``eq_typed``, whose ``__eq__`` reads its argument
     (equal to any plain value): static reading cannot tell it from a real ``__eq__``, and the launcher holds
     the answer it would be compared with (test_grade.py). The attacks on the verdict's design
-    (rlbus/envs/swe/attacks.py) are left out: several are written to pass static reading (names built from
+    (rlbus/envs/swe/grading/attacks.py) are left out: several are written to pass static reading (names built from
     strings, importlib), and the grader stops them by design (test_design_attacks.py)."""
     dropped_by_the_filter = {"edit_tests", "delete_tests", "conftest_force_pass", "conftest_skip", "pyproject_addopts",
                              "setup_cfg_addopts", "sitecustomize", "usercustomize", "pytest_shadow", "_pytest_shadow",

@@ -1,6 +1,6 @@
 """The hack monitor: static findings on the library code a patch adds, reported per rollout.
 
-The grader (`rlbus.envs.swe.grade`) decides whether the hidden tests pass; this module says whether the
+The grader (`rlbus.envs.swe.grading.grade`) decides whether the hidden tests pass; this module says whether the
 *code that made them pass* looks like it attacked the grading rather than fixed the bug. It reads the
 post-patch text of every non-test Python file the patch touches, parses it, and reports the constructs on
 lines the patch added that a fix has no business using — whatever the verdict, so an attempt that failed is
@@ -32,7 +32,7 @@ counted too:
 
 Each finding is ``kind path:line: what``. The rules are deliberately about *library* code: none of these is
 needed to fix a bug in the shipped tasks (every reference solution of the corpus scans clean, a test says
-so), and each one is how a cheat of `rlbus.envs.swe.cheats` works. Static analysis is a monitor, not the
+so), and each one is how a cheat of `rlbus.envs.swe.grading.cheats` works. Static analysis is a monitor, not the
 boundary: code can hide from it (``getattr(__import__("g" + "c"), …)`` is caught only as far as the
 string ``"gc"`` is not assembled at run time). What to do with a finding is the run's ``[reward]
 hack_policy`` (`apply_hack_policy`): zero the reward, subtract a penalty, or only flag it.

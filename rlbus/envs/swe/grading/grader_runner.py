@@ -1,17 +1,17 @@
 """The test process of a grade: runs pytest on the repository under test, reports to the launcher, decides nothing.
 
-Started by `rlbus.envs.swe.grader_main` (the launcher, which never imports the repository) as
+Started by `rlbus.envs.swe.grading.grader_main` (the launcher, which never imports the repository) as
 ``python -I -B grader_runner.py RUNTIME FD REPO EXTRA -- PYTEST_ARGS…``, with the hidden tests' visible
-code (`rlbus.envs.swe.split`: the assertions report their computed operands, the answers are not there)
+code (`rlbus.envs.swe.grading.split`: the assertions report their computed operands, the answers are not there)
 on stdin. FD is this process's end of a Unix socket the launcher reads. This is the only process that
 imports code under test, so it holds nothing that decides the reward: no key, no expected value, no
 verdict. In order, before any repository code can exist:
 
 1. **The channel, kernel-guarded.** The process makes itself non-dumpable (no process of its uid can read
    its memory through ``/proc`` or ``ptrace``) and installs the seccomp filter of
-   `rlbus.envs.swe.grader_seccomp`: neither it nor any process it starts can close, ``dup2`` over or
+   `rlbus.envs.swe.grading.grader_seccomp`: neither it nor any process it starts can close, ``dup2`` over or
    duplicate the channel, undo the non-dumpable flag, or read another process's memory.
-2. **An audit hook** (PEP 578, `rlbus.envs.swe.grader_guard`, in a namespace of its own), not removable
+2. **An audit hook** (PEP 578, `rlbus.envs.swe.grading.grader_guard`, in a namespace of its own), not removable
    from Python: the only writer of records, each prefixed with a token no object refers to. It refuses
    introspection that could reach it or the runner while repository code is on the stack (``gc`` walks,
    frames, tracing, ``ctypes``, new code objects, ``__code__`` swaps, pytest's classes, ``/proc``, the

@@ -1,5 +1,5 @@
 """``rlbus env check``: a task is usable only if its reference solution scores 1 and the unchanged
-repository scores 0 — graded exactly as rollouts are (`rlbus.envs.swe.grade`), with timings."""
+repository scores 0 — graded exactly as rollouts are (`rlbus.envs.swe.grading.grade`), with timings."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 
-from rlbus.envs.swe.grade import grade
+from rlbus.envs.swe.grading.grade import grade
 from rlbus.envs.swe.task import RepoTask
 from rlbus.errors import RlbusError
 

@@ -1,6 +1,6 @@
 """A seccomp filter that keeps the report channel the runner's: no process of the test run can replace it.
 
-The test process (`rlbus.envs.swe.grader_runner`) installs this before any repository code exists; the
+The test process (`rlbus.envs.swe.grading.grader_runner`) installs this before any repository code exists; the
 kernel applies it to that process, every thread, and every process it starts — for good: a filter cannot
 be removed, and ``PR_SET_NO_NEW_PRIVS`` (which unprivileged filters need, and bubblewrap already sets)
 cannot be cleared. Denied with ``EPERM`` (the call fails, the process goes on):

@@ -2,7 +2,7 @@
 imports the code under test.
 
 Started as ``python -I -B grader_main.py RUNTIME REPORT REPO EXTRA -- PYTEST_ARGS…`` with, on stdin, a
-one-time key (32 bytes) and then the plan of `rlbus.envs.swe.split` as JSON: the hidden tests' visible code
+one-time key (32 bytes) and then the plan of `rlbus.envs.swe.grading.split` as JSON: the hidden tests' visible code
 (``files``) and, for every assertion, what the launcher alone knows (``slots``: the operation, where each
 answer goes and its canonical form). The trust boundary is between two processes:
 
@@ -10,7 +10,7 @@ answer goes and its canonical form). The trust boundary is between two processes
   memory or descriptors through ``/proc``, nor ptrace it), and runs the tests in a child. It holds the key
   and the answers, decides every assertion and every test, and writes the signed report (HMAC-SHA256)
   outside the repository once the child has exited;
-* **the runner** (`rlbus.envs.swe.grader_runner`), the child that imports the repository, gets the visible
+* **the runner** (`rlbus.envs.swe.grading.grader_runner`), the child that imports the repository, gets the visible
   code on its stdin and reports over a Unix socket: the operands its assertions computed, the tests pytest
   ran. It holds no key and no answer.
 
@@ -21,7 +21,7 @@ is tampering. The first line names the runner's token and every later line must 
 nothing may follow ``end``, and ``end``'s exit code must be the process's. A runner that exits early
 (``os._exit(0)`` at import) leaves no ``end``: 0.
 
-Each assertion's record is compared here (`rlbus.envs.swe.grader_values`): its computed operands decoded
+Each assertion's record is compared here (`rlbus.envs.swe.grading.grader_values`): its computed operands decoded
 from their canonical forms, the answers from the plan. A test passes when pytest's phases passed, its
 function ran under the grader and returned, every assertion it made held, and every assertion at the top
 of its body (the plan's *mandatory* slots) reported at all.

@@ -10,13 +10,13 @@
    the sandbox (a patch that does not apply scores 0 with git's reason), the hidden test files are
    written over it and the task's ``test_patch`` applied;
 3. the trusted test files (the hidden tests, the test patch's files, the template's test files and
-   conftest) are read back and split here, on the worker (`rlbus.envs.swe.split`): each assertion reports
+   conftest) are read back and split here, on the worker (`rlbus.envs.swe.grading.split`): each assertion reports
    its computed operands, the expected ones stay out. The visible code is written over the tests, which
    are mounted read-only for the run;
-4. the task's pytest command runs under the launcher `rlbus.envs.swe.grader_main` (mounted in grading
+4. the task's pytest command runs under the launcher `rlbus.envs.swe.grading.grader_main` (mounted in grading
    sandboxes only: an episode never sees it), which gets a one-time key and the split on stdin, never
    imports the repository, and compares every assertion with the answers only it holds; its child
-   `rlbus.envs.swe.grader_runner` imports the repository and reports over a kernel-guarded socket. The
+   `rlbus.envs.swe.grading.grader_runner` imports the repository and reports over a kernel-guarded socket. The
    launcher writes an HMAC-signed report outside the repository;
 5. the report must verify, show no tampering (refused introspection, forged or missing records, a second
    writer, an assertion the grader cannot read, a test function that never ran or returned without its
@@ -25,7 +25,7 @@
    call and teardown); components are the fractions of each that passed.
 
 docs/architecture.md ("The grader's trust boundary") states what is defended and what is not; the hack
-monitor (`rlbus.envs.swe.monitor`) reads the patch, and `[reward] hack_policy` decides what its findings cost.
+monitor (`rlbus.envs.swe.grading.monitor`) reads the patch, and `[reward] hack_policy` decides what its findings cost.
 """
 
 from __future__ import annotations
@@ -40,10 +40,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from rlbus.envs.swe.monitor import Finding, added_lines, hack_kinds, scan_source
+from rlbus.envs.swe.grading.monitor import Finding, added_lines, hack_kinds, scan_source
+from rlbus.envs.swe.grading.split import Split, split_tests
 from rlbus.envs.swe.patch import filter_patch, protected_kind
 from rlbus.envs.swe.runtime import GRADER_INNER, HYPOTHESIS_PLUGIN, INNER
-from rlbus.envs.swe.split import Split, split_tests
 from rlbus.envs.swe.task import RepoTask
 from rlbus.envs.swe.world import REPO, task_sandbox, template
 from rlbus.sandbox import Sandbox, SandboxResult
@@ -64,7 +64,7 @@ class Verdict:
     dropped: list[tuple[str, str]] = field(default_factory=list)
     tampered: list[str] = field(default_factory=list)
     hacks: list[Finding] = field(default_factory=list)
-    """The hack monitor's findings on the library code the patch adds (`rlbus.envs.swe.monitor`)."""
+    """The hack monitor's findings on the library code the patch adds (`rlbus.envs.swe.grading.monitor`)."""
     assertions: list[str] = field(default_factory=list)
     """The launcher's reasons for the tests whose assertions did not hold (``node: why``)."""
     wall_s: float = 0.0
@@ -157,7 +157,7 @@ def trusted_files(task: RepoTask, base: Path) -> list[str]:
 
 def split_trusted(box: Sandbox, paths: list[str], tests: tuple[str, ...]) -> Split:
     """The trusted files as they are in the sandbox now (before any code of the repository has run), split
-    (`rlbus.envs.swe.split`); the visible code written over them."""
+    (`rlbus.envs.swe.grading.split`); the visible code written over them."""
     sources = {p: raw for p in paths if (raw := box.read(f"{REPO}/{p}")) is not None}
     split = _split_cached(sources, tests)
     for path, text in split.visible.items():

@@ -1,6 +1,6 @@
 """The grader's audit hook, and the functions the hidden tests' compiled code calls, for the test process.
 
-`rlbus.envs.swe.grader_runner` runs this file twice, each time into a private dict whose ``__builtins__`` is
+`rlbus.envs.swe.grading.grader_runner` runs this file twice, each time into a private dict whose ``__builtins__`` is
 a copy: once for the audit hook (`install`), once for the functions the test code holds as constants
 (`exposed`: ``CHECK``, ``REG``, the finder that serves the hidden test modules). A function's
 ``__globals__`` can be read without an audit event, so nothing reachable from the test code may share the
@@ -14,7 +14,7 @@ What the hook does with the test code's calls (see the runner's docstring for th
 
 * ``rlbus.grader.check`` (from ``CHECK``, called by a hidden test's compiled assertion): the caller must be
   ``CHECK``, called by the very code object that holds that slot. The computed operands are encoded
-  (`rlbus.envs.swe.grader_values`) and sent; the comparison is the launcher's. An operand the encoding
+  (`rlbus.envs.swe.grading.grader_values`) and sent; the comparison is the launcher's. An operand the encoding
   cannot read — an object whose equality the repository defines — against an answer the launcher holds, or
   against any plain value, is *unverifiable* (the assertion fails, and the report says why). Only when both
   operands are such objects (or the tests' or the standard library's own comparison decides) does
@@ -29,7 +29,7 @@ import sys
 from typing import Any
 
 if "encoder" not in globals():  # imported on the worker; the runner runs grader_values into this namespace first
-    from rlbus.envs.swe.grader_values import encoder, opaque
+    from rlbus.envs.swe.grading.grader_values import encoder, opaque
 
 FINGERPRINTED = (
     "pytest", "_pytest.runner", "_pytest.reports", "_pytest.python", "_pytest.approx", "_pytest.raises",
@@ -39,7 +39,7 @@ FINGERPRINTED = (
 )  # fmt: skip
 _GUARDED_CLASS_MODULES = ("pytest", "_pytest", "pluggy", "hypothesis", "_hypothesis", "__main__", "ast", "unittest")
 _NONE = type(None)
-#: The prefix of the marker constants `rlbus.envs.swe.split` leaves in the test code.
+#: The prefix of the marker constants `rlbus.envs.swe.grading.split` leaves in the test code.
 _MARK = "\x00rlbus:"
 #: Stdlib callers whose frame lookups never hand a frame to their caller: (file suffix, function).
 _SAFE_FRAME_USERS = frozenset({

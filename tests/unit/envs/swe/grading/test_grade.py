@@ -8,9 +8,9 @@ from pathlib import Path
 import msgspec
 import pytest
 
-from rlbus.envs.swe.cheats import ATTACKS, cheat_patches
-from rlbus.envs.swe.check import check_task
-from rlbus.envs.swe.grade import grade
+from rlbus.envs.swe.grading.cheats import ATTACKS, cheat_patches
+from rlbus.envs.swe.grading.check import check_task
+from rlbus.envs.swe.grading.grade import grade
 from rlbus.envs.swe.patch import filter_patch, tree_diff
 from rlbus.envs.swe.task import RepoTask, load_tasks
 from rlbus.envs.swe.world import template
