@@ -385,9 +385,12 @@ async def _lead(
                     async with asyncio.TaskGroup() as tasks:
                         tasks.create_task(worker.run(stop))
                         tasks.create_task(watch.run(stop))
+                    await trainer.drain()  # a graceful stop lets the version in flight be announced
                     if checkpoints is not None:
                         path = await worker.checkpoint()  # and settles the rollouts it holds
                         log.info("%s: stopped at step %d; checkpoint %s", worker_id, trainer.step, path)
+                    if recorder is not None:  # that version's line, which no step wrote
+                        recorder.flush_weights()
                     if runlog is not None:
                         outcomes = await join.counts()
                         runlog.summary({"worker": worker_id, "steps": trainer.step, "version": trainer.version,

@@ -33,7 +33,9 @@ returns to training while a background task publishes it: version N is encoded a
 N+1 trains. There is at most one such task: the next publish, a checkpoint, `publish` and `drain` wait
 for it first (back-pressure when publishing is slower than training). ``version`` still moves only when
 a version is announced, so staleness is measured against what workers can hold, as before; a step's
-metrics say how long the loop spent on publishing (``publish_s``: the snapshot and any wait) and the
+record names the version that holds its weights either way (the one in flight, when overlapped), so the
+step log reads the same with and without overlap, and a graceful stop's checkpoint names the last step's
+version. A step's metrics say how long the loop spent on publishing (``publish_s``: the snapshot and any wait) and the
 publisher logs the encode and upload times of each version. A crash while a version is in flight loses
 no data: nothing was announced, the checkpoint (which waits for the publish) names the version before.
 
@@ -178,11 +180,13 @@ class Trainer:
         published = updated and (publish_now or self.step % self.publish_every == 0)
         record: dict[str, Any] = {}
         wait_s = 0.0
+        holds = self.version  # the version that holds this step's weights (what the step log names)
         if published and self.overlap_publish and self.publisher is not None:
             wait_s = await self.drain()
-            await self._start_publish(record)
+            holds = await self._start_publish(record)
         elif published:
             published = await self._publish()
+            holds = self.version
         t2 = self.clock()
         checkpointed = updated and self.checkpoint_every > 0 and self.step % self.checkpoint_every == 0
         if checkpointed:
@@ -191,7 +195,7 @@ class Trainer:
         record.update({
             **metrics.as_dict(),
             "step": self.step,
-            "version": self.version,
+            "version": holds,
             "published": published,
             "checkpointed": checkpointed,
             "step_s": t1 - t0,
@@ -201,9 +205,10 @@ class Trainer:
         })
         return record
 
-    async def _start_publish(self, record: dict[str, Any]) -> None:
+    async def _start_publish(self, record: dict[str, Any]) -> int:
         """Snapshot the weights (before the next step changes them) and publish that snapshot as the next
-        version in the background; a failure flips ``record["published"]`` to False when it happens."""
+        version in the background; returns that version's number. A failure flips ``record["published"]``
+        to False when it happens (the number is then given to the next publish)."""
         assert self.publisher is not None
         publisher = self.publisher
         snapshot = await asyncio.to_thread(publisher.snapshot, weight_tensors(self.model))
@@ -214,12 +219,13 @@ class Trainer:
                 manifest = await publisher.publish_snapshot(snapshot, version=version, step=step)
             except BlobStoreError as exc:  # the store is down past its retries: train on, publish next time
                 log.warning("publishing v%d (step %d) failed (%s); still on v%d", version, step, exc, self.version)
-                record["published"] = False
+                record["published"], record["version"] = False, self.version
                 return False
             self.version = manifest.version
             return True
 
         self._publishing = asyncio.create_task(finish(), name=f"publish-v{version}")
+        return version
 
     async def drain(self) -> float:
         """Wait for the version being published in the background, if any (back-pressure: there is at most

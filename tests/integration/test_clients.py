@@ -63,12 +63,12 @@ class Served:
 def gateway(smollm2_dir: Path) -> Iterator[Served]:
     """One gateway for the module, on its own event loop in a thread: the client programs talk to it over
     HTTP while the tests wait on them."""
-    from rlbus.models.sources import ModelSource
+    from rlbus.models.hf_source import HFSource
 
     client_python()
     prefix = f"test-clients-{uuid.uuid4().hex[:8]}."
     bus = NamespacedBus(KafkaBus(KafkaSettings(bootstrap=KAFKA_BOOTSTRAP, client_id="rlbus-tests")), prefix)
-    stack = serve_stack(bus=bus, source=ModelSource.hf(smollm2_dir), tenants=Tenants({"acme": KEY}),
+    stack = serve_stack(bus=bus, source=HFSource(smollm2_dir), tenants=Tenants({"acme": KEY}),
                         model_name=MODEL, connect_bus=True, create_topics=True, default_max_tokens=24)
     loop = asyncio.new_event_loop()
     stop = asyncio.Event()

@@ -74,6 +74,8 @@ async def test_versions_publish_while_the_next_step_trains_in_order_and_bit_exac
         assert metrics["published"] is True
         # the step returned while its version is still being uploaded: the trainer did not wait for it
         assert trainer.version == step and publisher.version == step
+        # the step's record names the version that holds its weights: the one in flight (as without overlap)
+        assert metrics["version"] == step + 1
     await trainer.drain()
     assert trainer.version == publisher.version == 4
     manifests = [m for m in await announced(bus) if m.kind == "delta" or m.version == 1]
