@@ -12,6 +12,14 @@ import uuid
 from collections.abc import AsyncIterator, Callable
 
 import pytest
+import torch
+
+# Triton reads TRITON_INTERPRET when a kernel is decorated, so it must be set before any test module imports
+# one (collection imports them all, in an order no module controls): without a GPU its kernels run only under
+# the interpreter, on CPU tensors (tests/unit/weights/test_codec_device.py). On a GPU (make gpu-check) the
+# compiled kernels run; the interpreted tests set it themselves.
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 
 from rlbus.bus import Bus, MemoryBus, TopicSpec
 
