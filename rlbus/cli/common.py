@@ -63,8 +63,9 @@ def kafka_bus(bootstrap: str, config: Path | None) -> Bus:
 
 
 def print_error(exc: BaseException, hint: str = "") -> None:
-    """One red ``error:`` line on stderr; the message escaped, so ``[model]`` in it stays (rich markup)."""
-    err.print(f"[red]error:[/red] {escape(str(exc))}{hint}")
+    """One red ``error:`` line on stderr; the message escaped, so ``[model]`` in it stays (rich markup), and
+    never hard-wrapped: a path or a topic name in it stays whole for whoever copies it (the terminal wraps)."""
+    err.print(f"[red]error:[/red] {escape(str(exc))}{hint}", soft_wrap=True)
 
 
 def run_async(make: Callable[[], Awaitable[T]]) -> T:

@@ -116,7 +116,7 @@ def dashboard(
     try:
         run_async(go)
     except OSError as exc:
-        err.print(f"[red]error:[/red] cannot serve on {host}:{port}: {exc}")
+        err.print(f"[red]error:[/red] cannot serve on {host}:{port}: {exc}", soft_wrap=True)
         raise typer.Exit(1) from None
 
 

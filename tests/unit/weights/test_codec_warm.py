@@ -12,7 +12,7 @@ from rlbus.weights.codec import _kernels, apply_chunk_, encode_state_delta
 from rlbus.weights.codec.warm import warm_kernels
 
 #: Kernels only other kernels call (compiled into ``decode_sparse``): they never get a signature of their own.
-INNER = {"decode_symbols", "select", "values"}
+INNER = {"class_masks", "decode_symbols", "select", "values"}
 
 
 def signatures() -> dict[str, set[str]]:
