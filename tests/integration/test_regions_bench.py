@@ -7,9 +7,12 @@ two cores); fails, never skips, when any of them cannot start.
 
 from __future__ import annotations
 
+import pytest
+
 from rlbus_tools.bench import regions
 
 
+@pytest.mark.slow
 def test_the_loop_across_a_wan_loses_nothing_and_relays_save_crossings() -> None:
     result = regions.run(quick=True)
     s = result["summary"]

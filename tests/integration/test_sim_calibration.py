@@ -20,6 +20,7 @@ from tests.conftest import KAFKA_BOOTSTRAP
 pytestmark = pytest.mark.timeout(900)
 
 
+@pytest.mark.slow
 def test_the_simulator_predicts_three_real_runs(
     redis_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -65,6 +65,7 @@ async def up_to_step_1(
     return namespace, out
 
 
+@pytest.mark.slow
 async def test_rlbus_up_from_a_fresh_directory_starts_redis_and_trains(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -111,6 +112,7 @@ def score(prompt, completion, reference):
 """
 
 
+@pytest.mark.slow
 async def test_rlbus_up_trains_a_users_prompt_file_with_their_reward_function(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -130,6 +132,7 @@ async def test_rlbus_up_trains_a_users_prompt_file_with_their_reward_function(
     assert len(scored) >= 4 and set(scored) <= {"36", "12"}, scored  # a group of 4, from the user's file
 
 
+@pytest.mark.slow
 async def test_rlbus_up_secure_trains_with_one_credential_per_role(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -162,6 +165,7 @@ async def test_rlbus_up_secure_trains_with_one_credential_per_role(
     assert "Denied" not in security_log, security_log[-2000:]
 
 
+@pytest.mark.slow
 async def test_rlbus_up_regions_read_blobs_through_a_relay_per_region(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

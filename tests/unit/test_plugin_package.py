@@ -167,6 +167,7 @@ def rlbus_cli(*args: str, pythonpath: list[Path]) -> subprocess.CompletedProcess
                           timeout=120, check=False)  # fmt: skip
 
 
+@pytest.mark.slow
 def test_a_fresh_process_finds_the_plug_ins_through_pythonpath(tmp_path: Path) -> None:
     run = tmp_path / "run.toml"
     run.write_text(RUN)

@@ -10,6 +10,7 @@ import os
 from pathlib import Path
 from typing import Any
 
+import pytest
 import torch
 from test_trainer_ranks import SHAPE, forbidden
 
@@ -68,6 +69,7 @@ def rank_main(rank: int, port: int, tmp: str) -> None:
     asyncio.run(lead())
 
 
+@pytest.mark.slow
 async def test_with_rank_uploads_rank_1_puts_its_own_chunks_of_the_first_version(tmp_path: Path) -> None:
     from rlbus.launch.roles import starting_model
 

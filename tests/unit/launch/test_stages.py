@@ -31,6 +31,7 @@ batch_size = 16
 """
 
 
+@pytest.mark.slow
 def test_train_dpo_learns_the_task_pairs_and_writes_a_checkpoint_rl_starts_from(tmp_path: Path) -> None:
     cfg = tmp_path / "run.toml"
     cfg.write_text(SMALL)

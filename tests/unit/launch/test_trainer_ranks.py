@@ -10,6 +10,7 @@ import os
 from pathlib import Path
 from typing import Any
 
+import pytest
 import torch
 
 from rlbus.launch.config import RunConfig, config_from_dict
@@ -65,6 +66,7 @@ def two_ranks(tmp_path: Path, *, dpo: bool = False) -> None:
     spawn_processes(rank_main, 2, str(tmp_path), dpo, timeout_s=120)
 
 
+@pytest.mark.slow
 def test_rank_0_alone_is_on_the_bus_and_the_ranks_checkpoint_together(tmp_path: Path) -> None:
     from rlbus.launch.roles import starting_model
     from rlbus.training.checkpoint import load_checkpoint
@@ -79,6 +81,7 @@ def test_rank_0_alone_is_on_the_bus_and_the_ranks_checkpoint_together(tmp_path: 
     assert any((tmp_path / "blobs").rglob("*"))  # v1 went to the blob store
 
 
+@pytest.mark.slow
 def test_the_dpo_stage_trains_sharded_on_every_rank_like_one_process(tmp_path: Path) -> None:
     """The run's DPO stage under ``world_size = 2``: both ranks train it sharded before RL, and the weights
     RL starts from (the first checkpoint) are one process's DPO-trained weights to float rounding

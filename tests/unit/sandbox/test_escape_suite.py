@@ -27,6 +27,7 @@ EXPECTED = {
 
 
 @pytest.mark.timeout(120)
+@pytest.mark.slow
 async def test_every_escape_is_contained() -> None:
     try:
         find_bwrap()

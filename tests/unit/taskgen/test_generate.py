@@ -37,6 +37,7 @@ def generated(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, LibraryRe
     return out, result, lines
 
 
+@pytest.mark.slow
 def test_fixture_library_to_validated_tasks(generated: tuple[Path, LibraryResult, list[str]], tmp_path: Path) -> None:
     out, result, lines = generated
     assert result.made == 2 and result.baseline_tests == 9
@@ -81,6 +82,7 @@ def test_fixture_library_to_validated_tasks(generated: tuple[Path, LibraryResult
         assert not any(line and line in instruction for line in bug_lines)  # neither the bug nor the fix
 
 
+@pytest.mark.slow
 def test_written_tasks_check_out_from_their_files_and_a_broken_one_does_not(
     generated: tuple[Path, LibraryResult, list[str]], tmp_path: Path
 ) -> None:

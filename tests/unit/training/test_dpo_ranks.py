@@ -62,6 +62,7 @@ def dpo_rank(ranks: Ranks, out: str) -> None:
         torch.save(got, out)
 
 
+@pytest.mark.slow
 def test_dpo_on_two_ranks_matches_one_process(tmp_path: Path) -> None:
     want = dpo_run(None)
     spawn_ranks(dpo_rank, 2, str(tmp_path / "out.pt"), timeout_s=180)

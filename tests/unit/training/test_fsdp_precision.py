@@ -13,6 +13,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import pytest
 import torch
 from test_fsdp_ranks import CFG, batch
 
@@ -53,6 +54,7 @@ def on_two_ranks(tmp_path: Path, *, checkpointing: bool, param_dtype: str) -> di
     return got
 
 
+@pytest.mark.slow
 def test_activation_checkpointing_on_two_ranks_trains_exactly_like_one_process(tmp_path: Path) -> None:
     want_losses, want = train(None, CHECKPOINTED, FSDPConfig())
     plain_losses, _ = train(None, PLAIN, FSDPConfig())
@@ -62,6 +64,7 @@ def test_activation_checkpointing_on_two_ranks_trains_exactly_like_one_process(t
     assert got["weights"].keys() == want.keys() and all(torch.equal(got["weights"][k], want[k]) for k in want)
 
 
+@pytest.mark.slow
 def test_bf16_compute_on_two_ranks_agrees_with_fp32_to_bf16_precision(tmp_path: Path) -> None:
     want_losses, want = train(None, PLAIN, FSDPConfig())
     got = on_two_ranks(tmp_path, checkpointing=False, param_dtype="bfloat16")

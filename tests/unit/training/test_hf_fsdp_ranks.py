@@ -93,6 +93,7 @@ def rank_main(ranks: Ranks, kind: str, directory: str, out: str) -> None:
 
 
 @pytest.mark.parametrize("kind", ["llama", "qwen3_moe"])
+@pytest.mark.slow
 async def test_an_hf_model_trains_publishes_and_checkpoints_on_two_ranks_exactly_like_one(
     tmp_path: Path, kind: str
 ) -> None:

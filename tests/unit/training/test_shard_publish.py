@@ -126,6 +126,7 @@ def blank(like: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
 
 
 @pytest.mark.parametrize("follower_store", [True, False], ids=["each-rank-uploads", "rank-0-uploads-for-rank-1"])
+@pytest.mark.slow
 async def test_two_ranks_publish_sharded_versions_a_worker_applies_like_one_process_versions(
     tmp_path: Path, follower_store: bool
 ) -> None:

@@ -53,6 +53,7 @@ def test_mismatch_on_a_random_hf_moe_replays_with_zero_flips() -> None:
     assert mismatch.summarize(cases)["replay_flip_rate_max"] == 0.0
 
 
+@pytest.mark.slow
 def test_train_bench_on_two_ranks_reproduces_one_rank_and_halves_the_sharded_bytes(tmp_path: Path) -> None:
     """``rlbus bench train --world-size 2 --quick``: the figures are there, the model + optimizer bytes per
     rank halve, and the exactness checks it reports pass (they compare for real: a mismatch fails here)."""

@@ -54,6 +54,7 @@ async def test_patch_that_does_not_apply_scores_zero(corpus_tasks: dict[str, Rep
 
 
 @pytest.mark.parametrize("task_id", ["calc-add"])  # rlbus bench swe runs the suite on every corpus task
+@pytest.mark.slow
 async def test_every_cheat_scores_zero(corpus_tasks: dict[str, RepoTask], task_id: str) -> None:
     task = corpus_tasks[task_id]
     cheats = cheat_patches(task, await template(task))
@@ -67,6 +68,7 @@ async def test_every_cheat_scores_zero(corpus_tasks: dict[str, RepoTask], task_i
     assert any("outside" in why for _, why in scored["path_outside"].dropped)
 
 
+@pytest.mark.slow
 async def test_attacks_on_top_of_the_real_fix_are_caught_by_the_grader(corpus_tasks: dict[str, RepoTask]) -> None:
     """Each attack written against the two-process grader's mechanisms (gc, frames through sys._getframe,
     inspect, tracebacks and logging, forged records from atexit / signal handlers / threads / finalizers, the
