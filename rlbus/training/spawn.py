@@ -46,11 +46,16 @@ def _entry(fn: RankFunction, rank: int, world: int, port: int, threads: int, arg
         fn(Ranks(rank=rank, world=world), *args)
     finally:
         dist.destroy_process_group()
-    # Done, and its results written: leave without the interpreter's teardown, where gloo's threads can still
-    # be winding down and abort the process ("terminate called without an active exception", exit -6), seen
-    # once on a loaded two-core machine after a rank had finished. A failure above still exits non-zero.
-    # Python's own exit handlers still run (multiprocessing's release the semaphores it registered); only the
-    # C++ teardown after them is skipped.
+
+
+def _run_and_leave(target: Callable[..., None], *args: Any) -> None:
+    """One spawned process: ``target(*args)``, then leave without the interpreter's teardown, where gloo's
+    threads can still be winding down and abort the process ("terminate called without an active
+    exception", exit -6: seen on a loaded two-core machine after a rank had finished, in `spawn_ranks`' ranks
+    and in ranks that join their group themselves alike). A failure in ``target`` still exits non-zero.
+    Python's own exit handlers still run (multiprocessing's release the semaphores it registered); only the
+    C++ teardown after them is skipped."""
+    target(*args)
     atexit._run_exitfuncs()
     sys.stdout.flush()
     sys.stderr.flush()
@@ -77,7 +82,7 @@ def spawn_processes(target: Callable[..., None], world: int, *args: Any, timeout
 
     ctx = mp.get_context("spawn")
     port = free_port()
-    procs = [ctx.Process(target=target, args=(r, port, *args)) for r in range(world)]
+    procs = [ctx.Process(target=_run_and_leave, args=(target, r, port, *args)) for r in range(world)]
     for p in procs:
         p.start()
     deadline = time.monotonic() + timeout_s
